@@ -1,0 +1,5 @@
+"""search: find the best stable settings for a PyTorch workload on the hardware in front of it."""
+
+from search.workloads.base import Workload
+
+__all__ = ["Workload"]

@@ -1,0 +1,70 @@
+"""Command line: ``python -m search +space=NAME [key=value ...] [--config-dir DIR] [--cfg]``.
+
+Overrides use Hydra syntax. Exit codes: 0 done, 2 bad input (one line, no traceback), 130
+interrupted, 1 anything unexpected.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Sequence
+
+USAGE = """usage: python -m search +space=NAME [key=value ...] [--config-dir DIR] [--cfg]
+
+Tunes a PyTorch workload: runs it under the settings a search space proposes, measures each one
+until its variance is known, and logs every trial to MLflow.
+
+  +space=NAME        the search space: spaces/NAME.yaml, or DIR/space/NAME.yaml with --config-dir DIR
+  key=value          override any config key, e.g. study.n_trials=40 device=cuda:1 runs_dir=/data/tuning
+  --config-dir DIR   add DIR to Hydra's search path (your own spaces in DIR/space/)
+  --cfg              print the composed config and exit
+  -h, --help         this text
+"""
+
+
+def _parse(argv: Sequence[str]) -> tuple[list[str], list[str], bool]:
+    from search.config import ConfigError
+
+    overrides, config_dirs, show = [], [], False
+    args = iter(argv)
+    for arg in args:
+        if arg in ("--config-dir", "-cd"):
+            value = next(args, None)
+            if value is None:
+                raise ConfigError(f"{arg} needs a directory")
+            config_dirs.append(value)
+        elif arg.startswith("--config-dir="):
+            config_dirs.append(arg.split("=", 1)[1])
+        elif arg == "--cfg":
+            show = True
+        elif arg.startswith("-"):
+            raise ConfigError(f"unknown option {arg!r} (see --help)")
+        else:
+            overrides.append(arg)
+    return overrides, config_dirs, show
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if any(a in ("-h", "--help") for a in argv):
+        print(USAGE)
+        return 0
+    from search.config import ConfigError, compose_config  # imported late: --help stays fast
+
+    try:
+        overrides, config_dirs, show = _parse(argv)
+        cfg = compose_config(overrides, config_dirs)
+        if show:
+            from omegaconf import OmegaConf
+
+            print(OmegaConf.to_yaml(cfg, resolve=True))
+            return 0
+        from search.app import run
+
+        return run(cfg)
+    except ConfigError as e:
+        print(f"search: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("search: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,129 @@
+"""Hydra composition: ``conf/config.yaml`` + a space (``+space=NAME``) + the user's overrides.
+
+The built-in spaces in ``spaces/`` are registered as Hydra config group ``space``; a user's own
+``DIR/space/NAME.yaml`` joins the same group through ``--config-dir DIR`` (Hydra's search path).
+Every failure to compose becomes a ``ConfigError`` whose message is one line saying what to fix.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+CONF_DIR = PROJECT_DIR / "conf"
+SPACES_DIR = PROJECT_DIR / "spaces"
+
+
+class ConfigError(ValueError):
+    """Bad input on the command line or in a config file; the message says what to change."""
+
+
+def device_type(root: DictConfig) -> str:
+    """'cpu' or 'cuda': the explicit ``preset``, else the type of the chosen ``device``."""
+    preset = str(root.get("preset", "auto"))
+    if preset != "auto":
+        return preset
+    device = str(root.get("device", "auto"))
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device.split(":")[0]
+
+
+def _register_resolvers() -> None:
+    if not OmegaConf.has_resolver("by_device"):
+        OmegaConf.register_new_resolver(
+            "by_device", lambda cpu, cuda, *, _root_: cpu if device_type(_root_) == "cpu" else cuda
+        )
+        OmegaConf.register_new_resolver("device_type", lambda *, _root_: device_type(_root_))
+
+
+def builtin_spaces() -> list[str]:
+    return sorted(p.stem for p in SPACES_DIR.glob("*.yaml"))
+
+
+def _register_builtin_spaces() -> None:
+    store = ConfigStore.instance()
+    for name in builtin_spaces():
+        store.store(group="space", name=name, node=OmegaConf.load(SPACES_DIR / f"{name}.yaml"))
+
+
+def compose_config(overrides: Sequence[str], config_dirs: Sequence[str] = ()) -> DictConfig:
+    """Compose the run's config; ``config_dirs`` are extra Hydra search-path roots (``--config-dir``)."""
+    _register_resolvers()
+    overrides = list(overrides)
+    if config_dirs:
+        roots = ",".join(f"file://{Path(d).resolve()}" for d in config_dirs)
+        overrides.append(f"hydra.searchpath=[{roots}]")
+    GlobalHydra.instance().clear()
+    try:
+        _register_builtin_spaces()
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose("config", overrides=overrides, return_hydra_config=True)
+    except Exception as e:  # Hydra raises several types; all are the user's input
+        raise ConfigError(_one_line(e)) from None
+    finally:
+        GlobalHydra.instance().clear()
+    space_name = cfg.hydra.runtime.choices.get("space")
+    with open_dict(cfg):
+        del cfg["hydra"]
+    _check_space_chosen(cfg, space_name)
+    with open_dict(cfg):
+        cfg.space.name = cfg.space.get("name") or space_name
+    return cfg
+
+
+def _check_space_chosen(cfg: DictConfig, space_name: str | None) -> None:
+    available = ", ".join(builtin_spaces())
+    if "space" not in cfg:
+        raise ConfigError(f"no search space chosen: add +space=NAME (built-in: {available})")
+    if not isinstance(cfg.space, DictConfig) or space_name is None:
+        # Hydra turns `+space=X` into the plain string "X" when the group cannot be found.
+        raise ConfigError(f"unknown space {cfg.space!r}: built-in spaces are {available}; "
+                          "a space of your own goes in DIR/space/NAME.yaml with --config-dir DIR")
+
+
+def _one_line(error: Exception) -> str:
+    text = str(error).strip()
+    if "Could not find 'space/" in text:
+        name = text.split("Could not find 'space/")[1].split("'")[0]
+        return (f"unknown space '{name}': built-in spaces are {', '.join(builtin_spaces())}; "
+                "a space of your own goes in DIR/space/NAME.yaml with --config-dir DIR")
+    if text.startswith("Could not override '"):
+        key = text.split("'")[1]
+        return f"unknown config key '{key}': check the spelling (python -m search --cfg +space=NAME prints every key), or add it with +{key}=..."
+    first, *rest = [line.strip() for line in text.splitlines() if line.strip()]
+    return " ".join([first, *rest[:2]]) if len(first) < 60 else first
+
+
+def resolve(cfg: DictConfig) -> dict[str, Any]:
+    """The config as plain containers with every interpolation resolved."""
+    try:
+        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+    except Exception as e:
+        raise ConfigError(_one_line(e)) from None
+
+
+def resolve_device(spec: str) -> torch.device:
+    """``auto`` | ``cpu`` | ``cuda`` | ``cuda:N`` as a torch.device that exists on this machine."""
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(spec)
+    except (RuntimeError, ValueError):
+        raise ConfigError(f"unknown device {spec!r}: use auto, cpu, cuda or cuda:N") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"unsupported device {spec!r}: use auto, cpu, cuda or cuda:N")
+    if device.type == "cuda":
+        count = torch.cuda.device_count()
+        if count == 0:
+            raise ConfigError(f"device={spec} but no CUDA device is visible here: use device=cpu (or auto)")
+        if (device.index or 0) >= count:
+            raise ConfigError(f"device={spec} but only {count} CUDA device(s) exist: use cuda:0..cuda:{count - 1}")
+    return device

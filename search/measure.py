@@ -1,0 +1,337 @@
+"""The timing protocol and its statistics: how one configuration's speed is measured.
+
+A measurement warms the step up, then times fixed-size windows of consecutive steps until the
+confidence interval of the throughput is tight enough, a window limit is hit, or the time budget runs
+out. Every raw sample is kept so that callers can pool measurements later (``summarize``).
+
+Device timers live here too; CUDA is touched only by ``CudaTimer``. No Optuna, no MLflow.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Protocol, Sequence
+
+import numpy as np
+import torch
+from scipy import stats
+
+STOP_TARGET_CI = "target_ci"
+STOP_MAX_WINDOWS = "max_windows"
+STOP_TIME_BUDGET = "time_budget"
+
+
+@dataclass(frozen=True)
+class MeasureSettings:
+    """How long and how often to time one configuration."""
+
+    warmup_steps: int = 2
+    """Untimed steps run first, at least this many ..."""
+
+    warmup_s: float = 1.0
+    """... and for at least this long, s (compilation, autotuning, allocator growth). 0: steps only."""
+
+    window_s: float = 0.5
+    """Each timed window lasts at least this long, s (estimated from the warm-up step time)."""
+
+    min_windows: int = 5
+    """Windows always measured, even past ``max_time_s``, so that every result has an interval."""
+
+    max_windows: int = 30
+    """Never more windows than this."""
+
+    target_rel_ci: float = 0.03
+    """Stop once the CI half-width of the throughput divided by its mean is at most this (fraction)."""
+
+    max_time_s: float = 15.0
+    """Budget for warm-up plus windows, s; no window starts that would not fit in what remains."""
+
+    confidence: float = 0.95
+    """Two-sided confidence level of the throughput interval (fraction)."""
+
+    def __post_init__(self) -> None:
+        for name in ("warmup_steps", "window_s", "min_windows", "max_windows", "target_rel_ci",
+                     "max_time_s"):
+            _require(getattr(self, name) > 0, f"`{name} > 0`", **{name: getattr(self, name)})
+        _require(self.warmup_s >= 0, "`warmup_s >= 0`", warmup_s=self.warmup_s)
+        # One window has no spread, so no interval: the CI needs two.
+        _require(self.min_windows >= 2, "`min_windows >= 2`", min_windows=self.min_windows)
+        _require(self.min_windows <= self.max_windows, "`min_windows <= max_windows`",
+                 min_windows=self.min_windows, max_windows=self.max_windows)
+        _require(0 < self.confidence < 1, "`0 < confidence < 1`", confidence=self.confidence)
+
+
+def _require(holds: bool, condition: str, **received: object) -> None:
+    if not holds:
+        got = ", ".join(f"{name}={value!r}" for name, value in received.items())
+        raise ValueError(f"{condition} must hold, but got ({got}). Fix the `measure` settings.")
+
+
+class Timer(Protocol):
+    """Times the steps of one window; ``measure`` needs nothing else from the device."""
+
+    def now_s(self) -> float:
+        """Host clock, s: used for budgets, never for step durations."""
+
+    def begin_window(self) -> None:
+        """Start a window with the device idle."""
+
+    def mark_step(self) -> None:
+        """Called right after each step is launched."""
+
+    def end_window(self) -> list[float]:
+        """Wait for the device; return each marked step's duration, s, in order."""
+
+
+class CpuTimer:
+    """Host timer: CPU steps run synchronously, so ``perf_counter`` marks are step boundaries."""
+
+    def __init__(self) -> None:
+        self._marks_s: list[float] = []
+
+    def now_s(self) -> float:
+        return time.perf_counter()
+
+    def begin_window(self) -> None:
+        self._marks_s = [time.perf_counter()]
+
+    def mark_step(self) -> None:
+        self._marks_s.append(time.perf_counter())
+
+    def end_window(self) -> list[float]:
+        return [end - start for start, end in zip(self._marks_s, self._marks_s[1:])]
+
+
+class CudaTimer:
+    """CUDA event timer: steps are launched asynchronously, so they are timed on the device.
+
+    Events are recorded on the current stream; a step that uses side streams must join them back
+    into the current stream before it returns, or its tail escapes the measurement.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"CudaTimer needs CUDA, but torch.cuda.is_available() is False "
+                               f"(device={device}). Time CPU steps with CpuTimer.")
+        self._device = torch.device(device)
+        self._events: list[torch.cuda.Event] = []
+
+    def now_s(self) -> float:
+        return time.perf_counter()
+
+    def begin_window(self) -> None:
+        # Earlier queued work must not leak into this window's first step.
+        torch.cuda.synchronize(self._device)
+        self._events = [self._record()]
+
+    def mark_step(self) -> None:
+        self._events.append(self._record())
+
+    def end_window(self) -> list[float]:
+        # One sync per window: syncing per step would stall the launch queue and time the host.
+        torch.cuda.synchronize(self._device)
+        return [start.elapsed_time(end) / 1000.0  # elapsed_time is in ms
+                for start, end in zip(self._events, self._events[1:])]
+
+    def _record(self) -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self._device))
+        return event
+
+
+def make_timer(device: torch.device) -> Timer:
+    """The timer for ``device``: CUDA events on CUDA, ``perf_counter`` on the CPU."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return CudaTimer(device)
+    if device.type == "cpu":
+        return CpuTimer()
+    # A host clock around an asynchronous device would time the launches, not the work.
+    raise ValueError(f"device type must be 'cpu' or 'cuda' to be timed, but got {device.type!r}.")
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Statistics of raw samples; the same field names and units as in ``Measurement``."""
+
+    throughput: float
+    throughput_ci_low: float
+    throughput_ci_high: float
+    throughput_cv: float
+    throughput_median: float
+    latency_p50_ms: float
+    latency_p95_ms: float
+    latency_mean_ms: float
+
+    @property
+    def rel_ci_halfwidth(self) -> float:
+        """Half the CI width divided by the mean throughput (fraction)."""
+        return _rel_halfwidth(self.throughput, self.throughput_ci_low, self.throughput_ci_high)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One configuration's speed: statistics, the raw samples behind them, and how they were taken.
+
+    Throughput is in items/s (the workload names its item: samples, tokens, ...); one sample of it
+    is one window. Latency is per optimizer step, in ms; one sample of it is one step.
+
+    Attributes:
+        throughput: mean of the window throughputs, items/s.
+        throughput_ci_low, throughput_ci_high: two-sided ``confidence`` Student-t interval of the
+            mean window throughput, items/s.
+        throughput_cv: sample standard deviation / mean of the window throughputs (fraction, not %).
+        throughput_median: median window throughput, items/s.
+        latency_p50_ms, latency_p95_ms, latency_mean_ms: over all timed steps, ms.
+        n_windows: timed windows. n_steps: timed steps (n_windows * steps_per_window).
+        steps_per_window: steps in every window, fixed from the warm-up step time.
+        warmup_steps: untimed steps run first. warmup_s: how long they took, s (host clock).
+        elapsed_s: warm-up plus windows, s (host clock).
+        stop_reason: "target_ci" | "max_windows" | "time_budget".
+        window_throughputs: raw samples, items/s, in order.
+        step_latencies_ms: raw samples, ms, in order.
+    """
+
+    throughput: float
+    throughput_ci_low: float
+    throughput_ci_high: float
+    throughput_cv: float
+    throughput_median: float
+    latency_p50_ms: float
+    latency_p95_ms: float
+    latency_mean_ms: float
+    n_windows: int
+    n_steps: int
+    steps_per_window: int
+    warmup_steps: int
+    warmup_s: float
+    elapsed_s: float
+    stop_reason: str
+    window_throughputs: tuple[float, ...]
+    step_latencies_ms: tuple[float, ...]
+
+    @property
+    def rel_ci_halfwidth(self) -> float:
+        """Half the CI width divided by the mean throughput (fraction)."""
+        return _rel_halfwidth(self.throughput, self.throughput_ci_low, self.throughput_ci_high)
+
+
+def summarize(window_throughputs: Sequence[float], step_latencies_ms: Sequence[float],
+              confidence: float) -> Summary:
+    """Statistics of raw samples (throughput per window, items/s; latency per step, ms)."""
+    if len(step_latencies_ms) == 0:
+        raise ValueError("at least one step latency is needed, but got none.")
+    mean, low, high, std = _t_interval(window_throughputs, confidence)
+    latencies_ms = np.asarray(step_latencies_ms, dtype=float)
+    p50_ms, p95_ms = np.percentile(latencies_ms, [50, 95])
+    return Summary(
+        throughput=mean, throughput_ci_low=low, throughput_ci_high=high,
+        throughput_cv=std / mean, throughput_median=float(np.median(window_throughputs)),
+        latency_p50_ms=float(p50_ms), latency_p95_ms=float(p95_ms),
+        latency_mean_ms=float(latencies_ms.mean()),
+    )
+
+
+def _rel_halfwidth(mean: float, low: float, high: float) -> float:
+    return (high - low) / 2 / mean
+
+
+def _t_interval(samples: Sequence[float], confidence: float) -> tuple[float, float, float, float]:
+    """(mean, CI low, CI high, sample std) of ``samples`` under a Student-t interval."""
+    values = np.asarray(samples, dtype=float)
+    if values.size < 2:
+        raise ValueError(f"a confidence interval needs at least 2 samples, but got {values.size}.")
+    mean = float(values.mean())
+    # Identical samples must give exactly zero spread, not rounding noise from the mean.
+    std = 0.0 if values.min() == values.max() else float(values.std(ddof=1))
+    t = float(stats.t.ppf((1 + confidence) / 2, df=values.size - 1))
+    half = t * std / math.sqrt(values.size)
+    return mean, mean - half, mean + half, std
+
+
+def measure(step: Callable[[], None], items_per_step: int, settings: MeasureSettings,
+            timer: Timer) -> Measurement:
+    """Warm ``step`` up, then time windows of it until ``settings`` say the estimate is done.
+
+    ``step`` runs one optimizer step processing ``items_per_step`` items.
+    """
+    if items_per_step <= 0:
+        raise ValueError(f"`items_per_step > 0` must hold, but got (items_per_step={items_per_step}).")
+    start_s = timer.now_s()
+    warmup_durations_s = _warm_up(step, settings, timer)
+    warmup_s = timer.now_s() - start_s
+    steps_per_window = _steps_per_window(warmup_durations_s, settings.window_s)
+
+    throughputs: list[float] = []
+    latencies_ms: list[float] = []
+    window_wall_s: list[float] = []
+    stop_reason = None
+    while stop_reason is None:
+        window_start_s = timer.now_s()
+        durations_s = _run_window(step, steps_per_window, timer)
+        window_wall_s.append(timer.now_s() - window_start_s)
+        throughputs.append(items_per_step * steps_per_window / math.fsum(durations_s))
+        latencies_ms.extend(d * 1000.0 for d in durations_s)
+        remaining_s = settings.max_time_s - (timer.now_s() - start_s)
+        stop_reason = _stop_reason(throughputs, settings, remaining_s, float(np.mean(window_wall_s)))
+
+    summary = summarize(throughputs, latencies_ms, settings.confidence)
+    return Measurement(
+        **asdict(summary), n_windows=len(throughputs), n_steps=len(latencies_ms),
+        steps_per_window=steps_per_window, warmup_steps=len(warmup_durations_s),
+        warmup_s=warmup_s, elapsed_s=timer.now_s() - start_s, stop_reason=stop_reason,
+        window_throughputs=tuple(throughputs), step_latencies_ms=tuple(latencies_ms),
+    )
+
+
+def _warm_up(step: Callable[[], None], settings: MeasureSettings, timer: Timer) -> list[float]:
+    """Run untimed steps until both warm-up minimums are met; return their durations, s."""
+    durations_s: list[float] = []
+    start_s = timer.now_s()
+    while len(durations_s) < settings.warmup_steps or timer.now_s() - start_s < settings.warmup_s:
+        # One step per window: the device is synchronised after each, so the host clock that
+        # checks warmup_s sees finished work, not a queue of launches.
+        durations_s.extend(_run_window(step, 1, timer))
+    return durations_s
+
+
+def _steps_per_window(warmup_durations_s: list[float], window_s: float) -> int:
+    """Steps that fill ``window_s``, from the later half of the warm-up steps.
+
+    The first steps carry compilation and autotuning; the later half is closest to steady state.
+    """
+    step_s = float(np.median(warmup_durations_s[len(warmup_durations_s) // 2:]))
+    if step_s <= 0:
+        raise RuntimeError(f"the timer reported a median warm-up step time of {step_s} s; "
+                           "step durations must be positive.")
+    # A ratio a rounding error above an integer must not add a whole step.
+    return max(1, math.ceil(window_s / step_s - 1e-9))
+
+
+def _run_window(step: Callable[[], None], n_steps: int, timer: Timer) -> list[float]:
+    timer.begin_window()
+    for _ in range(n_steps):
+        step()
+        timer.mark_step()
+    durations_s = timer.end_window()
+    if len(durations_s) != n_steps:
+        raise RuntimeError(f"the timer returned {len(durations_s)} step durations for a window "
+                           f"of {n_steps} steps; a Timer must return one per mark_step.")
+    return durations_s
+
+
+def _stop_reason(throughputs: list[float], settings: MeasureSettings, remaining_s: float,
+                 window_estimate_s: float) -> str | None:
+    """Why to stop after the windows so far, or None to run another."""
+    if len(throughputs) < settings.min_windows:
+        return None
+    mean, low, high, _ = _t_interval(throughputs, settings.confidence)
+    if _rel_halfwidth(mean, low, high) <= settings.target_rel_ci:
+        return STOP_TARGET_CI
+    if len(throughputs) >= settings.max_windows:
+        return STOP_MAX_WINDOWS
+    if remaining_s < window_estimate_s:
+        return STOP_TIME_BUDGET
+    return None

@@ -1,0 +1,63 @@
+"""The Pareto set of stable configurations, and the one to recommend.
+
+Pure functions over plain values: no Optuna, no MLflow.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from search.space import METRIC_DIRECTIONS
+
+
+def pareto_mask(values: np.ndarray, directions: Sequence[str]) -> np.ndarray:
+    """Which rows of ``values`` (n points x k objectives) no other row dominates.
+
+    A row dominates another when it is at least as good in every objective and better in one.
+    Identical rows do not dominate each other, so ties all stay on the front.
+    """
+    values = np.asarray(values, dtype=float)
+    if values.size == 0:
+        return np.zeros(0, dtype=bool)
+    sign = np.array([-1.0 if d == "maximize" else 1.0 for d in directions])
+    costs = values * sign  # every objective as "lower is better"
+    no_worse = (costs[:, None, :] <= costs[None, :, :]).all(axis=2)
+    better = (costs[:, None, :] < costs[None, :, :]).any(axis=2)
+    dominated = (no_worse & better).any(axis=0)
+    return ~dominated
+
+
+def meets_slo(metrics: Mapping[str, float], slo: Mapping[str, float]) -> bool:
+    """Whether every SLO limit holds: an upper limit for minimised metrics, a lower one for throughput."""
+    for metric, limit in slo.items():
+        value = metrics.get(metric)
+        if value is None:
+            return False
+        if METRIC_DIRECTIONS[metric] == "maximize" and value < limit:
+            return False
+        if METRIC_DIRECTIONS[metric] == "minimize" and value > limit:
+            return False
+    return True
+
+
+def recommend(front: Sequence[Mapping[str, Any]], slo: Mapping[str, float]) -> Mapping[str, Any] | None:
+    """The highest-throughput entry of ``front`` whose ``metrics`` meet ``slo``; None if none does.
+
+    Ranking by the lower bound of the throughput interval rather than the mean keeps a noisy
+    configuration from winning on a lucky measurement.
+    """
+    eligible = [row for row in front if meets_slo(row["metrics"], slo)]
+    if not eligible:
+        return None
+    return max(eligible, key=lambda row: row["metrics"]["throughput_ci_low"])
+
+
+def check_slo(slo: Mapping[str, Any]) -> None:
+    """Raise ValueError naming the first SLO entry that is not a known metric with a number."""
+    for metric, limit in slo.items():
+        if metric not in METRIC_DIRECTIONS:
+            raise ValueError(f"slo.{metric}: unknown metric; known: {', '.join(METRIC_DIRECTIONS)}")
+        if not isinstance(limit, (int, float)) or isinstance(limit, bool):
+            raise ValueError(f"slo.{metric} must be a number, but got {limit!r}")

@@ -1,0 +1,134 @@
+"""What a person reads: a line per trial, the Pareto table, and the files kept after a study.
+
+Files written to ``<runs_dir>/<study>/``: ``pareto.csv`` (stable Pareto configurations),
+``pareto.png`` (throughput against latency p95 for every measured configuration), and
+``best.yaml`` (the recommended configuration).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import sys
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from search.runner import COMPLETE
+from search.study import TrialRecord
+
+
+def _si(value: float) -> str:
+    for factor, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    return f"{minutes}:{secs:02d}"
+
+
+def knobs_text(config: Mapping[str, Any], names: Sequence[str]) -> str:
+    return " ".join(f"{k}={config[k]}" for k in names)
+
+
+def throughput_text(metrics: Mapping[str, float], unit: str) -> str:
+    mean, low, high = metrics["throughput"], metrics["throughput_ci_low"], metrics["throughput_ci_high"]
+    return f"{_si(mean)} {unit}/s [{_si(low)}, {_si(high)}]"
+
+
+def trial_line(record: TrialRecord, done: int, total: int, front_size: int, elapsed_s: float,
+               knob_names: Sequence[str], unit: str) -> str:
+    """``[3/10] #4 batch_size=8 ... -> 41.2k tokens/s [40.1k, 42.3k] ... | front 2 | 0:42, ETA 1:30``."""
+    head = f"[{done}/{total}] #{record.number} {knobs_text(record.config, knob_names)} -> "
+    if record.state == COMPLETE:
+        m = record.metrics
+        body = (f"{throughput_text(m, unit)} cv {m['throughput_cv']:.1%}, p95 {m['latency_p95_ms']:.1f} ms, "
+                f"mem {m.get('peak_memory_mb', math.nan):.0f} MB, {'stable' if record.stable else 'UNSTABLE'}")
+    else:
+        body = f"{record.state.upper()}: {record.failure}"
+    eta_s = elapsed_s / done * (total - done)
+    return f"{head}{body} | front {front_size} | {_clock(elapsed_s)} elapsed, ETA {_clock(eta_s)}"
+
+
+def pareto_table(front: Sequence[TrialRecord], best: TrialRecord | None, knob_names: Sequence[str],
+                 unit: str) -> Table:
+    table = Table(title="Pareto-optimal stable configurations", title_justify="left")
+    for column in ("trial", *knob_names, f"throughput ({unit}/s, 95% CI)", "cv", "p95 ms", "peak MB", ""):
+        table.add_column(column, justify="right" if column not in knob_names else "left")
+    for r in sorted(front, key=lambda r: -r.metrics["throughput"]):
+        m = r.metrics
+        table.add_row(
+            str(r.number), *(str(r.config[k]) for k in knob_names), throughput_text(m, "").replace(" /s", ""),
+            f"{m['throughput_cv']:.1%}", f"{m['latency_p95_ms']:.1f}", f"{m.get('peak_memory_mb', math.nan):.0f}",
+            "best" if best is not None and r.number == best.number else "",
+        )
+    return table
+
+
+def write_csv(path: Path, front: Sequence[TrialRecord], knob_names: Sequence[str]) -> None:
+    metric_names = sorted({k for r in front for k in r.metrics})
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["trial", "mlflow_run_id", *knob_names, *metric_names])
+        for r in sorted(front, key=lambda r: -r.metrics["throughput"]):
+            writer.writerow([r.number, r.run_id or "", *(r.config[k] for k in knob_names),
+                             *(r.metrics.get(k, "") for k in metric_names)])
+
+
+def write_plot(path: Path, history: Sequence[TrialRecord], front: Sequence[TrialRecord], unit: str,
+               title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    on_front = {r.number for r in front}
+    groups = (
+        ("unstable", [r for r in history if r.state == COMPLETE and not r.stable], "tab:gray", "x"),
+        ("stable", [r for r in history if r.stable and r.number not in on_front], "tab:blue", "o"),
+        ("Pareto-optimal, stable", [r for r in history if r.number in on_front], "tab:red", "o"),
+    )
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    for label, rows, color, marker in groups:
+        if not rows:
+            continue
+        x = [r.metrics["latency_p95_ms"] for r in rows]
+        y = [r.metrics["throughput"] for r in rows]
+        err = [[r.metrics["throughput"] - r.metrics["throughput_ci_low"] for r in rows],
+               [r.metrics["throughput_ci_high"] - r.metrics["throughput"] for r in rows]]
+        ax.errorbar(x, y, yerr=err, fmt=marker, color=color, label=label, capsize=3, alpha=0.85)
+        if label.startswith("Pareto"):
+            for r, xi, yi in zip(rows, x, y):
+                ax.annotate(f"#{r.number}", (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax.set_xlabel("latency p95 per step (ms)")
+    ax.set_ylabel(f"throughput ({unit}/s), 95% CI")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def write_best(path: Path, best: TrialRecord | None, unit: str, context: Mapping[str, Any]) -> None:
+    if best is None:
+        payload: dict[str, Any] = {"recommended": None, **context}
+    else:
+        payload = {
+            "recommended": {"trial": best.number, "mlflow_run_id": best.run_id, "config": dict(best.config)},
+            "metrics": {k: float(v) for k, v in best.metrics.items()},
+            "throughput_unit": f"{unit}/s",
+            **context,
+        }
+    path.write_text(yaml.safe_dump(payload, sort_keys=False))
+
+
+def console() -> Console:
+    # Logs and CI capture output without a terminal: rich would wrap those at 80 columns.
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)

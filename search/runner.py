@@ -1,0 +1,87 @@
+"""Run one trial: build the workload with its knobs on the device, measure it, classify faults.
+
+A trial's faults are data, not crashes: a knob the workload or device cannot run is ``infeasible``,
+running out of memory or raising is ``failed`` with a one-line reason. Nothing here knows Optuna
+or MLflow; the study hands in a ``TrialRequest`` and gets back a ``TrialResult``.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+from hydra.utils import instantiate
+
+from search.knobs import GENERIC_KNOBS, KnobError, Knobs, TrainStep
+from search.measure import Measurement, MeasureSettings, make_timer, measure
+from search.telemetry import MemoryProbe
+
+COMPLETE, FAILED, INFEASIBLE = "complete", "failed", "infeasible"
+
+
+@dataclass(frozen=True)
+class TrialRequest:
+    workload: Mapping[str, Any]
+    """The workload's ``_target_`` and settings."""
+    config: Mapping[str, Any]
+    """Knob values: generic knobs go to the step, every other knob to the workload's constructor."""
+    device: str
+    seed: int
+    measure: MeasureSettings
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    state: str
+    """complete | failed | infeasible"""
+    measurement: Measurement | None = None
+    peak_memory_mb: float | None = None
+    """Peak memory the trial added (see ``MemoryProbe``), MB."""
+    failure: str = ""
+    """One line: why the trial failed or is infeasible."""
+    unit: str = "items"
+    duration_s: float = 0.0
+
+
+def split_config(config: Mapping[str, Any]) -> tuple[Knobs, dict[str, Any]]:
+    """Separate the generic knobs from the workload's own settings."""
+    knob_values = {k: v for k, v in config.items() if k in GENERIC_KNOBS}
+    if "batch_size" not in knob_values:
+        raise KnobError("the space must set batch_size (samples per optimizer step)")
+    settings = {k: v for k, v in config.items() if k not in GENERIC_KNOBS}
+    return Knobs(**knob_values), settings
+
+
+def run_trial(request: TrialRequest) -> TrialResult:
+    started = time.perf_counter()
+    device = torch.device(request.device)
+    unit = "items"
+    try:
+        knobs, settings = split_config(request.config)
+        workload = instantiate(dict(request.workload), **settings)
+        unit = workload.unit
+        probe = MemoryProbe(device)
+        probe.start()
+        with TrainStep(workload, knobs, device, seed=request.seed) as step:
+            measurement = measure(step, step.items_per_step, request.measure, make_timer(device))
+        peak_mb = probe.peak_mb()
+        return TrialResult(COMPLETE, measurement, peak_mb, unit=unit, duration_s=time.perf_counter() - started)
+    except KnobError as e:
+        return TrialResult(INFEASIBLE, failure=str(e), unit=unit, duration_s=time.perf_counter() - started)
+    except torch.OutOfMemoryError as e:
+        return TrialResult(FAILED, failure=f"oom: {_first_line(e)}", unit=unit, duration_s=time.perf_counter() - started)
+    except Exception as e:  # a fault of this configuration, not of the study
+        return TrialResult(FAILED, failure=f"error: {type(e).__name__}: {_first_line(e)}", unit=unit,
+                           duration_s=time.perf_counter() - started)
+    finally:
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

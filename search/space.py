@@ -1,0 +1,324 @@
+"""Search spaces: a space file's ``params``, ``constraints`` and ``objectives`` as typed values.
+
+A space file (``spaces/NAME.yaml``, or ``DIR/space/NAME.yaml`` with ``--config-dir DIR``) holds::
+
+    workload: {_target_: package.Class, setting: value, ...}
+    params:                       # knobs to search, or fix
+      batch_size: {type: int, low: 4, high: 32, pow2: true}
+      lr: {type: float, low: 1.0e-4, high: 1.0e-2, log: true}
+      precision: {type: categorical, choices: [fp32, bf16]}
+      recompute: {type: bool}
+      streams: 1                  # a plain value is fixed: applied and logged, not searched
+    constraints:                  # expressions over knob names; a violating config is never run
+      - batch_size % micro_batch_size == 0
+    objectives: {throughput: maximize, latency_p95_ms: minimize}
+
+Constraints are parsed into a whitelisted expression tree (arithmetic, comparisons, and/or/not,
+numbers and strings) and evaluated by walking it: no Python is ever executed from a space file.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import math
+import operator
+import random
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Mapping
+
+METRIC_DIRECTIONS: dict[str, str] = {
+    "throughput": "maximize",
+    "latency_p50_ms": "minimize",
+    "latency_p95_ms": "minimize",
+    "peak_memory_mb": "minimize",
+}
+"""Metrics a space may name as objectives, with the direction that makes sense for each."""
+
+ENUMERATION_LIMIT = 100_000
+"""Discrete spaces up to this many configurations are enumerated exactly; larger ones are sampled."""
+
+
+class SpaceError(ValueError):
+    """A space file that cannot be used as written; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class IntParam:
+    low: int
+    high: int
+    step: int = 1
+    log: bool = False
+    pow2: bool = False
+    """Only powers of two in [low, high]."""
+
+    def values(self) -> list[int]:
+        if self.pow2:
+            return [2**e for e in range(math.ceil(math.log2(self.low)), int(math.log2(self.high)) + 1)]
+        return list(range(self.low, self.high + 1, self.step))
+
+
+@dataclass(frozen=True)
+class FloatParam:
+    low: float
+    high: float
+    log: bool = False
+    step: float | None = None
+
+    def values(self) -> None:
+        return None  # continuous: not enumerable
+
+
+@dataclass(frozen=True)
+class CategoricalParam:
+    choices: tuple[Any, ...]
+
+    def values(self) -> list[Any]:
+        return list(self.choices)
+
+
+@dataclass(frozen=True)
+class FixedParam:
+    value: Any
+
+    def values(self) -> list[Any]:
+        return [self.value]
+
+
+Param = IntParam | FloatParam | CategoricalParam | FixedParam
+
+
+@dataclass(frozen=True)
+class Objective:
+    metric: str
+    direction: str  # "maximize" | "minimize"
+
+
+@dataclass(frozen=True)
+class Constraint:
+    text: str
+    tree: ast.Expression
+
+    def holds(self, config: Mapping[str, Any]) -> bool:
+        return bool(_evaluate(self.tree.body, config))
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    name: str
+    workload: Mapping[str, Any]
+    """The workload's ``_target_`` and settings, resolved."""
+    params: Mapping[str, Param]
+    constraints: tuple[Constraint, ...]
+    objectives: tuple[Objective, ...]
+
+    @property
+    def searched(self) -> dict[str, Param]:
+        return {k: p for k, p in self.params.items() if not isinstance(p, FixedParam)}
+
+    @property
+    def fixed(self) -> dict[str, Any]:
+        return {k: p.value for k, p in self.params.items() if isinstance(p, FixedParam)}
+
+    def violations(self, config: Mapping[str, Any]) -> list[str]:
+        """The constraints ``config`` breaks (their text); empty when it is feasible."""
+        return [c.text for c in self.constraints if not c.holds(config)]
+
+    def feasible_configs(self) -> list[dict[str, Any]] | None:
+        """Every feasible configuration, or None when the space is continuous or too large."""
+        value_lists = [p.values() for p in self.params.values()]
+        if any(v is None for v in value_lists) or math.prod(map(len, value_lists)) > ENUMERATION_LIMIT:
+            return None
+        names = list(self.params)
+        configs = (dict(zip(names, combo)) for combo in itertools.product(*value_lists))
+        return [c for c in configs if not self.violations(c)]
+
+    def random_feasible(self, rng: random.Random, tries: int = 10_000) -> dict[str, Any] | None:
+        """A uniformly drawn feasible configuration of a space too large to enumerate."""
+        for _ in range(tries):
+            config = {k: _draw(p, rng) for k, p in self.params.items()}
+            if not self.violations(config):
+                return config
+        return None
+
+    def without_choices(self, reject: Callable[[str, Any], str | None]) -> tuple["SearchSpace", list[str]]:
+        """Drop categorical choices that ``reject(name, value)`` gives a reason against.
+
+        Returns the narrowed space and one note per dropped choice.
+        """
+        params, notes = dict(self.params), []
+        for name, param in self.params.items():
+            if not isinstance(param, CategoricalParam):
+                continue
+            kept = []
+            for value in param.choices:
+                reason = reject(name, value)
+                if reason:
+                    notes.append(f"{name}={value} dropped: {reason}")
+                else:
+                    kept.append(value)
+            if not kept:
+                raise SpaceError(f"space '{self.name}': params.{name}: every choice is unusable here ({'; '.join(notes)})")
+            params[name] = CategoricalParam(tuple(kept))
+        return replace(self, params=params), notes
+
+
+def _draw(param: Param, rng: random.Random) -> Any:
+    if isinstance(param, FloatParam):
+        if param.log:
+            return math.exp(rng.uniform(math.log(param.low), math.log(param.high)))
+        return rng.uniform(param.low, param.high)
+    return rng.choice(param.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsing
+
+
+def parse_space(name: str, raw: Mapping[str, Any]) -> SearchSpace:
+    """Turn a space file's resolved mapping into a SearchSpace, or raise SpaceError."""
+    where = f"space '{name}'"
+    if not isinstance(raw, Mapping):
+        raise SpaceError(f"{where}: expected a mapping with workload, params and objectives, but got {raw!r}")
+    unknown = set(raw) - {"name", "description", "workload", "params", "constraints", "objectives"}
+    if unknown:
+        raise SpaceError(f"{where}: unknown top-level key(s) {sorted(unknown)}; allowed: workload, params, constraints, objectives, description")
+    workload = raw.get("workload")
+    if not isinstance(workload, Mapping) or not isinstance(workload.get("_target_"), str):
+        raise SpaceError(f"{where}: workload._target_ must name the workload class (e.g. search.workloads.GPT)")
+    params_raw = raw.get("params")
+    if not isinstance(params_raw, Mapping) or not params_raw:
+        raise SpaceError(f"{where}: params must map at least one knob name to its range")
+    params = {str(k): _parse_param(f"{where}: params.{k}", v) for k, v in params_raw.items()}
+    constraints = tuple(_parse_constraint(f"{where}: constraints", c, params) for c in raw.get("constraints") or [])
+    objectives = _parse_objectives(where, raw.get("objectives"))
+    return SearchSpace(name, dict(workload), params, constraints, objectives)
+
+
+def _parse_param(where: str, spec: Any) -> Param:
+    if not isinstance(spec, Mapping):
+        return FixedParam(spec)
+    kind = spec.get("type")
+    allowed = {
+        "int": {"type", "low", "high", "step", "log", "pow2"},
+        "float": {"type", "low", "high", "step", "log"},
+        "categorical": {"type", "choices"},
+        "bool": {"type"},
+    }
+    if kind not in allowed:
+        raise SpaceError(f"{where}: type must be one of int, float, categorical, bool, but got {kind!r}")
+    extra = set(spec) - allowed[kind]
+    if extra:
+        raise SpaceError(f"{where}: unknown key(s) {sorted(extra)} for type {kind}; allowed: {sorted(allowed[kind])}")
+    if kind == "bool":
+        return CategoricalParam((False, True))
+    if kind == "categorical":
+        choices = spec.get("choices")
+        if not isinstance(choices, (list, tuple)) or not choices:
+            raise SpaceError(f"{where}: choices must be a non-empty list, but got {choices!r}")
+        if len(set(map(repr, choices))) != len(choices):
+            raise SpaceError(f"{where}: choices must be distinct, but got {list(choices)}")
+        return CategoricalParam(tuple(choices))
+    return _parse_range(where, kind, spec)
+
+
+def _parse_range(where: str, kind: str, spec: Mapping[str, Any]) -> Param:
+    number = int if kind == "int" else (int, float)
+    low, high = spec.get("low"), spec.get("high")
+    for key, value in (("low", low), ("high", high)):
+        if not isinstance(value, number) or isinstance(value, bool):
+            raise SpaceError(f"{where}: {key} must be a{'n int' if kind == 'int' else ' number'}, but got {value!r}")
+    if low > high:
+        raise SpaceError(f"{where}: `low <= high` must hold, but got (low={low}, high={high})")
+    log = bool(spec.get("log", False))
+    if log and low <= 0:
+        raise SpaceError(f"{where}: log scale needs `low > 0`, but got low={low}")
+    if kind == "float":
+        return FloatParam(float(low), float(high), log, spec.get("step"))
+    step, pow2 = spec.get("step", 1), bool(spec.get("pow2", False))
+    if not isinstance(step, int) or step < 1:
+        raise SpaceError(f"{where}: step must be a positive int, but got {step!r}")
+    if pow2 and (low < 1 or step != 1 or log):
+        raise SpaceError(f"{where}: pow2 needs low >= 1 and no step or log, but got low={low}, step={step}, log={log}")
+    param = IntParam(low, high, step, log, pow2)
+    if not param.values():
+        raise SpaceError(f"{where}: no power of two lies in [{low}, {high}]")
+    return param
+
+
+def _parse_objectives(where: str, raw: Any) -> tuple[Objective, ...]:
+    if not isinstance(raw, Mapping) or not raw:
+        raise SpaceError(f"{where}: objectives must map metric names to maximize/minimize, e.g. {{throughput: maximize}}")
+    objectives = []
+    for metric, direction in raw.items():
+        if metric not in METRIC_DIRECTIONS:
+            raise SpaceError(f"{where}: objectives: unknown metric {metric!r}; known: {', '.join(METRIC_DIRECTIONS)}")
+        if direction not in ("maximize", "minimize"):
+            raise SpaceError(f"{where}: objectives.{metric} must be maximize or minimize, but got {direction!r}")
+        if direction != METRIC_DIRECTIONS[metric]:
+            raise SpaceError(f"{where}: objectives.{metric} should be {METRIC_DIRECTIONS[metric]}, but got {direction}")
+        objectives.append(Objective(str(metric), direction))
+    return tuple(objectives)
+
+
+# ---------------------------------------------------------------------------------------------
+# Constraint expressions
+
+
+_BINARY = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
+}
+_COMPARE = {
+    ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
+    ast.Gt: operator.gt, ast.GtE: operator.ge,
+}
+_UNARY = {ast.Not: operator.not_, ast.USub: operator.neg, ast.UAdd: operator.pos}
+
+
+def _parse_constraint(where: str, text: Any, params: Mapping[str, Param]) -> Constraint:
+    if not isinstance(text, str):
+        raise SpaceError(f"{where}: each constraint must be an expression string, but got {text!r}")
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError as e:
+        raise SpaceError(f"{where}: cannot parse {text!r}: {e.msg}") from None
+    for node in ast.walk(tree.body):
+        if isinstance(node, ast.Name) and node.id not in params:
+            raise SpaceError(f"{where}: {text!r} names unknown knob {node.id!r}; knobs: {', '.join(params)}")
+        if not isinstance(node, _ALLOWED_NODES):
+            raise SpaceError(
+                f"{where}: {text!r} uses {type(node).__name__}, which constraints do not allow; "
+                "use knob names, numbers, strings, arithmetic, comparisons, and/or/not"
+            )
+    return Constraint(text, tree)
+
+
+_ALLOWED_NODES = (
+    ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.BinOp, ast.Compare, ast.Name, ast.Load, ast.Constant,
+    *_BINARY, *_COMPARE, *_UNARY,
+)
+
+
+def _evaluate(node: ast.AST, config: Mapping[str, Any]) -> Any:
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        return config[node.id]
+    if isinstance(node, ast.UnaryOp):
+        return _UNARY[type(node.op)](_evaluate(node.operand, config))
+    if isinstance(node, ast.BinOp):
+        right = _evaluate(node.right, config)
+        if isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)) and right == 0:
+            return math.nan  # a zero divisor makes the constraint fail rather than crash
+        return _BINARY[type(node.op)](_evaluate(node.left, config), right)
+    if isinstance(node, ast.BoolOp):
+        values = (_evaluate(v, config) for v in node.values)
+        return all(values) if isinstance(node.op, ast.And) else any(values)
+    left = _evaluate(node.left, config)
+    for op, comparator in zip(node.ops, node.comparators):
+        right = _evaluate(comparator, config)
+        if not _COMPARE[type(op)](left, right):
+            return False
+        left = right
+    return True

@@ -1,0 +1,110 @@
+"""A GPT-style decoder-only language model, built from its config alone (no downloads)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from search.workloads.base import Workload
+
+_INIT_STD = 0.02
+"""GPT-2's weight init: keeps the logits small, so the initial loss is close to ln(vocab_size)."""
+
+
+class _Block(nn.Module):
+    """One pre-LayerNorm transformer block: causal self-attention, then a GELU MLP."""
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float):
+        super().__init__()
+        self.n_heads = n_heads
+        self.dropout = dropout
+        self.ln_attn = nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.ln_mlp = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop(self._attend(self.ln_attn(x)))
+        return x + self.drop(self.mlp(self.ln_mlp(x)))
+
+    def _attend(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, d_model = x.shape
+        qkv = self.qkv(x).view(batch, seq, 3, self.n_heads, d_model // self.n_heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (batch, heads, seq, head_dim)
+        dropout_p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(batch, seq, d_model))
+
+
+class _Decoder(nn.Module):
+    """Token + learned position embeddings, blocks, final LayerNorm, output tied to the input embedding."""
+
+    def __init__(self, vocab_size: int, seq_len: int, d_model: int, n_layers: int, n_heads: int,
+                 d_ff: int, dropout: float):
+        super().__init__()
+        self.tok_emb = nn.Embedding(vocab_size, d_model)
+        self.pos_emb = nn.Embedding(seq_len, d_model)
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(_Block(d_model, n_heads, d_ff, dropout) for _ in range(n_layers))
+        self.ln_f = nn.LayerNorm(d_model)
+        self.apply(_init_weights)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.drop(self.tok_emb(tokens) + self.pos_emb(positions))
+        for block in self.blocks:
+            x = block(x)
+        return F.linear(self.ln_f(x), self.tok_emb.weight)  # tied: no separate output matrix
+
+
+def _init_weights(module: nn.Module) -> None:
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, std=_INIT_STD)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+
+
+class GPT(Workload):
+    """Next-token prediction on random token ids; throughput is counted in tokens."""
+
+    unit = "tokens"
+
+    def __init__(self, vocab_size: int, seq_len: int, d_model: int, n_layers: int, n_heads: int,
+                 d_ff: int | None = None, dropout: float = 0.0):
+        d_ff = 4 * d_model if d_ff is None else d_ff
+        _require_positive(vocab_size=vocab_size, seq_len=seq_len, d_model=d_model,
+                          n_layers=n_layers, n_heads=n_heads, d_ff=d_ff)
+        if d_model % n_heads:
+            raise ValueError(f"`d_model % n_heads == 0` must hold, but got (d_model={d_model}, "
+                             f"n_heads={n_heads}); pick n_heads that divides d_model.")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"`0 <= dropout < 1` must hold, but got dropout={dropout}.")
+        self.config = dict(vocab_size=vocab_size, seq_len=seq_len, d_model=d_model,
+                           n_layers=n_layers, n_heads=n_heads, d_ff=d_ff, dropout=dropout)
+
+    def build_model(self) -> nn.Module:
+        return _Decoder(**self.config)
+
+    def make_batch(self, size: int, generator: torch.Generator) -> torch.Tensor:
+        # One extra token per row: inputs are [:, :-1], targets the same row shifted by one.
+        shape = (size, self.config["seq_len"] + 1)
+        return torch.randint(self.config["vocab_size"], shape, generator=generator)
+
+    def loss(self, model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+        logits = model(batch[:, :-1])
+        return F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+
+    def items_per_sample(self) -> int:
+        return self.config["seq_len"]
+
+    def recompute_modules(self, model: nn.Module) -> list[nn.Module]:
+        return list(model.blocks)
+
+
+def _require_positive(**values: int) -> None:
+    for name, value in values.items():
+        if not (isinstance(value, int) and value >= 1):
+            raise ValueError(f"`{name}` must be an int >= 1, but got {name}={value!r}.")
