@@ -6,6 +6,7 @@ All validation happens before anything is written, so bad input leaves ``runs_di
 from __future__ import annotations
 
 import hashlib
+import importlib
 import inspect
 import json
 import sys
@@ -14,7 +15,6 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import torch
-from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
 from search import pareto
@@ -37,9 +37,9 @@ def load_space(cfg: Mapping[str, Any], device: torch.device) -> tuple[SearchSpac
         space, notes = space.without_choices(
             lambda name, value: unsupported_reason(name, value, device) if name in GENERIC_KNOBS else None
         )
+        feasible = space.feasible_configs()
     except SpaceError as e:
         raise ConfigError(str(e)) from None
-    feasible = space.feasible_configs()
     if feasible is not None and not feasible:
         raise ConfigError(f"space '{space.name}': no configuration satisfies the constraints "
                           f"{[c.text for c in space.constraints]}; loosen them or widen the ranges")
@@ -47,17 +47,28 @@ def load_space(cfg: Mapping[str, Any], device: torch.device) -> tuple[SearchSpac
     return space, notes
 
 
+def workload_class(space: SearchSpace) -> type:
+    target = space.workload["_target_"]
+    module_name, _, class_name = target.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), class_name)
+    except Exception as e:  # ImportError, AttributeError, or an error raised by the module itself
+        raise ConfigError(f"space '{space.name}': workload._target_ {target!r} does not import "
+                          f"({type(e).__name__}: {e}); check the name and that its package is on PYTHONPATH") from None
+
+
 def _check_workload(space: SearchSpace) -> None:
     target = space.workload["_target_"]
-    try:
-        cls = get_class(target)
-    except Exception as e:
-        raise ConfigError(f"space '{space.name}': workload._target_ {target!r} does not import ({e}); "
-                          "check the name and that its package is importable (PYTHONPATH)") from None
+    cls = workload_class(space)
     missing = [m for m in ("build_model", "make_batch", "loss") if not callable(getattr(cls, m, None))]
     if missing:
         raise ConfigError(f"space '{space.name}': workload {target} lacks {', '.join(missing)}; "
                           "subclass search.workloads.Workload (see README, 'Your own workload')")
+    recompute = space.params.get("recompute")
+    if recompute is not None and True in recompute.values() and \
+            getattr(cls, "recompute_modules", None) is Workload.recompute_modules:
+        raise ConfigError(f"space '{space.name}': workload {target} does not support knob recompute: implement "
+                          "recompute_modules(model) to name the modules to recompute, or fix recompute: false")
 
 
 def check_settings(cfg: Mapping[str, Any]) -> MeasureSettings:
@@ -81,7 +92,7 @@ def check_settings(cfg: Mapping[str, Any]) -> MeasureSettings:
 
 def fingerprint(space: SearchSpace) -> str:
     """Identifies what is measured: the workload's settings and the source of its class."""
-    cls = get_class(space.workload["_target_"])
+    cls = workload_class(space)
     try:
         source = Path(inspect.getsourcefile(cls) or "").read_bytes()
     except (OSError, TypeError):
@@ -159,7 +170,7 @@ def run(cfg_node: DictConfig) -> int:
         return tracker.log_child(f"trial-{record.number}", record.config, record.metrics, tags)
 
     def progress(record: TrialRecord, driver: StudyDriver) -> None:
-        front = stable_front(driver.outcome.records, space)
+        front = stable_front(driver.history(), space)
         out.print(trial_line(record, len(driver.outcome.records), int(cfg["study"]["n_trials"]), len(front),
                              driver.elapsed_s(), knob_names, unit_box["unit"]))
 

@@ -98,6 +98,10 @@ def _one_line(error: Exception) -> str:
     if text.startswith("Could not override '"):
         key = text.split("'")[1]
         return f"unknown config key '{key}': check the spelling (python -m search --cfg +space=NAME prints every key), or add it with +{key}=..."
+    if type(error).__name__ == "OverrideParseException" or "LexerNoViableAltException" in text:
+        bad = text.split(": ", 1)[-1].split(" ^")[0].strip()
+        return (f"cannot parse override {bad!r}: quote values that hold spaces or symbols, "
+                "e.g. \"space.constraints=['a < b']\" (Hydra override syntax)")
     first, *rest = [line.strip() for line in text.splitlines() if line.strip()]
     return " ".join([first, *rest[:2]]) if len(first) < 60 else first
 

@@ -54,7 +54,12 @@ class IntParam:
 
     def values(self) -> list[int]:
         if self.pow2:
-            return [2**e for e in range(math.ceil(math.log2(self.low)), int(math.log2(self.high)) + 1)]
+            power = 1 << max(self.low - 1, 0).bit_length()  # the smallest power of two >= low, exactly
+            powers = []
+            while power <= self.high:
+                powers.append(power)
+                power <<= 1
+            return powers
         return list(range(self.low, self.high + 1, self.step))
 
 
@@ -100,7 +105,12 @@ class Constraint:
     tree: ast.Expression
 
     def holds(self, config: Mapping[str, Any]) -> bool:
-        return bool(_evaluate(self.tree.body, config))
+        try:
+            return bool(_evaluate(self.tree.body, config))
+        except ZeroDivisionError:
+            return False  # undefined for this configuration, so it cannot satisfy the constraint
+        except TypeError as e:
+            raise SpaceError(f"constraint {self.text!r} cannot be evaluated for {dict(config)}: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -158,7 +168,8 @@ class SearchSpace:
                 else:
                     kept.append(value)
             if not kept:
-                raise SpaceError(f"space '{self.name}': params.{name}: every choice is unusable here ({'; '.join(notes)})")
+                reasons = "; ".join(f"{name}={v} dropped: {reject(name, v)}" for v in param.choices)
+                raise SpaceError(f"space '{self.name}': params.{name}: every choice is unusable here ({reasons})")
             params[name] = CategoricalParam(tuple(kept))
         return replace(self, params=params), notes
 
@@ -230,14 +241,23 @@ def _parse_range(where: str, kind: str, spec: Mapping[str, Any]) -> Param:
             raise SpaceError(f"{where}: {key} must be a{'n int' if kind == 'int' else ' number'}, but got {value!r}")
     if low > high:
         raise SpaceError(f"{where}: `low <= high` must hold, but got (low={low}, high={high})")
-    log = bool(spec.get("log", False))
+    log, pow2 = spec.get("log", False), spec.get("pow2", False)
+    for key, flag in (("log", log), ("pow2", pow2)):
+        if not isinstance(flag, bool):
+            raise SpaceError(f"{where}: {key} must be true or false, but got {flag!r}")
     if log and low <= 0:
         raise SpaceError(f"{where}: log scale needs `low > 0`, but got low={low}")
     if kind == "float":
-        return FloatParam(float(low), float(high), log, spec.get("step"))
-    step, pow2 = spec.get("step", 1), bool(spec.get("pow2", False))
-    if not isinstance(step, int) or step < 1:
+        step = spec.get("step")
+        if step is not None and (not isinstance(step, (int, float)) or isinstance(step, bool) or step <= 0 or log):
+            raise SpaceError(f"{where}: step must be a positive number and cannot be combined with log, "
+                             f"but got step={step!r}, log={log}")
+        return FloatParam(float(low), float(high), log, None if step is None else float(step))
+    step = spec.get("step", 1)
+    if not isinstance(step, int) or isinstance(step, bool) or step < 1:
         raise SpaceError(f"{where}: step must be a positive int, but got {step!r}")
+    if log and step != 1:
+        raise SpaceError(f"{where}: log scale needs step 1, but got step={step}")
     if pow2 and (low < 1 or step != 1 or log):
         raise SpaceError(f"{where}: pow2 needs low >= 1 and no step or log, but got low={low}, step={step}, log={log}")
     param = IntParam(low, high, step, log, pow2)
@@ -267,8 +287,8 @@ def _parse_objectives(where: str, raw: Any) -> tuple[Objective, ...]:
 
 _BINARY = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
-}
+    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
+}  # no ** : a huge power could hang the evaluator
 _COMPARE = {
     ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
     ast.Gt: operator.gt, ast.GtE: operator.ge,
@@ -302,16 +322,18 @@ _ALLOWED_NODES = (
 
 def _evaluate(node: ast.AST, config: Mapping[str, Any]) -> Any:
     if isinstance(node, ast.Constant):
+        if not isinstance(node.value, (int, float, str)):
+            raise TypeError(f"constants must be numbers, strings or booleans, but got {node.value!r}")
         return node.value
     if isinstance(node, ast.Name):
         return config[node.id]
     if isinstance(node, ast.UnaryOp):
         return _UNARY[type(node.op)](_evaluate(node.operand, config))
     if isinstance(node, ast.BinOp):
-        right = _evaluate(node.right, config)
-        if isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)) and right == 0:
-            return math.nan  # a zero divisor makes the constraint fail rather than crash
-        return _BINARY[type(node.op)](_evaluate(node.left, config), right)
+        left, right = _evaluate(node.left, config), _evaluate(node.right, config)
+        if not all(isinstance(v, (int, float)) for v in (left, right)):
+            raise TypeError(f"arithmetic needs numbers, but got {left!r} and {right!r}")
+        return _BINARY[type(node.op)](left, right)
     if isinstance(node, ast.BoolOp):
         values = (_evaluate(v, config) for v in node.values)
         return all(values) if isinstance(node.op, ast.And) else any(values)

@@ -1,0 +1,59 @@
+"""Bad input: one line on stderr, exit code 2, no traceback, nothing written to runs_dir."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from search.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+
+BAD_INPUT = {
+    "no space": ([], "add +space=NAME"),
+    "unknown space": (["+space=nope"], "built-in spaces are llm"),
+    "unknown key": (["+space=llm", "study.n_trails=3"], "unknown config key 'study.n_trails'"),
+    "unknown option": (["+space=llm", "--frobnicate"], "unknown option"),
+    "negative trials": (["+space=llm", "study.n_trials=-1"], "study.n_trials must be a positive integer"),
+    "unknown device": (["+space=llm", "device=tpu"], "unknown device 'tpu'"),
+    "unknown sampler": (["+space=llm", "study.sampler=magic"], "study.sampler must be one of"),
+    "low > high": (["+space=llm", "space.params.batch_size.low=64"], "`low <= high` must hold"),
+    "empty choices": (["+space=llm", "space.params.precision.choices=[]"], "choices must be a non-empty list"),
+    "unknown objective": (["+space=llm", "+space.objectives.speed=maximize"], "unknown metric 'speed'"),
+    "impossible constraint": (["+space=llm", "space.constraints=['batch_size < 0']"], "no configuration satisfies"),
+    "constraint on unknown knob": (["+space=llm", "space.constraints=['foo > 1']"], "unknown knob 'foo'"),
+    "target does not import": (["+space=llm", "space.workload._target_=nowhere.Model"], "does not import"),
+    "bad measure setting": (["+space=llm", "measure.min_windows=1"], "min_windows"),
+    "unquoted override": (["+space=llm", "space.constraints=[a < b]"], "quote values"),
+    "unknown slo metric": (["+space=llm", "+slo.speed=3"], "slo.speed: unknown metric"),
+}
+
+
+@pytest.mark.parametrize("argv, expected", BAD_INPUT.values(), ids=BAD_INPUT.keys())
+def test_bad_input_exits_2_with_one_line(argv, expected, tmp_path, capsys):
+    runs_dir = tmp_path / "runs"
+    assert main([*argv, f"runs_dir={runs_dir}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("search: error: "), err
+    assert expected in err
+    assert not runs_dir.exists()
+
+
+def test_bad_input_from_the_shell_has_no_traceback(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-m", "search", "+space=llm", "space.params.streams.type=integer",
+                             f"runs_dir={tmp_path / 'runs'}"], cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
+    assert "type must be one of int, float, categorical, bool" in result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_help_lists_the_main_command(capsys):
+    assert main(["--help"]) == 0
+    assert "python -m search +space=NAME" in capsys.readouterr().out

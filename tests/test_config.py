@@ -1,0 +1,274 @@
+import random
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from hydra.utils import get_class
+from omegaconf import OmegaConf
+
+from search.config import ConfigError, compose_config, resolve, resolve_device
+from search.space import parse_space
+from search.workloads import Workload
+
+REPO = Path(__file__).resolve().parent.parent
+SPACE_FILES = sorted((REPO / "spaces").glob("*.yaml"))
+SPACE_NAMES = [p.stem for p in SPACE_FILES]
+USER_DIR = REPO / "examples" / "user_workload"
+BY_DEVICE = re.compile(r"^\$\{by_device:([^,\[\]{}]+),([^,\[\]{}]+)\}$")
+
+
+def test_there_is_at_least_one_builtin_space():
+    assert SPACE_NAMES
+
+
+def _walk(node, path=()):
+    """Every leaf of a nested mapping/list, with its key path."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _walk(value, (*path, str(key)))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _walk(value, (*path, str(i)))
+    else:
+        yield path, node
+
+
+def _get(node, path):
+    for key in path:
+        node = node[int(key)] if isinstance(node, list) else node[key]
+    return node
+
+
+# ---------------------------------------------------------------------------------------------
+# Every built-in space, under both presets
+
+
+@pytest.fixture(scope="module", params=[(n, p) for n in SPACE_NAMES for p in ("cpu", "cuda")],
+                ids=[f"{n}-{p}" for n in SPACE_NAMES for p in ("cpu", "cuda")])
+def composed(request):
+    name, preset = request.param
+    cfg = compose_config([f"+space={name}", f"preset={preset}"])
+    return name, preset, cfg, resolve(cfg)
+
+
+def test_builtin_space_composes_and_parses(composed):
+    name, _, cfg, resolved = composed
+    assert cfg.space.name == name
+    space = parse_space(cfg.space.name, resolved["space"])
+    assert space.name == name
+    assert space.params and space.objectives
+
+
+def test_builtin_space_has_a_feasible_configuration(composed):
+    name, _, cfg, resolved = composed
+    space = parse_space(name, resolved["space"])
+    feasible = space.feasible_configs()
+    if feasible is None:  # continuous or too large to enumerate
+        config = space.random_feasible(random.Random(0))
+        assert config is not None
+        assert space.violations(config) == []
+    else:
+        assert feasible
+        assert all(space.violations(c) == [] for c in feasible)
+
+
+def test_builtin_space_workload_imports(composed):
+    name, _, _, resolved = composed
+    cls = get_class(resolved["space"]["workload"]["_target_"])
+    assert isinstance(cls, type) and issubclass(cls, Workload)
+
+
+def test_builtin_space_resolves_completely(composed):
+    _, _, _, resolved = composed
+    for path, value in _walk(resolved):
+        assert not (isinstance(value, str) and "${" in value), path
+
+
+def test_builtin_space_by_device_values_follow_the_preset(composed):
+    """Every ``${by_device:A,B}`` in the space file gives A under preset=cpu and B under preset=cuda."""
+    name, preset, _, resolved = composed
+    raw = yaml.safe_load((REPO / "spaces" / f"{name}.yaml").read_text())
+    checked = 0
+    for path, text in _walk(raw):
+        match = isinstance(text, str) and BY_DEVICE.match(text)
+        if match:
+            cpu, cuda = (yaml.safe_load(g) for g in match.groups())
+            assert _get(resolved["space"], path) == (cpu if preset == "cpu" else cuda), path
+            checked += 1
+    if "${by_device:" not in (REPO / "spaces" / f"{name}.yaml").read_text():
+        pytest.skip(f"{name}.yaml has no ${{by_device:...}} values")
+    assert checked
+
+
+# ---------------------------------------------------------------------------------------------
+# conf/config.yaml
+
+
+@pytest.fixture(scope="module", params=["cpu", "cuda"])
+def base_config(request):
+    cfg = compose_config(["+space=llm", f"preset={request.param}", "device=cpu"])
+    return request.param, cfg, resolve(cfg)
+
+
+def test_config_yaml_resolves_every_key(base_config):
+    _, cfg, resolved = base_config
+    raw = yaml.safe_load((REPO / "conf" / "config.yaml").read_text())
+    for path, _ in _walk(raw):
+        value = _get(resolved, path)  # every key of config.yaml is present
+        assert not (isinstance(value, str) and "${" in value), path
+    for path, value in _walk(resolved):
+        assert not (isinstance(value, str) and "${" in value), path
+        assert value != "???", path
+    assert OmegaConf.missing_keys(cfg) == set()
+
+
+def test_config_yaml_by_device_values_follow_the_preset(base_config):
+    preset, _, resolved = base_config
+    raw = yaml.safe_load((REPO / "conf" / "config.yaml").read_text())
+    checked = 0
+    for path, text in _walk(raw):
+        match = isinstance(text, str) and BY_DEVICE.match(text)
+        if match:
+            cpu, cuda = (yaml.safe_load(g) for g in match.groups())
+            assert cpu != cuda, path  # otherwise this check could not tell the presets apart
+            assert _get(resolved, path) == (cpu if preset == "cpu" else cuda), path
+            checked += 1
+    assert checked
+
+
+def test_by_device_d_model(base_config):
+    preset, _, resolved = base_config
+    raw = yaml.safe_load((REPO / "spaces" / "llm.yaml").read_text())["workload"]["d_model"]
+    cpu, cuda = (int(v) for v in BY_DEVICE.match(raw).groups())
+    assert cpu != cuda
+    assert resolved["space"]["workload"]["d_model"] == (cpu if preset == "cpu" else cuda)
+
+
+def test_default_study_name_on_cpu():
+    resolved = resolve(compose_config(["+space=llm", "preset=cpu", "device=cpu"]))
+    assert resolved["study"]["name"] == "llm-cpu"
+    assert resolved["tracking"]["experiment"] == "llm"
+
+
+def test_study_name_follows_device_when_preset_is_auto():
+    resolved = resolve(compose_config(["+space=llm", "preset=auto", "device=cuda:1"]))
+    assert resolved["study"]["name"] == "llm-cuda"
+    resolved = resolve(compose_config(["+space=llm", "preset=auto", "device=cpu"]))
+    assert resolved["study"]["name"] == "llm-cpu"
+
+
+def test_storage_and_tracking_follow_runs_dir():
+    resolved = resolve(compose_config(["+space=llm", "preset=cpu", "runs_dir=/x"]))
+    assert resolved["runs_dir"] == "/x"
+    assert resolved["study"]["storage"] == "sqlite:////x/optuna.db"
+    assert resolved["tracking"]["uri"] == "sqlite:////x/mlflow.db"
+
+
+def test_overrides_reach_the_config():
+    resolved = resolve(compose_config(["+space=llm", "preset=cpu", "study.n_trials=3", "+slo.latency_p95_ms=200"]))
+    assert resolved["study"]["n_trials"] == 3
+    assert resolved["slo"] == {"latency_p95_ms": 200}
+
+
+# ---------------------------------------------------------------------------------------------
+# A user's own space through --config-dir
+
+
+def test_user_space_composes_and_its_workload_imports(monkeypatch):
+    cfg = compose_config(["+space=mlp", "preset=cpu"], config_dirs=[str(USER_DIR)])
+    resolved = resolve(cfg)
+    space = parse_space(cfg.space.name, resolved["space"])
+    assert space.name == "mlp"
+    assert space.workload["_target_"] == "my_mlp.MLPRegression"
+    assert space.feasible_configs()
+
+    monkeypatch.syspath_prepend(str(USER_DIR))
+    cls = get_class(space.workload["_target_"])
+    assert issubclass(cls, Workload)
+    assert Path(__import__(cls.__module__).__file__).resolve().parent == USER_DIR
+
+
+def test_user_space_is_not_found_without_its_config_dir():
+    with pytest.raises(ConfigError, match="unknown space 'mlp'"):
+        compose_config(["+space=mlp"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors: one line that says what to fix
+
+
+def _one_line_error(overrides, config_dirs=()):
+    with pytest.raises(ConfigError) as info:
+        compose_config(overrides, config_dirs)
+    message = str(info.value)
+    assert "\n" not in message and "Traceback" not in message and message.strip() == message
+    return message
+
+
+def test_no_space_chosen():
+    message = _one_line_error(["preset=cpu"])
+    assert "+space=NAME" in message
+    for name in SPACE_NAMES:
+        assert name in message
+
+
+def test_unknown_space():
+    message = _one_line_error(["+space=nosuchspace"])
+    assert "unknown space 'nosuchspace'" in message
+    for name in SPACE_NAMES:
+        assert name in message
+    assert "--config-dir" in message and "space/NAME.yaml" in message
+
+
+@pytest.mark.parametrize("key", ["study.n_trails", "devcie"])
+def test_unknown_override_key(key):
+    message = _one_line_error(["+space=llm", f"{key}=3"])
+    assert f"unknown config key '{key}'" in message
+    assert f"+{key}=" in message  # says how to add it
+
+
+@pytest.mark.parametrize("text", [
+    "workload:\n  _target_: x.Y\nparams: {a: [1, 2\n",
+    "workload:\n  _target_: x.Y\n   params: 3\n",
+    "params:\n  a: 1\n  a: 2\n",
+], ids=["unclosed_flow", "bad_indent", "duplicate_key"])
+def test_malformed_yaml_space_file(tmp_path, text):
+    (tmp_path / "space").mkdir()
+    (tmp_path / "space" / "broken.yaml").write_text(text)
+    message = _one_line_error(["+space=broken"], config_dirs=[str(tmp_path)])
+    assert "broken.yaml" in message
+    assert "line " in message
+    assert 'File "' not in message
+
+
+# ---------------------------------------------------------------------------------------------
+# resolve_device
+
+
+def test_resolve_device_cpu():
+    assert resolve_device("cpu") == torch.device("cpu")
+
+
+def test_resolve_device_auto():
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert resolve_device("auto").type == expected
+
+
+@pytest.mark.parametrize("spec", ["tpu", "gpu0", ""])
+def test_resolve_device_unknown(spec):
+    with pytest.raises(ConfigError, match="use auto, cpu, cuda or cuda:N"):
+        resolve_device(spec)
+
+
+def test_resolve_device_unsupported_type():
+    with pytest.raises(ConfigError, match="unsupported device 'meta'"):
+        resolve_device("meta")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is present here")
+@pytest.mark.parametrize("spec", ["cuda", "cuda:0"])
+def test_resolve_device_cuda_without_cuda(spec):
+    with pytest.raises(ConfigError, match=f"device={spec} but no CUDA device is visible here: use device=cpu"):
+        resolve_device(spec)

@@ -1,0 +1,138 @@
+"""The real command in a subprocess, on a tiny budget, read back from the real stores.
+
+All tests share one runs_dir (one Optuna and one MLflow sqlite file: creating an MLflow database
+costs seconds) and keep apart by study and experiment name.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+# A GPT small enough that a trial takes about a second on a 2-core CPU.
+TINY = [
+    "device=cpu", "preset=cpu",
+    "space.workload.vocab_size=256", "space.workload.seq_len=32", "space.workload.d_model=32",
+    "space.workload.n_layers=1", "space.workload.n_heads=2",
+    "space.params.batch_size.high=8", "space.params.micro_batch_size.high=8",
+    "measure.warmup_s=0.1", "measure.window_s=0.05", "measure.min_windows=3", "measure.max_time_s=1",
+]
+KNOBS = {"batch_size", "micro_batch_size", "precision", "streams", "recompute"}
+CONTRACT_METRICS = {"throughput", "throughput_ci_low", "throughput_ci_high", "throughput_cv",
+                    "latency_p50_ms", "latency_p95_ms", "peak_memory_mb"}
+
+
+@pytest.fixture(scope="module")
+def runs_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("runs")
+
+
+def search(*args: str, runs_dir: Path, pythonpath: str = "") -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (pythonpath, str(REPO)) if p)}
+    result = subprocess.run([sys.executable, "-m", "search", *args, f"runs_dir={runs_dir}"], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def measured(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return [t for t in study.trials if "metrics" in t.user_attrs and "reused_from" not in t.user_attrs]
+
+
+def runs_of(runs_dir: Path, experiment: str):
+    client = MlflowClient(tracking_uri=f"sqlite:///{runs_dir}/mlflow.db")
+    exp = client.get_experiment_by_name(experiment)
+    assert exp is not None, f"no MLflow experiment {experiment!r}"
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    return client, parents, children
+
+
+def test_llm_study_end_to_end(runs_dir):
+    result = search("+space=llm", "study.n_trials=3", "stable.max_cv=1.0", *TINY, runs_dir=runs_dir)
+    assert "Pareto-optimal stable configurations" in result.stdout
+    assert f"mlflow ui --backend-store-uri sqlite:///{runs_dir}/mlflow.db" in result.stdout
+
+    study = optuna.load_study(study_name="llm-cpu", storage=f"sqlite:///{runs_dir}/optuna.db")
+    trials = measured(study)
+    assert len(trials) == 3
+    assert [o for o in study.directions] == [optuna.study.StudyDirection.MAXIMIZE,
+                                             optuna.study.StudyDirection.MINIMIZE,
+                                             optuna.study.StudyDirection.MINIMIZE]
+    for t in trials:
+        assert t.user_attrs["state"] in ("complete", "failed", "infeasible")
+        if t.state == optuna.trial.TrialState.COMPLETE:
+            m = t.user_attrs["metrics"]
+            assert t.values == [m["throughput"], m["latency_p95_ms"], m["peak_memory_mb"]]
+            assert m["throughput_ci_low"] <= m["throughput"] <= m["throughput_ci_high"]
+
+    client, parents, children = runs_of(runs_dir, "llm")
+    assert len(parents) == 1 and len(children) == 3
+    parent = parents[0]
+    assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parent.info.run_id}
+    assert parent.data.tags["env.torch"] and parent.data.tags["env.device_name"]
+    for child in children:
+        assert set(child.data.params) == KNOBS
+        assert child.data.tags["throughput_unit"] == "tokens/s"
+        assert child.data.tags["pareto"] in ("true", "false") and child.data.tags["stable"] in ("true", "false")
+        if child.data.tags["state"] == "complete":
+            assert CONTRACT_METRICS <= set(child.data.metrics)
+    on_front = {c.info.run_id for c in children if c.data.tags["pareto"] == "true"}
+    assert on_front, "with stable.max_cv=1.0 every complete trial is stable, so the front is not empty"
+
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"pareto.csv", "pareto.png", "best.yaml", "config.yaml"} <= artifacts
+    study_dir = runs_dir / "llm-cpu"
+    with (study_dir / "pareto.csv").open() as f:
+        assert {row["mlflow_run_id"] for row in csv.DictReader(f)} == on_front
+    best = yaml.safe_load((study_dir / "best.yaml").read_text())
+    assert best["recommended"]["mlflow_run_id"] in on_front
+    assert set(best["recommended"]["config"]) == KNOBS
+    assert (study_dir / "pareto.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_small_space_is_exhausted_and_resumed_without_remeasuring(runs_dir):
+    # batch 4, micro {2, 4}, streams <= 4 / micro, fp32 only, recompute on/off: 6 feasible configs.
+    tiny_space = ["study.name=tiny", "tracking.experiment=tiny", "space.params.batch_size.low=4",
+                  "space.params.batch_size.high=4", "space.params.micro_batch_size.low=2",
+                  "space.params.precision.choices=[fp32]"]
+    first = search("+space=llm", "study.n_trials=10", *TINY, *tiny_space, runs_dir=runs_dir)
+    assert "stopped by exhausted" in first.stdout
+    study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{runs_dir}/optuna.db")
+    configs = [json.dumps(t.user_attrs["config"], sort_keys=True) for t in measured(study)]
+    assert len(configs) == 6 and len(set(configs)) == 6
+
+    second = search("+space=llm", "study.n_trials=2", *TINY, *tiny_space, runs_dir=runs_dir)
+    assert "0 measured" in second.stdout and "Study total: 6 measured" in second.stdout
+    study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{runs_dir}/optuna.db")
+    assert len(measured(study)) == 6
+    assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+    _, parents, children = runs_of(runs_dir, "tiny")
+    assert len(parents) == 2 and len(children) == 6
+
+
+def test_readme_user_workload_example(runs_dir):
+    example = REPO / "examples" / "user_workload"
+    result = search("--config-dir", str(example), "+space=mlp", "study.n_trials=2", "measure.warmup_s=0.1",
+                    "measure.window_s=0.05", "measure.min_windows=3", "measure.max_time_s=1",
+                    runs_dir=runs_dir, pythonpath=str(example))
+    assert "study: mlp-" in result.stdout
+    _, parents, children = runs_of(runs_dir, "mlp")
+    assert len(parents) == 1 and len(children) == 2
+    for child in children:
+        assert set(child.data.params) == {"batch_size", "micro_batch_size", "precision", "hidden", "recompute"}
+        assert child.data.tags["throughput_unit"] == "samples/s"
+        assert child.data.tags["state"] == "complete", child.data.tags.get("failure")
