@@ -3,11 +3,17 @@
 A trial's faults are data, not crashes: a knob the workload or device cannot run is ``infeasible``,
 running out of memory or raising is ``failed`` with a one-line reason. Nothing here knows Optuna
 or MLflow; the study hands in a ``TrialRequest`` and gets back a ``TrialResult``.
+
+``run_isolated`` runs each trial in a fresh process: peak memory is then the trial's own (a reused
+process keeps memory an earlier trial freed, and CPU figures read low or zero), global torch state
+cannot leak between trials, and a worker that dies takes only its trial with it.
 """
 
 from __future__ import annotations
 
 import gc
+import multiprocessing
+import signal
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -85,3 +91,37 @@ def run_trial(request: TrialRequest) -> TrialResult:
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
+
+
+def run_isolated(request: TrialRequest) -> TrialResult:
+    """``run_trial`` in a fresh spawned process; a worker that dies is a ``failed`` crash."""
+    started = time.perf_counter()
+    context = multiprocessing.get_context("spawn")  # fork would inherit the parent's CUDA and thread state
+    receive, send = context.Pipe(duplex=False)
+    worker = context.Process(target=_worker, args=(request, send), daemon=True)
+    worker.start()
+    send.close()
+    try:
+        return receive.recv()
+    except EOFError:  # the worker died before it could answer
+        worker.join()
+        return TrialResult(FAILED, failure=f"crash: worker {_exit_text(worker.exitcode)}",
+                           duration_s=time.perf_counter() - started)
+    finally:
+        receive.close()
+        worker.join(timeout=5)
+        if worker.is_alive():
+            worker.kill()
+            worker.join()
+
+
+def _worker(request: TrialRequest, send) -> None:
+    send.send(run_trial(request))
+    send.close()
+
+
+def _exit_text(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        return f"killed by signal {signal.Signals(-exitcode).name}"
+    return f"exited with code {exitcode}"
+

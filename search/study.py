@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping
 import optuna
 from optuna.trial import Trial, TrialState
 
-from search.runner import COMPLETE, FAILED, INFEASIBLE, TrialRequest, TrialResult, run_trial
+from search.runner import COMPLETE, FAILED, INFEASIBLE, TrialRequest, TrialResult, run_isolated
 from search.space import CategoricalParam, FixedParam, FloatParam, IntParam, Param, SearchSpace
 
 MAX_REPEATS = 50
@@ -192,7 +192,7 @@ class StudyDriver:
 
     def _measure(self, trial: Trial, config: dict[str, Any]) -> None:
         try:
-            result = run_trial(self.request(config))
+            result = run_isolated(self.request(config))
         except KeyboardInterrupt:
             trial.set_user_attr("state", FAILED)
             trial.set_user_attr("failure", "interrupted")
