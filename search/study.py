@@ -27,7 +27,8 @@ MAX_REPEATS = 50
 """Consecutive proposals that are infeasible or already measured before the space counts as exhausted."""
 
 SAMPLERS: dict[str, Callable[[int], optuna.samplers.BaseSampler]] = {
-    "tpe": lambda seed: optuna.samplers.TPESampler(seed=seed),
+    # Multivariate: independent TPE cannot learn joint rules such as micro <= batch (see README).
+    "tpe": lambda seed: optuna.samplers.TPESampler(seed=seed, multivariate=True),
     "gp": lambda seed: optuna.samplers.GPSampler(seed=seed),
     "nsga2": lambda seed: optuna.samplers.NSGAIISampler(seed=seed),
     "random": lambda seed: optuna.samplers.RandomSampler(seed=seed),
