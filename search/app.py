@@ -1,30 +1,36 @@
-"""One invocation: validate everything, then run the study and report.
+"""One invocation: validate everything, open the stores, run the study, report.
 
-All validation happens before anything is written, so bad input leaves ``runs_dir`` untouched.
+All validation happens before anything is written, and a store that cannot be opened removes the
+``runs_dir`` this invocation created, so bad input leaves nothing behind. Once the parent run has
+started it is always ended: FINISHED, KILLED (Ctrl-C) or FAILED.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.metadata
 import inspect
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+import yaml
+from omegaconf import DictConfig
 
 from search import pareto
-from search.config import ConfigError, resolve, resolve_device
+from search.config import ConfigError, redact, resolve, resolve_device
 from search.knobs import GENERIC_KNOBS, unsupported_reason
 from search.measure import MeasureSettings
-from search.report import console, pareto_table, trial_line, write_best, write_csv, write_plot
+from search.records import TrialRecord
+from search.report import console, pareto_table, summary_lines, trial_line, write_best, write_csv, write_plot
 from search.runner import COMPLETE, TrialRequest, TrialResult
 from search.space import SearchSpace, SpaceError, parse_space
-from search.study import SAMPLERS, StudyDriver, TrialRecord
+from search.study import SAMPLERS, StudyDriver, StudyOutcome, open_study
 from search.telemetry import environment
 from search.tracking import Tracker
 from search.workloads import Workload
@@ -58,17 +64,24 @@ def workload_class(space: SearchSpace) -> type:
 
 
 def _check_workload(space: SearchSpace) -> None:
-    target = space.workload["_target_"]
-    cls = workload_class(space)
+    """The workload has the contract's methods and takes every knob that is not a generic one."""
+    target, cls = space.workload["_target_"], workload_class(space)
     missing = [m for m in ("build_model", "make_batch", "loss") if not callable(getattr(cls, m, None))]
     if missing:
         raise ConfigError(f"space '{space.name}': workload {target} lacks {', '.join(missing)}; "
-                          "subclass search.workloads.Workload (see README, 'Your own workload')")
+                          "subclass search.Workload (see README, 'Your own workload')")
     recompute = space.params.get("recompute")
     if recompute is not None and True in recompute.values() and \
             getattr(cls, "recompute_modules", None) is Workload.recompute_modules:
         raise ConfigError(f"space '{space.name}': workload {target} does not support knob recompute: implement "
                           "recompute_modules(model) to name the modules to recompute, or fix recompute: false")
+    accepted = inspect.signature(cls).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
+        return
+    for name in space.params:
+        if name not in GENERIC_KNOBS and name not in accepted:
+            raise ConfigError(f"space '{space.name}': knob {name!r} is neither a generic knob "
+                              f"({', '.join(GENERIC_KNOBS)}) nor a parameter of {target}({', '.join(accepted)})")
 
 
 def check_settings(cfg: Mapping[str, Any]) -> MeasureSettings:
@@ -81,8 +94,11 @@ def check_settings(cfg: Mapping[str, Any]) -> MeasureSettings:
     timeout = study["timeout_s"]
     if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
         raise ConfigError(f"study.timeout_s must be a positive number of seconds or null, but got {timeout!r}")
-    if not isinstance(cfg["stable"]["max_cv"], (int, float)) or cfg["stable"]["max_cv"] <= 0:
-        raise ConfigError(f"stable.max_cv must be a positive fraction, but got {cfg['stable']['max_cv']!r}")
+    if not isinstance(cfg["seed"], int) or isinstance(cfg["seed"], bool):
+        raise ConfigError(f"seed must be an integer, but got {cfg['seed']!r}")
+    max_cv = cfg["stable"]["max_cv"]
+    if not isinstance(max_cv, (int, float)) or isinstance(max_cv, bool) or max_cv <= 0:
+        raise ConfigError(f"stable.max_cv must be a positive fraction, but got {max_cv!r}")
     try:
         pareto.check_slo(cfg["slo"] or {})
         return MeasureSettings(**cfg["measure"])
@@ -90,15 +106,17 @@ def check_settings(cfg: Mapping[str, Any]) -> MeasureSettings:
         raise ConfigError(f"measure/slo: {e}") from None
 
 
-def fingerprint(space: SearchSpace) -> str:
-    """Identifies what is measured: the workload's settings and the source of its class."""
-    cls = workload_class(space)
+def fingerprint(space: SearchSpace, env: Mapping[str, str]) -> str:
+    """Identifies what is measured where: the workload's settings and class source, device, torch.
+
+    Trials of another fingerprint stay in the study but are neither reused nor put on the front.
+    """
     try:
-        source = Path(inspect.getsourcefile(cls) or "").read_bytes()
+        source = Path(inspect.getsourcefile(workload_class(space)) or "").read_bytes()
     except (OSError, TypeError):
-        source = cls.__qualname__.encode()
-    digest = hashlib.sha256(json.dumps(space.workload, sort_keys=True, default=str).encode() + source)
-    return digest.hexdigest()[:12]
+        source = space.workload["_target_"].encode()
+    identity = {"workload": space.workload, "device": env["device_name"], "torch": env["torch"]}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode() + source).hexdigest()[:12]
 
 
 def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -107,7 +125,7 @@ def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         if isinstance(value, Mapping) and value:
             flat.update(_flatten(value, f"{prefix}{key}."))
         else:
-            flat[f"{prefix}{key}"] = value
+            flat[f"{prefix}{key}"] = redact(value) if isinstance(value, str) else value
     return flat
 
 
@@ -124,6 +142,34 @@ def _quiet_libraries() -> None:
     logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
+def _open_stores(cfg: Mapping[str, Any], space: SearchSpace):
+    """The Optuna study and the MLflow tracker; on failure, remove the runs_dir made for them."""
+    runs_dir = Path(cfg["runs_dir"])
+    created = not runs_dir.exists()
+    try:
+        runs_dir.mkdir(parents=True, exist_ok=True)
+        study = open_study(cfg["study"]["name"], cfg["study"]["storage"], space)
+        try:
+            tracker = Tracker(cfg["tracking"]["uri"], cfg["tracking"]["experiment"], runs_dir / "mlartifacts")
+        except Exception as e:
+            raise ConfigError(f"cannot open tracking.uri {redact(cfg['tracking']['uri'])!r}: "
+                              f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    except (ConfigError, OSError) as e:
+        if created:
+            shutil.rmtree(runs_dir, ignore_errors=True)
+        if isinstance(e, OSError):
+            raise ConfigError(f"cannot write runs_dir {str(runs_dir)!r}: {e.strerror}") from None
+        raise
+    return study, tracker
+
+
+def _versions() -> dict[str, str]:
+    try:
+        return {"search_version": importlib.metadata.version("search")}
+    except importlib.metadata.PackageNotFoundError:
+        return {}
+
+
 def run(cfg_node: DictConfig) -> int:
     _quiet_libraries()
     cfg = resolve(cfg_node)
@@ -133,55 +179,64 @@ def run(cfg_node: DictConfig) -> int:
     out = console()
     for note in notes:
         out.print(f"[yellow]note:[/] {note}")
+    study, tracker = _open_stores(cfg, space)
 
-    runs_dir = Path(cfg["runs_dir"])
-    study_dir = runs_dir / cfg["study"]["name"]
-    study_dir.mkdir(parents=True, exist_ok=True)
-    env = environment(device)
-    print_fn = fingerprint(space)
-    tracker = Tracker(cfg["tracking"]["uri"], cfg["tracking"]["experiment"], runs_dir / "mlartifacts")
+    env = {**environment(device), **_versions()}
+    print_fn = fingerprint(space, env)
+    study_name = cfg["study"]["name"]
     out.print(f"device: [bold]{env['device_name']}[/] ({device}), torch {env['torch']}")
-    out.print(f"study: {cfg['study']['name']} in {cfg['study']['storage']} "
+    out.print(f"study: {study_name} in {redact(cfg['study']['storage'])} "
               f"({cfg['study']['n_trials']} new trials, sampler {cfg['study']['sampler']})")
-
     tracker.start_parent(
-        f"{cfg['study']['name']} {time.strftime('%Y-%m-%d %H:%M:%S')}",
+        f"{study_name} {time.strftime('%Y-%m-%d %H:%M:%S')}",
         params=_flatten({k: v for k, v in cfg.items() if k != "space"}) | _flatten(cfg["space"], "space."),
-        tags={"space": space.name, "study": cfg["study"]["name"], "workload_fingerprint": print_fn,
-              "command": " ".join(["python -m search", *sys.argv[1:]]),
+        tags={"space": space.name, "study": study_name, "workload_fingerprint": print_fn,
+              "command": redact(" ".join(["python -m search", *sys.argv[1:]])),
               **{f"env.{k}": v for k, v in env.items()}},
     )
-    tracker.client.log_text(tracker.parent_id, OmegaConf.to_yaml(cfg_node, resolve=True), "config.yaml")
+    status = "FAILED"
+    try:
+        tracker.client.log_text(tracker.parent_id, yaml.safe_dump(_redacted(cfg), sort_keys=False), "config.yaml")
+        driver = _driver(cfg, space, study, print_fn, device, settings, tracker, env, out)
+        outcome = driver.run()
+        _finish(cfg, space, driver, outcome, tracker, env, out)
+        status = "FINISHED"
+        return 0
+    except KeyboardInterrupt:
+        status = "KILLED"
+        out.print("[red]interrupted[/]: the trial in progress is marked failed; re-run the same command to resume")
+        return 130
+    finally:
+        tracker.end_parent(status)
+
+
+def _redacted(tree: Any) -> Any:
+    if isinstance(tree, Mapping):
+        return {k: _redacted(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_redacted(v) for v in tree]
+    return redact(tree) if isinstance(tree, str) else tree
+
+
+def _driver(cfg, space, study, print_fn, device, settings, tracker, env, out) -> StudyDriver:
     knob_names = list(space.searched)
-    unit_box = {"unit": "items"}
+    confidence = settings.confidence
 
     def request(config: Mapping[str, Any]) -> TrialRequest:
         return TrialRequest(space.workload, config, str(device), int(cfg["seed"]), settings)
 
     def log_trial(record: TrialRecord, result: TrialResult) -> str:
-        unit_box["unit"] = result.unit
-        tags = {"state": record.state, "stable": str(record.stable).lower(), "pareto": "false",
-                "trial": str(record.number), "throughput_unit": f"{result.unit}/s",
-                "workload_fingerprint": print_fn}
+        tags = {"study": cfg["study"]["name"], "device": env["device_name"], "workload_fingerprint": print_fn}
         if result.measurement is not None:
             tags["stop_reason"] = result.measurement.stop_reason
-        if record.failure:
-            tags["failure"] = record.failure
-        return tracker.log_child(f"trial-{record.number}", record.config, record.metrics, tags)
+        return tracker.log_trial(record, result.duration_s, tags)
 
     def progress(record: TrialRecord, driver: StudyDriver) -> None:
         front = stable_front(driver.history(), space)
         out.print(trial_line(record, len(driver.outcome.records), int(cfg["study"]["n_trials"]), len(front),
-                             driver.elapsed_s(), knob_names, unit_box["unit"]))
+                             driver.elapsed_s(), knob_names, confidence))
 
-    driver = StudyDriver(cfg, space, print_fn, request, log_trial, progress)
-    try:
-        outcome = driver.run()
-    except KeyboardInterrupt:
-        tracker.end_parent("KILLED")
-        out.print("[red]interrupted[/]: the trial in progress is marked failed; re-run the same command to resume")
-        return 130
-    return _finish(cfg, space, outcome, tracker, study_dir, unit_box["unit"], env, out)
+    return StudyDriver(cfg, space, study, print_fn, request, log_trial, progress)
 
 
 def stable_front(records: list[TrialRecord], space: SearchSpace) -> list[TrialRecord]:
@@ -192,22 +247,26 @@ def stable_front(records: list[TrialRecord], space: SearchSpace) -> list[TrialRe
     return [r for r, keep in zip(candidates, mask) if keep]
 
 
-def _finish(cfg, space, outcome, tracker, study_dir, unit, env, out) -> int:
-    history = outcome.history
+def _finish(cfg, space: SearchSpace, driver: StudyDriver, outcome: StudyOutcome, tracker: Tracker,
+            env: Mapping[str, str], out) -> None:
+    history = driver.history()
     front = stable_front(history, space)
-    on_front = {r.number for r in front}
-    for r in history:
-        if r.run_id:
-            tracker.set_tags(r.run_id, {"pareto": str(r.number in on_front).lower()})
+    tracker.mark_pareto(outcome.study_name, {r.run_id for r in front if r.run_id})
     best_row = pareto.recommend([{"metrics": r.metrics, "record": r} for r in front], cfg["slo"] or {})
     best = best_row["record"] if best_row else None
+    unit = history[0].unit if history else "items"
+    confidence = float(cfg["measure"]["confidence"])
 
+    study_dir = Path(cfg["runs_dir"]) / outcome.study_name
+    study_dir.mkdir(parents=True, exist_ok=True)
     knob_names = list(space.searched)
+    objectives = ", ".join(f"{o.metric} {'max' if o.direction == 'maximize' else 'min'}" for o in space.objectives)
     write_csv(study_dir / "pareto.csv", front, knob_names)
-    write_plot(study_dir / "pareto.png", history, front, unit, f"{space.name} on {env['device_name']}")
-    write_best(study_dir / "best.yaml", best, unit, {
-        "space": space.name, "study": cfg["study"]["name"], "device": env["device_name"],
-        "rule": "highest lower 95% CI bound of throughput among stable Pareto-optimal configurations"
+    write_plot(study_dir / "pareto.png", history, front, confidence,
+               f"{space.name} on {env['device_name']}\nPareto front over: {objectives}")
+    write_best(study_dir / "best.yaml", best, {
+        "space": space.name, "study": outcome.study_name, "device": env["device_name"],
+        "rule": f"highest lower {confidence:.0%} CI bound of throughput among stable Pareto-optimal configurations"
                 + (f" meeting slo {cfg['slo']}" if cfg["slo"] else ""),
     })
     for name in ("pareto.csv", "pareto.png", "best.yaml"):
@@ -215,27 +274,14 @@ def _finish(cfg, space, outcome, tracker, study_dir, unit, env, out) -> int:
     if best is not None:
         tracker.set_tags(tracker.parent_id, {"best_trial": str(best.number)})
         tracker.log_metrics(tracker.parent_id, {f"best_{k}": v for k, v in best.metrics.items()})
-    tracker.end_parent("FINISHED")
 
-    _summary(outcome, history, front, best, knob_names, unit, out)
-    out.print(f"files: {study_dir}/best.yaml, pareto.csv, pareto.png")
-    out.print(f"compare runs in the MLflow UI: [bold]{tracker.ui_command()}[/]")
-    return 0
-
-
-def _summary(outcome, history, front, best, knob_names, unit, out) -> None:
-    states = [r.state for r in outcome.records]
-    counts = ", ".join(f"{states.count(s)} {s}" for s in sorted(set(states))) or "none"
-    out.print(f"\nthis run: {len(outcome.records)} measured ({counts}); {outcome.rejected} proposals broke "
-              f"a constraint, {outcome.reused} repeated an earlier measurement (reused, not re-run); "
-              f"stopped by {outcome.stop_reason}. Study total: {len(history)} measured.")
-    unstable = sum(1 for r in history if r.state == COMPLETE and not r.stable)
-    if unstable:
-        out.print(f"{unstable} measured configuration(s) were unstable (throughput CV above the bound) "
-                  "and are left off the front.")
+    for line in summary_lines(outcome, history):
+        out.print(line)
     if front:
-        out.print(pareto_table(front, best, knob_names, unit))
+        out.print(pareto_table(front, best, knob_names, unit, confidence))
     else:
         out.print("[yellow]no stable configuration yet[/]: nothing is on the front; see the trial lines above")
     if best is None and front:
         out.print("[yellow]no Pareto configuration meets the slo[/]; best.yaml records none")
+    out.print(f"files: {study_dir}/best.yaml, pareto.csv, pareto.png")
+    out.print(f"compare runs in the MLflow UI: [bold]{redact(tracker.ui_command())}[/]")

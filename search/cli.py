@@ -55,9 +55,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides, config_dirs, show = _parse(argv)
         cfg = compose_config(overrides, config_dirs)
         if show:
-            from omegaconf import OmegaConf
+            import yaml
 
-            print(OmegaConf.to_yaml(cfg, resolve=True))
+            from search.config import resolve
+
+            print(yaml.safe_dump(resolve(cfg), sort_keys=False))
             return 0
         from search.app import run
 

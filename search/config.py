@@ -7,6 +7,8 @@ Every failure to compose becomes a ``ConfigError`` whose message is one line say
 
 from __future__ import annotations
 
+import importlib.util
+import re
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -16,31 +18,53 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-PROJECT_DIR = Path(__file__).resolve().parent.parent
-CONF_DIR = PROJECT_DIR / "conf"
-SPACES_DIR = PROJECT_DIR / "spaces"
+def _data_dir(name: str) -> Path:
+    """``conf/`` or ``spaces/``: package data ``search.NAME`` when installed, else the repository's own.
+
+    A wheel installs them as data-only packages (see pyproject.toml); an editable install does not
+    map them, so a source checkout finds them beside the package.
+    """
+    spec = importlib.util.find_spec(f"search.{name}")
+    if spec is not None and spec.submodule_search_locations:
+        return Path(list(spec.submodule_search_locations)[0])
+    return Path(__file__).resolve().parent.parent / name
+
+
+CONF_DIR = _data_dir("conf")
+SPACES_DIR = _data_dir("spaces")
 
 
 class ConfigError(ValueError):
     """Bad input on the command line or in a config file; the message says what to change."""
 
 
+PRESETS = ("auto", "cpu", "cuda")
+
+
 def device_type(root: DictConfig) -> str:
-    """'cpu' or 'cuda': the explicit ``preset``, else the type of the chosen ``device``."""
-    preset = str(root.get("preset", "auto"))
-    if preset != "auto":
-        return preset
+    """'cpu' or 'cuda': the type of the chosen ``device`` (names the study)."""
     device = str(root.get("device", "auto"))
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return device.split(":")[0]
 
 
+def preset(root: DictConfig) -> str:
+    """'cpu' or 'cuda': the explicit ``preset``, else the device type (picks ``${by_device:A,B}``)."""
+    chosen = str(root.get("preset", "auto"))
+    if chosen not in PRESETS:
+        raise ConfigError(f"preset must be one of {', '.join(PRESETS)}, but got {chosen!r}")
+    return device_type(root) if chosen == "auto" else chosen
+
+
+def redact(text: str) -> str:
+    """``scheme://user:password@host`` with the password replaced, for logs and screens."""
+    return re.sub(r"(://[^:/@\s]+:)[^@\s]+@", r"\1***@", text)
+
+
 def _register_resolvers() -> None:
     if not OmegaConf.has_resolver("by_device"):
-        OmegaConf.register_new_resolver(
-            "by_device", lambda cpu, cuda, *, _root_: cpu if device_type(_root_) == "cpu" else cuda
-        )
+        OmegaConf.register_new_resolver("by_device", lambda cpu, cuda, *, _root_: cpu if preset(_root_) == "cpu" else cuda)
         OmegaConf.register_new_resolver("device_type", lambda *, _root_: device_type(_root_))
 
 
@@ -108,6 +132,7 @@ def _one_line(error: Exception) -> str:
 
 def resolve(cfg: DictConfig) -> dict[str, Any]:
     """The config as plain containers with every interpolation resolved."""
+    preset(cfg)  # a bad preset is named as such, not as a failed interpolation
     try:
         return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
     except Exception as e:

@@ -81,9 +81,11 @@ def unsupported_reason(knob: str, value: object, device: torch.device) -> str | 
         return None
     if value == "tf32" and device.type != "cuda":
         return "tf32 needs a CUDA device"
-    native_bf16 = device.type != "cuda" or torch.cuda.is_bf16_supported(including_emulation=False)
-    if value == "bf16" and not native_bf16:
-        return "bf16 needs a GPU with native bfloat16 (compute capability 8.0 or newer)"
+    if device.type != "cuda" or value not in ("tf32", "bf16"):
+        return None
+    # Asked of this device, not of the current one (cuda:1 may differ from cuda:0).
+    if torch.cuda.get_device_capability(device) < (8, 0):
+        return f"{value} needs a GPU of compute capability 8.0 or newer (tf32 would silently run as fp32)"
     return None
 
 

@@ -29,6 +29,12 @@ def pareto_mask(values: np.ndarray, directions: Sequence[str]) -> np.ndarray:
     return ~dominated
 
 
+def is_stable(metrics: Mapping[str, float], max_cv: float) -> bool:
+    """Stable, for now: the throughput CV across windows is at or below ``max_cv``."""
+    cv = metrics.get("throughput_cv")
+    return cv is not None and cv <= max_cv
+
+
 def meets_slo(metrics: Mapping[str, float], slo: Mapping[str, float]) -> bool:
     """Whether every SLO limit holds: an upper limit for minimised metrics, a lower one for throughput."""
     for metric, limit in slo.items():

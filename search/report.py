@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from search.runner import COMPLETE
-from search.study import TrialRecord
+from search.records import TrialRecord
 
 
 def _si(value: float) -> str:
@@ -43,12 +43,13 @@ def throughput_text(metrics: Mapping[str, float], unit: str) -> str:
 
 
 def trial_line(record: TrialRecord, done: int, total: int, front_size: int, elapsed_s: float,
-               knob_names: Sequence[str], unit: str) -> str:
+               knob_names: Sequence[str], confidence: float) -> str:
     """``[3/10] #4 batch_size=8 ... -> 41.2k tokens/s [40.1k, 42.3k] ... | front 2 | 0:42, ETA 1:30``."""
     head = f"[{done}/{total}] #{record.number} {knobs_text(record.config, knob_names)} -> "
     if record.state == COMPLETE:
         m = record.metrics
-        body = (f"{throughput_text(m, unit)} cv {m['throughput_cv']:.1%}, p95 {m['latency_p95_ms']:.1f} ms, "
+        body = (f"{throughput_text(m, record.unit)} ({confidence:.0%} CI, {m['n_windows']:.0f} windows, "
+                f"{m['n_steps']:.0f} steps) cv {m['throughput_cv']:.1%}, p95 {m['latency_p95_ms']:.1f} ms, "
                 f"mem {m.get('peak_memory_mb', math.nan):.0f} MB, {'stable' if record.stable else 'UNSTABLE'}")
     else:
         body = f"{record.state.upper()}: {record.failure}"
@@ -56,17 +57,34 @@ def trial_line(record: TrialRecord, done: int, total: int, front_size: int, elap
     return f"{head}{body} | front {front_size} | {_clock(elapsed_s)} elapsed, ETA {_clock(eta_s)}"
 
 
+def summary_lines(outcome, history: Sequence[TrialRecord]) -> list[str]:
+    """How the invocation went: what was measured, rejected, reused, why it stopped."""
+    states = [r.state for r in outcome.records]
+    counts = ", ".join(f"{states.count(s)} {s}" for s in sorted(set(states))) or "none"
+    lines = [f"\nthis run: {len(outcome.records)} measured ({counts}); {outcome.rejected} proposals broke a "
+             f"constraint, {outcome.reused} repeated an earlier measurement (reused, not re-run); stopped by "
+             f"{outcome.stop_reason}. Study total: {len(history)} measured."]
+    failures = [r for r in outcome.records if r.state != COMPLETE]
+    lines += [f"  trial #{r.number} {r.state}: {r.failure}" for r in failures]
+    unstable = sum(1 for r in history if r.state == COMPLETE and not r.stable)
+    if unstable:
+        lines.append(f"{unstable} measured configuration(s) were unstable (throughput CV above the bound) "
+                     "and are left off the front.")
+    return lines
+
+
 def pareto_table(front: Sequence[TrialRecord], best: TrialRecord | None, knob_names: Sequence[str],
-                 unit: str) -> Table:
+                 unit: str, confidence: float) -> Table:
     table = Table(title="Pareto-optimal stable configurations", title_justify="left")
-    for column in ("trial", *knob_names, f"throughput ({unit}/s, 95% CI)", "cv", "p95 ms", "peak MB", ""):
+    for column in ("trial", *knob_names, f"throughput ({unit}/s, {confidence:.0%} CI)", "cv", "p95 ms",
+                   "peak MB", "windows", ""):
         table.add_column(column, justify="right" if column not in knob_names else "left")
     for r in sorted(front, key=lambda r: -r.metrics["throughput"]):
         m = r.metrics
         table.add_row(
             str(r.number), *(str(r.config[k]) for k in knob_names), throughput_text(m, "").replace(" /s", ""),
             f"{m['throughput_cv']:.1%}", f"{m['latency_p95_ms']:.1f}", f"{m.get('peak_memory_mb', math.nan):.0f}",
-            "best" if best is not None and r.number == best.number else "",
+            f"{m['n_windows']:.0f}", "best" if best is not None and r.number == best.number else "",
         )
     return table
 
@@ -81,7 +99,7 @@ def write_csv(path: Path, front: Sequence[TrialRecord], knob_names: Sequence[str
                              *(r.metrics.get(k, "") for k in metric_names)])
 
 
-def write_plot(path: Path, history: Sequence[TrialRecord], front: Sequence[TrialRecord], unit: str,
+def write_plot(path: Path, history: Sequence[TrialRecord], front: Sequence[TrialRecord], confidence: float,
                title: str) -> None:
     import matplotlib
 
@@ -107,7 +125,8 @@ def write_plot(path: Path, history: Sequence[TrialRecord], front: Sequence[Trial
             for r, xi, yi in zip(rows, x, y):
                 ax.annotate(f"#{r.number}", (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=8)
     ax.set_xlabel("latency p95 per step (ms)")
-    ax.set_ylabel(f"throughput ({unit}/s), 95% CI")
+    unit = history[0].unit if history else "items"
+    ax.set_ylabel(f"throughput ({unit}/s), {confidence:.0%} CI")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
@@ -116,14 +135,14 @@ def write_plot(path: Path, history: Sequence[TrialRecord], front: Sequence[Trial
     plt.close(fig)
 
 
-def write_best(path: Path, best: TrialRecord | None, unit: str, context: Mapping[str, Any]) -> None:
+def write_best(path: Path, best: TrialRecord | None, context: Mapping[str, Any]) -> None:
     if best is None:
         payload: dict[str, Any] = {"recommended": None, **context}
     else:
         payload = {
             "recommended": {"trial": best.number, "mlflow_run_id": best.run_id, "config": dict(best.config)},
             "metrics": {k: float(v) for k, v in best.metrics.items()},
-            "throughput_unit": f"{unit}/s",
+            "throughput_unit": f"{best.unit}/s",
             **context,
         }
     path.write_text(yaml.safe_dump(payload, sort_keys=False))

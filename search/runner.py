@@ -67,7 +67,7 @@ def run_trial(request: TrialRequest) -> TrialResult:
     unit = "items"
     try:
         knobs, settings = split_config(request.config)
-        workload = instantiate(dict(request.workload), **settings)
+        workload = instantiate(dict(request.workload), _convert_="all", **settings)
         unit = workload.unit
         probe = MemoryProbe(device)
         probe.start()
@@ -99,7 +99,12 @@ def run_isolated(request: TrialRequest) -> TrialResult:
     context = multiprocessing.get_context("spawn")  # fork would inherit the parent's CUDA and thread state
     receive, send = context.Pipe(duplex=False)
     worker = context.Process(target=_worker, args=(request, send), daemon=True)
-    worker.start()
+    # The worker inherits an ignored SIGINT: Ctrl-C reaches the study, which ends the worker itself.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        worker.start()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     send.close()
     try:
         return receive.recv()
@@ -107,6 +112,9 @@ def run_isolated(request: TrialRequest) -> TrialResult:
         worker.join()
         return TrialResult(FAILED, failure=f"crash: worker {_exit_text(worker.exitcode)}",
                            duration_s=time.perf_counter() - started)
+    except BaseException:
+        worker.kill()
+        raise
     finally:
         receive.close()
         worker.join(timeout=5)

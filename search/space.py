@@ -130,6 +130,19 @@ class SearchSpace:
     def fixed(self) -> dict[str, Any]:
         return {k: p.value for k, p in self.params.items() if isinstance(p, FixedParam)}
 
+    def contains(self, config: Mapping[str, Any]) -> bool:
+        """Whether ``config`` sets exactly these knobs, each within its range, and is feasible."""
+        if set(config) != set(self.params):
+            return False
+        for name, param in self.params.items():
+            value = config[name]
+            if isinstance(param, FloatParam):
+                if not isinstance(value, (int, float)) or not param.low <= value <= param.high:
+                    return False
+            elif not any(value == v and type(value) is type(v) for v in param.values()):
+                return False  # the type check keeps True from matching 1
+        return not self.violations(config)
+
     def violations(self, config: Mapping[str, Any]) -> list[str]:
         """The constraints ``config`` breaks (their text); empty when it is feasible."""
         return [c.text for c in self.constraints if not c.holds(config)]
@@ -175,11 +188,13 @@ class SearchSpace:
 
 
 def _draw(param: Param, rng: random.Random) -> Any:
-    if isinstance(param, FloatParam):
-        if param.log:
-            return math.exp(rng.uniform(math.log(param.low), math.log(param.high)))
-        return rng.uniform(param.low, param.high)
-    return rng.choice(param.values())
+    if not isinstance(param, FloatParam):
+        return rng.choice(param.values())
+    if param.log:
+        return math.exp(rng.uniform(math.log(param.low), math.log(param.high)))
+    if param.step:
+        return param.low + param.step * rng.randint(0, int((param.high - param.low) // param.step))
+    return rng.uniform(param.low, param.high)
 
 
 # ---------------------------------------------------------------------------------------------

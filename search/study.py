@@ -1,9 +1,10 @@
-"""Drive the Optuna study: propose, guard, measure, tell, log.
+"""Drive the Optuna study: propose, guard, measure, tell.
 
 Every proposal passes two guards before anything runs:
 - a configuration that breaks a space constraint is told to Optuna as PRUNED (never run);
-- a configuration already measured in this study (same knobs, same workload fingerprint) is told
-  the earlier outcome again instead of being measured again.
+- a configuration already measured in this study (same knobs, same fingerprint of workload,
+  device and torch) is told the earlier outcome again instead of being measured again; only
+  complete and infeasible outcomes are reused, a failure is tried again.
 Neither counts against ``study.n_trials``. After either, a uniformly drawn feasible configuration
 that has not been measured yet is queued next, so a sampler that keeps proposing the same point
 cannot stall the study. Optuna is imported only here.
@@ -18,8 +19,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 import optuna
-from optuna.trial import Trial, TrialState
+from optuna.trial import FrozenTrial, Trial, TrialState
 
+from search.config import ConfigError, redact
+from search.pareto import is_stable
+from search.records import TrialRecord
 from search.runner import COMPLETE, FAILED, INFEASIBLE, TrialRequest, TrialResult, run_isolated
 from search.space import CategoricalParam, FixedParam, FloatParam, IntParam, Param, SearchSpace
 
@@ -35,27 +39,11 @@ SAMPLERS: dict[str, Callable[[int], optuna.samplers.BaseSampler]] = {
 }
 
 
-@dataclass(frozen=True)
-class TrialRecord:
-    """One measured configuration, as the study, the report and the tracker see it."""
-
-    number: int
-    config: Mapping[str, Any]
-    state: str
-    metrics: Mapping[str, float]
-    stable: bool
-    failure: str = ""
-    run_id: str | None = None
-    reused_from: int | None = None
-
-
 @dataclass
 class StudyOutcome:
     study_name: str
     records: list[TrialRecord] = field(default_factory=list)
     """Trials measured in this invocation."""
-    history: list[TrialRecord] = field(default_factory=list)
-    """Every measured trial of this study with the current workload fingerprint, earlier runs included."""
     rejected: int = 0
     reused: int = 0
     stop_reason: str = "n_trials"
@@ -98,35 +86,45 @@ def suggest(trial: Trial, name: str, param: Param) -> Any:
     return param.value
 
 
-def config_key(config: Mapping[str, Any], fingerprint: str) -> str:
-    return json.dumps({"config": config, "fingerprint": fingerprint}, sort_keys=True, default=str)
+def config_key(config: Mapping[str, Any]) -> str:
+    return json.dumps(dict(config), sort_keys=True, default=str)
+
+
+def open_study(name: str, storage: str, space: SearchSpace) -> optuna.Study:
+    """Create or load the study; a storage that cannot be opened or other objectives are bad input."""
+    directions = [o.direction for o in space.objectives]
+    metrics = [o.metric for o in space.objectives]
+    try:
+        study = optuna.create_study(study_name=name, storage=storage, directions=directions, load_if_exists=True)
+    except Exception as e:  # sqlalchemy, driver and connection errors alike: all about the URL
+        raise ConfigError(f"cannot open study.storage {redact(storage)!r}: {type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''}") from None
+    stored = [d.name.lower() for d in study.directions]
+    stored_metrics = study.metric_names
+    if stored != directions or (stored_metrics is not None and stored_metrics != metrics):
+        raise ConfigError(f"study '{name}' holds objectives {stored_metrics or stored} but the space asks for "
+                          f"{dict(zip(metrics, directions))}: choose a new study.name, or restore the objectives")
+    study.set_metric_names(metrics)
+    return study
 
 
 class StudyDriver:
-    """Runs ``n_trials`` new measurements of ``space`` on one device into one Optuna study."""
+    """Runs ``n_trials`` new measurements of ``space`` into one Optuna study."""
 
-    def __init__(self, cfg: Mapping[str, Any], space: SearchSpace, fingerprint: str,
+    def __init__(self, cfg: Mapping[str, Any], space: SearchSpace, study: optuna.Study, fingerprint: str,
                  request: Callable[[Mapping[str, Any]], TrialRequest],
                  log_trial: Callable[[TrialRecord, TrialResult], str],
                  progress: Callable[[TrialRecord, "StudyDriver"], None]):
-        self.cfg, self.space, self.fingerprint = cfg, space, fingerprint
+        self.cfg, self.space, self.study, self.fingerprint = cfg, space, study, fingerprint
         self.request, self.log_trial, self.progress = request, log_trial, progress
-        study_cfg = cfg["study"]
-        self.study = optuna.create_study(
-            study_name=study_cfg["name"],
-            storage=study_cfg["storage"],
-            directions=[o.direction for o in space.objectives],
-            load_if_exists=True,
-        )
+        self.max_cv = float(cfg["stable"]["max_cv"])
         # Offset the seed by the trials already stored, so a resumed study does not replay its start.
-        self.study.sampler = SAMPLERS[study_cfg["sampler"]](int(cfg["seed"]) + len(self.study.trials))
-        self.study.set_metric_names([o.metric for o in space.objectives])
-        self.outcome = StudyOutcome(study_cfg["name"])
-        self.rng = random.Random(int(cfg["seed"]) + len(self.study.trials))
-        self._measured: dict[str, optuna.trial.FrozenTrial] = {}
-        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
-            if t.user_attrs.get("fingerprint") == fingerprint and t.user_attrs.get("failure") != "interrupted":
-                self._measured[config_key(t.user_attrs["config"], fingerprint)] = t
+        seed = int(cfg["seed"]) + len(study.trials)
+        study.sampler = SAMPLERS[cfg["study"]["sampler"]](seed)
+        self.rng = random.Random(seed)
+        self.outcome = StudyOutcome(study.study_name)
+        self._reusable = {config_key(t.user_attrs["config"]): t for t in self._own_trials()
+                          if t.user_attrs["state"] in (COMPLETE, INFEASIBLE)}
         self.started_s = time.monotonic()
 
     # -- the loop ------------------------------------------------------------------------------
@@ -135,27 +133,37 @@ class StudyDriver:
         n_trials, timeout_s = int(self.cfg["study"]["n_trials"]), self.cfg["study"]["timeout_s"]
         repeats = 0
         while len(self.outcome.records) < n_trials:
-            if timeout_s is not None and time.monotonic() - self.started_s >= timeout_s:
+            if timeout_s is not None and self.elapsed_s() >= timeout_s:
                 self.outcome.stop_reason = "timeout"
                 break
             if repeats >= MAX_REPEATS:
                 self.outcome.stop_reason = "exhausted"
                 break
             trial = self.study.ask()
-            config = {**{k: suggest(trial, k, p) for k, p in self.space.searched.items()}, **self.space.fixed}
-            if self._guard(trial, config):
+            try:
+                settled = self._settle(trial)
+            except BaseException as e:
+                # Whatever went wrong, the trial must not stay RUNNING in the storage.
+                why = "interrupted" if isinstance(e, KeyboardInterrupt) else f"error: {type(e).__name__}: {e}"
+                try:
+                    trial.set_user_attr("state", FAILED)
+                    trial.set_user_attr("failure", why.splitlines()[0])
+                    self.study.tell(trial, state=TrialState.FAIL)
+                except optuna.exceptions.UpdateFinishedTrialError:
+                    pass  # it was told before the error came
+                raise
+            if settled:
                 repeats += 1
                 if not self._queue_unmeasured():
                     self.outcome.stop_reason = "exhausted"
                     break
-                continue
-            repeats = 0
-            self._measure(trial, config)
-        self.outcome.history = self.history()
+            else:
+                repeats = 0
         return self.outcome
 
-    def _guard(self, trial: Trial, config: dict[str, Any]) -> bool:
-        """Settle a proposal that must not be measured; True when it was settled."""
+    def _settle(self, trial: Trial) -> bool:
+        """Tell ``trial``; True when it was settled without a measurement."""
+        config = {**{k: suggest(trial, k, p) for k, p in self.space.searched.items()}, **self.space.fixed}
         broken = self.space.violations(config)
         if broken:
             trial.set_user_attr("state", INFEASIBLE)
@@ -163,10 +171,16 @@ class StudyDriver:
             self.study.tell(trial, state=TrialState.PRUNED)
             self.outcome.rejected += 1
             return True
-        earlier = self._measured.get(config_key(config, self.fingerprint))
-        if earlier is None:
-            return False
-        for key in ("config", "fingerprint", "state", "failure", "metrics", "stable"):
+        earlier = self._reusable.get(config_key(config))
+        if earlier is not None:
+            self._reuse(trial, earlier)
+            self.outcome.reused += 1
+            return True
+        self._measure(trial, config)
+        return False
+
+    def _reuse(self, trial: Trial, earlier: FrozenTrial) -> None:
+        for key in ("config", "fingerprint", "state", "failure", "metrics", "unit", "mlflow_run_id"):
             if key in earlier.user_attrs:
                 trial.set_user_attr(key, earlier.user_attrs[key])
         trial.set_user_attr("reused_from", earlier.number)
@@ -174,14 +188,12 @@ class StudyDriver:
             self.study.tell(trial, earlier.values)
         else:
             self.study.tell(trial, state=TrialState.FAIL)
-        self.outcome.reused += 1
-        return True
 
     def _queue_unmeasured(self) -> bool:
         """Queue a uniformly drawn feasible configuration not measured yet; False if none is left."""
         feasible = self.space.feasible_configs()
         if feasible is not None:
-            fresh = [c for c in feasible if config_key(c, self.fingerprint) not in self._measured]
+            fresh = [c for c in feasible if config_key(c) not in self._reusable]
             choice = self.rng.choice(fresh) if fresh else None
         else:
             choice = self.space.random_feasible(self.rng)
@@ -192,47 +204,46 @@ class StudyDriver:
         return True
 
     def _measure(self, trial: Trial, config: dict[str, Any]) -> None:
-        try:
-            result = run_isolated(self.request(config))
-        except KeyboardInterrupt:
-            trial.set_user_attr("state", FAILED)
-            trial.set_user_attr("failure", "interrupted")
-            self.study.tell(trial, state=TrialState.FAIL)
-            raise
+        result = run_isolated(self.request(config))
         metrics = metrics_of(result)
-        stable = result.state == COMPLETE and metrics["throughput_cv"] <= float(self.cfg["stable"]["max_cv"])
         values = [metrics.get(o.metric) for o in self.space.objectives]
-        state = result.state
-        failure = result.failure
+        state, failure = result.state, result.failure
         if state == COMPLETE and None in values:
             state, failure = FAILED, "error: an objective could not be measured on this device"
-        record = TrialRecord(trial.number, config, state, metrics, stable, failure)
+        record = TrialRecord(trial.number, config, state, metrics, is_stable(metrics, self.max_cv) and
+                             state == COMPLETE, failure, unit=result.unit)
         record = replace(record, run_id=self.log_trial(record, result))
         for key, value in (("config", config), ("fingerprint", self.fingerprint), ("state", state),
-                           ("failure", failure), ("metrics", metrics), ("stable", stable),
-                           ("mlflow_run_id", record.run_id), ("unit", result.unit)):
+                           ("failure", failure), ("metrics", metrics), ("mlflow_run_id", record.run_id),
+                           ("unit", result.unit)):
             trial.set_user_attr(key, value)
         if state == COMPLETE:
             frozen = self.study.tell(trial, values)
         else:
             frozen = self.study.tell(trial, state=TrialState.FAIL)
-        self._measured[config_key(config, self.fingerprint)] = frozen
+        if state in (COMPLETE, INFEASIBLE):
+            self._reusable[config_key(config)] = frozen
         self.outcome.records.append(record)
         self.progress(record, self)
 
     # -- reading back --------------------------------------------------------------------------
 
+    def _own_trials(self) -> list[FrozenTrial]:
+        """Finished measured trials that belong to this fingerprint and still lie in this space."""
+        trials = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
+        return [t for t in trials if t.user_attrs.get("fingerprint") == self.fingerprint
+                and "metrics" in t.user_attrs and self.space.contains(t.user_attrs["config"])]
+
     def history(self) -> list[TrialRecord]:
-        """Every measured (not reused) trial with the current fingerprint, oldest first."""
-        records = []
-        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
-            attrs = t.user_attrs
-            if attrs.get("fingerprint") != self.fingerprint or "reused_from" in attrs or "metrics" not in attrs:
-                continue
-            records.append(TrialRecord(t.number, attrs["config"], attrs["state"], attrs["metrics"],
-                                       bool(attrs.get("stable")), attrs.get("failure", ""),
-                                       attrs.get("mlflow_run_id")))
-        return records
+        """Every measured (not reused) trial of this fingerprint within this space, oldest first.
+
+        Stability is judged now, with the current bound, from the stored figures.
+        """
+        return [TrialRecord(t.number, t.user_attrs["config"], t.user_attrs["state"], t.user_attrs["metrics"],
+                            t.user_attrs["state"] == COMPLETE and is_stable(t.user_attrs["metrics"], self.max_cv),
+                            t.user_attrs.get("failure", ""), t.user_attrs.get("mlflow_run_id"),
+                            t.user_attrs.get("unit", "items"))
+                for t in self._own_trials() if "reused_from" not in t.user_attrs]
 
     def elapsed_s(self) -> float:
         return time.monotonic() - self.started_s

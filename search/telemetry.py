@@ -73,9 +73,10 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _git_commit() -> str | None:
+def _git_commit(where: Path) -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        out = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=5)
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
@@ -126,7 +127,8 @@ def environment(device: torch.device) -> dict[str, str]:
         env["cuda"] = str(torch.version.cuda)
         env["cudnn"] = str(torch.backends.cudnn.version())
         env.update(_nvml(device.index or 0))
-    commit = _git_commit()
-    if commit:
-        env["git_commit"] = commit
+    for key, where in (("search_git_commit", Path(__file__).parent), ("workdir_git_commit", Path.cwd())):
+        commit = _git_commit(where)
+        if commit:
+            env[key] = commit
     return env

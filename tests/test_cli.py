@@ -30,6 +30,12 @@ BAD_INPUT = {
     "bad measure setting": (["+space=llm", "measure.min_windows=1"], "min_windows"),
     "unquoted override": (["+space=llm", "space.constraints=[a < b]"], "quote values"),
     "unknown slo metric": (["+space=llm", "+slo.speed=3"], "slo.speed: unknown metric"),
+    "unknown preset": (["+space=llm", "preset=gpu"], "preset must be one of auto, cpu, cuda"),
+    "seed not an integer": (["+space=llm", "seed=abc"], "seed must be an integer"),
+    "knob the workload does not take": (["+space=llm", "+space.params.dropuot=0.1"],
+                                        "knob 'dropuot' is neither a generic knob"),
+    "storage that cannot be opened": (["+space=llm", "study.storage=notaurl"], "cannot open study.storage 'notaurl'"),
+    "tracking uri that cannot be opened": (["+space=llm", "tracking.uri=foo://bar"], "cannot open tracking.uri"),
 }
 
 
@@ -57,3 +63,16 @@ def test_bad_input_from_the_shell_has_no_traceback(tmp_path):
 def test_help_lists_the_main_command(capsys):
     assert main(["--help"]) == 0
     assert "python -m search +space=NAME" in capsys.readouterr().out
+
+
+def test_resuming_with_other_objectives_exits_2_and_names_them(tmp_path, capsys):
+    import optuna
+
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    optuna.create_study(study_name="llm-cpu", storage=storage, directions=["maximize", "minimize", "minimize"])
+    argv = ["+space=llm", "device=cpu", f"runs_dir={tmp_path}", f"study.storage={storage}",
+            "~space.objectives.peak_memory_mb"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "choose a new study.name" in err
+    assert not (tmp_path / "mlflow.db").exists()

@@ -9,8 +9,10 @@ from __future__ import annotations
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import optuna
@@ -136,3 +138,28 @@ def test_readme_user_workload_example(runs_dir):
         assert set(child.data.params) == {"batch_size", "micro_batch_size", "precision", "hidden", "recompute"}
         assert child.data.tags["throughput_unit"] == "samples/s"
         assert child.data.tags["state"] == "complete", child.data.tags.get("failure")
+
+
+def test_ctrl_c_marks_the_trial_failed_and_the_parent_killed(runs_dir):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    args = ["+space=llm", "study.n_trials=50", "study.name=interrupted", "tracking.experiment=interrupted", *TINY,
+            "measure.max_time_s=3", f"runs_dir={runs_dir}"]
+    # A new session, so that the signal goes to the study and its worker as a terminal's Ctrl-C would.
+    proc = subprocess.Popen([sys.executable, "-m", "search", *args], cwd=REPO, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    for line in proc.stdout:
+        if line.startswith("[1/50]"):
+            break
+    time.sleep(1.5)  # well inside the second trial
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out + err
+    assert "Traceback" not in err, err
+
+    study = optuna.load_study(study_name="interrupted", storage=f"sqlite:///{runs_dir}/optuna.db")
+    assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+    assert [t.user_attrs.get("failure") for t in study.trials if t.state == optuna.trial.TrialState.FAIL] == \
+        ["interrupted"]
+    client, parents, children = runs_of(runs_dir, "interrupted")
+    assert [p.info.status for p in parents] == ["KILLED"]
+    assert children and all(c.info.status == "FINISHED" for c in children)

@@ -1,0 +1,124 @@
+"""The study driver on real Optuna studies: what is reused, what is read back, what is measured again."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState, create_trial
+
+from search.config import ConfigError
+from search.measure import MeasureSettings
+from search.runner import TrialRequest
+from search.space import parse_space
+from search.study import StudyDriver, open_study
+
+FINGERPRINT = "abc123"
+QUICK = MeasureSettings(warmup_steps=1, warmup_s=0.0, window_s=0.01, min_windows=2, max_windows=3, max_time_s=0.5)
+WORKLOAD = {"_target_": "search.workloads.GPT", "vocab_size": 64, "seq_len": 16, "d_model": 32, "n_layers": 1,
+            "n_heads": 2}
+
+
+def make_space(micro_choices=(1, 2), constraints=()):
+    return parse_space("t", {
+        "workload": WORKLOAD,
+        "params": {"batch_size": 4, "micro_batch_size": {"type": "categorical", "choices": list(micro_choices)}},
+        "constraints": list(constraints),
+        "objectives": {"throughput": "maximize"},
+    })
+
+
+def cfg(n_trials=1, max_cv=0.05):
+    return {"study": {"n_trials": n_trials, "timeout_s": None, "sampler": "random"}, "seed": 0,
+            "stable": {"max_cv": max_cv}}
+
+
+def stored(study, micro, *, state="complete", cv=0.02, fingerprint=FINGERPRINT, **attrs):
+    metrics = {"throughput": 1000.0 * micro, "throughput_ci_low": 990.0 * micro, "throughput_ci_high": 1010.0 * micro,
+               "throughput_cv": cv}
+    study.add_trial(create_trial(
+        params={"micro_batch_size": micro},
+        distributions={"micro_batch_size": CategoricalDistribution([1, 2])},
+        values=[metrics["throughput"]] if state == "complete" else None,
+        state=TrialState.COMPLETE if state == "complete" else TrialState.FAIL,
+        user_attrs={"config": {"batch_size": 4, "micro_batch_size": micro}, "fingerprint": fingerprint,
+                    "state": state, "metrics": metrics if state == "complete" else {}, "unit": "tokens", **attrs},
+    ))
+
+
+def driver(study, space, config=None, measured=None):
+    measured = [] if measured is None else measured
+
+    def request(c):
+        measured.append(dict(c))
+        return TrialRequest(space.workload, c, "cpu", 0, QUICK)
+
+    return StudyDriver(config or cfg(), space, study, FINGERPRINT, request, lambda record, result: None,
+                       lambda record, d: None)
+
+
+def new_study():
+    return optuna.create_study(directions=["maximize"])
+
+
+def test_history_keeps_only_this_fingerprint_and_trials_that_lie_in_the_space():
+    study = new_study()
+    stored(study, 1)
+    stored(study, 2, fingerprint="other-device")
+    stored(study, 2, reused_from=0)
+    assert [r.config["micro_batch_size"] for r in driver(study, make_space()).history()] == [1]
+    # A constraint added since: the earlier measurement no longer belongs to this space.
+    assert driver(study, make_space(constraints=["micro_batch_size > 1"])).history() == []
+    # A narrowed range likewise.
+    assert driver(study, make_space(micro_choices=(2,))).history() == []
+
+
+def test_stability_is_judged_with_the_current_bound():
+    study = new_study()
+    stored(study, 1, cv=0.21)
+    assert driver(study, make_space(), cfg(max_cv=1.0)).history()[0].stable is True
+    assert driver(study, make_space(), cfg(max_cv=0.05)).history()[0].stable is False
+
+
+def test_a_measured_config_is_reused_and_the_exhausted_space_stops_without_measuring():
+    study = new_study()
+    stored(study, 1)
+    stored(study, 2)
+    measured = []
+    outcome = driver(study, make_space(), cfg(n_trials=3), measured).run()
+    assert measured == [] and outcome.records == []
+    assert outcome.stop_reason == "exhausted" and outcome.reused >= 1
+    reused = [t for t in study.trials if "reused_from" in t.user_attrs]
+    assert all(t.values == study.trials[t.user_attrs["reused_from"]].values for t in reused)
+
+
+def test_a_failed_config_is_measured_again_not_reused():
+    study = new_study()
+    stored(study, 1)
+    stored(study, 2, state="failed", failure="crash: worker killed by signal SIGKILL")
+    measured = []
+    outcome = driver(study, make_space(), cfg(n_trials=1), measured).run()
+    assert measured == [{"batch_size": 4, "micro_batch_size": 2}]
+    assert [r.state for r in outcome.records] == ["complete"]
+    assert not [t for t in study.trials if t.state == TrialState.RUNNING]
+
+
+def test_an_error_in_the_loop_leaves_no_trial_running():
+    study = new_study()
+
+    def broken_request(config):
+        raise RuntimeError("request could not be built")
+
+    d = StudyDriver(cfg(), make_space(), study, FINGERPRINT, broken_request, lambda r, res: None, lambda r, d: None)
+    with pytest.raises(RuntimeError):
+        d.run()
+    (trial,) = study.trials
+    assert trial.state == TrialState.FAIL and trial.user_attrs["failure"].startswith("error: RuntimeError")
+
+
+def test_open_study_refuses_other_objectives(tmp_path):
+    storage = f"sqlite:///{tmp_path}/o.db"
+    optuna.create_study(study_name="s", storage=storage, directions=["maximize", "minimize"])
+    with pytest.raises(ConfigError, match="choose a new study.name"):
+        open_study("s", storage, make_space())
+    assert open_study("fresh", storage, make_space()).metric_names == ["throughput"]
