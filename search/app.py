@@ -24,10 +24,11 @@ from omegaconf import DictConfig
 
 from search import pareto
 from search.config import ConfigError, redact, resolve, resolve_device
-from search.knobs import GENERIC_KNOBS, unsupported_reason
+from search.knobs import GENERIC_KNOBS, PRECISIONS, unsupported_reason
 from search.measure import MeasureSettings
 from search.records import TrialRecord
-from search.report import console, pareto_table, summary_lines, trial_line, write_best, write_csv, write_plot
+from search.report import (console, pareto_table, shown_metrics, summary_lines, trial_line, write_best, write_csv,
+                           write_plot)
 from search.runner import COMPLETE, TrialRequest, TrialResult
 from search.space import SearchSpace, SpaceError, parse_space
 from search.study import SAMPLERS, StudyDriver, StudyOutcome, open_study
@@ -49,8 +50,27 @@ def load_space(cfg: Mapping[str, Any], device: torch.device) -> tuple[SearchSpac
     if feasible is not None and not feasible:
         raise ConfigError(f"space '{space.name}': no configuration satisfies the constraints "
                           f"{[c.text for c in space.constraints]}; loosen them or widen the ranges")
+    _check_generic_knobs(space)
     _check_workload(space)
     return space, notes
+
+
+def _check_generic_knobs(space: SearchSpace) -> None:
+    """Every value a generic knob can take is one the knob understands."""
+    if "batch_size" not in space.params:
+        raise ConfigError(f"space '{space.name}': params must set batch_size (samples per optimizer step)")
+    rules = {
+        "batch_size": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "a positive int"),
+        "micro_batch_size": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "a positive int"),
+        "streams": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "a positive int"),
+        "precision": (lambda v: v in PRECISIONS, f"one of {', '.join(PRECISIONS)}"),
+        "recompute": (lambda v: isinstance(v, bool), "true or false"),
+    }
+    for name, (valid, expected) in rules.items():
+        values = space.params[name].values() if name in space.params else []
+        bad = [v for v in values or [] if not valid(v)]
+        if bad or (name in space.params and values is None):
+            raise ConfigError(f"space '{space.name}': params.{name} must be {expected}, but got {bad or 'a float range'}")
 
 
 def workload_class(space: SearchSpace) -> type:
@@ -221,6 +241,7 @@ def _redacted(tree: Any) -> Any:
 def _driver(cfg, space, study, print_fn, device, settings, tracker, env, out) -> StudyDriver:
     knob_names = list(space.searched)
     confidence = settings.confidence
+    shown = shown_metrics([o.metric for o in space.objectives])
 
     def request(config: Mapping[str, Any]) -> TrialRequest:
         return TrialRequest(space.workload, config, str(device), int(cfg["seed"]), settings)
@@ -234,7 +255,7 @@ def _driver(cfg, space, study, print_fn, device, settings, tracker, env, out) ->
     def progress(record: TrialRecord, driver: StudyDriver) -> None:
         front = stable_front(driver.history(), space)
         out.print(trial_line(record, len(driver.outcome.records), int(cfg["study"]["n_trials"]), len(front),
-                             driver.elapsed_s(), knob_names, confidence))
+                             driver.elapsed_s(), knob_names, confidence, shown))
 
     return StudyDriver(cfg, space, study, print_fn, request, log_trial, progress)
 
@@ -262,7 +283,8 @@ def _finish(cfg, space: SearchSpace, driver: StudyDriver, outcome: StudyOutcome,
     knob_names = list(space.searched)
     objectives = ", ".join(f"{o.metric} {'max' if o.direction == 'maximize' else 'min'}" for o in space.objectives)
     write_csv(study_dir / "pareto.csv", front, knob_names)
-    write_plot(study_dir / "pareto.png", history, front, confidence,
+    x_metric = next((o.metric for o in space.objectives if o.direction == "minimize"), "latency_p95_ms")
+    write_plot(study_dir / "pareto.png", history, front, best, x_metric, confidence,
                f"{space.name} on {env['device_name']}\nPareto front over: {objectives}")
     write_best(study_dir / "best.yaml", best, {
         "space": space.name, "study": outcome.study_name, "device": env["device_name"],
@@ -278,7 +300,8 @@ def _finish(cfg, space: SearchSpace, driver: StudyDriver, outcome: StudyOutcome,
     for line in summary_lines(outcome, history):
         out.print(line)
     if front:
-        out.print(pareto_table(front, best, knob_names, unit, confidence))
+        out.print(pareto_table(front, best, knob_names, unit, confidence,
+                               shown_metrics([o.metric for o in space.objectives])))
     else:
         out.print("[yellow]no stable configuration yet[/]: nothing is on the front; see the trial lines above")
     if best is None and front:

@@ -98,6 +98,7 @@ def compose_config(overrides: Sequence[str], config_dirs: Sequence[str] = ()) ->
     with open_dict(cfg):
         del cfg["hydra"]
     _check_space_chosen(cfg, space_name)
+    _check_no_added_keys(cfg)
     with open_dict(cfg):
         cfg.space.name = cfg.space.get("name") or space_name
     return cfg
@@ -113,6 +114,24 @@ def _check_space_chosen(cfg: DictConfig, space_name: str | None) -> None:
                           "a space of your own goes in DIR/space/NAME.yaml with --config-dir DIR")
 
 
+def _check_no_added_keys(cfg: DictConfig) -> None:
+    """``+study.n_trails=3`` would add a key nothing reads: refuse keys the defaults do not have.
+
+    ``space`` (free-form) and ``slo`` (a mapping of limits) are open to additions.
+    """
+    defaults = OmegaConf.load(CONF_DIR / "config.yaml")
+    for key in cfg:
+        if key in ("space", "slo"):
+            continue
+        if key not in defaults:
+            raise ConfigError(f"unknown config key '{key}': the keys are {', '.join(map(str, defaults))}")
+        if isinstance(cfg[key], DictConfig):
+            extra = set(cfg[key]) - set(defaults[key])
+            if extra:
+                raise ConfigError(f"unknown config key '{key}.{sorted(extra)[0]}': the keys under {key} are "
+                                  f"{', '.join(map(str, defaults[key]))}")
+
+
 def _one_line(error: Exception) -> str:
     text = str(error).strip()
     if "Could not find 'space/" in text:
@@ -121,6 +140,8 @@ def _one_line(error: Exception) -> str:
                 "a space of your own goes in DIR/space/NAME.yaml with --config-dir DIR")
     if text.startswith("Could not override '"):
         key = text.split("'")[1]
+        if key.startswith("slo"):
+            return f"SLO limits are added with a plus: +{key}=VALUE (e.g. +slo.latency_p95_ms=200)"
         return f"unknown config key '{key}': check the spelling (python -m search --cfg +space=NAME prints every key), or add it with +{key}=..."
     if type(error).__name__ == "OverrideParseException" or "LexerNoViableAltException" in text:
         bad = text.split(": ", 1)[-1].split(" ^")[0].strip()

@@ -33,8 +33,21 @@ def _clock(seconds: float) -> str:
     return f"{minutes}:{secs:02d}"
 
 
+LABELS = {"latency_p50_ms": ("p50", "ms"), "latency_p95_ms": ("p95", "ms"), "peak_memory_mb": ("mem", "MB")}
+"""Short labels and units of the figures shown beside throughput."""
+
+
+def shown_metrics(objectives: Sequence[str]) -> list[str]:
+    """The figures beside throughput: every other objective first, then p95 latency and memory."""
+    return list(dict.fromkeys([m for m in objectives if m != "throughput"] + ["latency_p95_ms", "peak_memory_mb"]))
+
+
+def _value(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
 def knobs_text(config: Mapping[str, Any], names: Sequence[str]) -> str:
-    return " ".join(f"{k}={config[k]}" for k in names)
+    return " ".join(f"{k}={_value(config[k])}" for k in names)
 
 
 def throughput_text(metrics: Mapping[str, float], unit: str) -> str:
@@ -43,14 +56,15 @@ def throughput_text(metrics: Mapping[str, float], unit: str) -> str:
 
 
 def trial_line(record: TrialRecord, done: int, total: int, front_size: int, elapsed_s: float,
-               knob_names: Sequence[str], confidence: float) -> str:
+               knob_names: Sequence[str], confidence: float, shown: Sequence[str]) -> str:
     """``[3/10] #4 batch_size=8 ... -> 41.2k tokens/s [40.1k, 42.3k] ... | front 2 | 0:42, ETA 1:30``."""
     head = f"[{done}/{total}] #{record.number} {knobs_text(record.config, knob_names)} -> "
     if record.state == COMPLETE:
         m = record.metrics
+        figures = ", ".join(f"{LABELS[k][0]} {m.get(k, math.nan):.1f} {LABELS[k][1]}" for k in shown)
         body = (f"{throughput_text(m, record.unit)} ({confidence:.0%} CI, {m['n_windows']:.0f} windows, "
-                f"{m['n_steps']:.0f} steps) cv {m['throughput_cv']:.1%}, p95 {m['latency_p95_ms']:.1f} ms, "
-                f"mem {m.get('peak_memory_mb', math.nan):.0f} MB, {'stable' if record.stable else 'UNSTABLE'}")
+                f"{m['n_steps']:.0f} steps) cv {m['throughput_cv']:.1%}, {figures}, "
+                f"{'stable' if record.stable else 'UNSTABLE'}")
     else:
         body = f"{record.state.upper()}: {record.failure}"
     eta_s = elapsed_s / done * (total - done)
@@ -61,9 +75,9 @@ def summary_lines(outcome, history: Sequence[TrialRecord]) -> list[str]:
     """How the invocation went: what was measured, rejected, reused, why it stopped."""
     states = [r.state for r in outcome.records]
     counts = ", ".join(f"{states.count(s)} {s}" for s in sorted(set(states))) or "none"
-    lines = [f"\nthis run: {len(outcome.records)} measured ({counts}); {outcome.rejected} proposals broke a "
-             f"constraint, {outcome.reused} repeated an earlier measurement (reused, not re-run); stopped by "
-             f"{outcome.stop_reason}. Study total: {len(history)} measured."]
+    lines = [f"\nthis run: {len(outcome.records)} measured ({counts}); proposals that broke a constraint: "
+             f"{outcome.rejected}, that repeated an earlier measurement (reused, not re-run): {outcome.reused}; "
+             f"stopped by {outcome.stop_reason}. Study total: {len(history)} measured."]
     failures = [r for r in outcome.records if r.state != COMPLETE]
     lines += [f"  trial #{r.number} {r.state}: {r.failure}" for r in failures]
     unstable = sum(1 for r in history if r.state == COMPLETE and not r.stable)
@@ -74,16 +88,16 @@ def summary_lines(outcome, history: Sequence[TrialRecord]) -> list[str]:
 
 
 def pareto_table(front: Sequence[TrialRecord], best: TrialRecord | None, knob_names: Sequence[str],
-                 unit: str, confidence: float) -> Table:
+                 unit: str, confidence: float, shown: Sequence[str]) -> Table:
     table = Table(title="Pareto-optimal stable configurations", title_justify="left")
-    for column in ("trial", *knob_names, f"throughput ({unit}/s, {confidence:.0%} CI)", "cv", "p95 ms",
-                   "peak MB", "windows", ""):
+    for column in ("trial", *knob_names, f"throughput ({unit}/s, {confidence:.0%} CI)", "cv",
+                   *(f"{LABELS[k][0]} {LABELS[k][1]}" for k in shown), "windows", ""):
         table.add_column(column, justify="right" if column not in knob_names else "left")
     for r in sorted(front, key=lambda r: -r.metrics["throughput"]):
         m = r.metrics
         table.add_row(
-            str(r.number), *(str(r.config[k]) for k in knob_names), throughput_text(m, "").replace(" /s", ""),
-            f"{m['throughput_cv']:.1%}", f"{m['latency_p95_ms']:.1f}", f"{m.get('peak_memory_mb', math.nan):.0f}",
+            str(r.number), *(_value(r.config[k]) for k in knob_names), throughput_text(m, "").replace(" /s", ""),
+            f"{m['throughput_cv']:.1%}", *(f"{m.get(k, math.nan):.1f}" for k in shown),
             f"{m['n_windows']:.0f}", "best" if best is not None and r.number == best.number else "",
         )
     return table
@@ -99,8 +113,9 @@ def write_csv(path: Path, front: Sequence[TrialRecord], knob_names: Sequence[str
                              *(r.metrics.get(k, "") for k in metric_names)])
 
 
-def write_plot(path: Path, history: Sequence[TrialRecord], front: Sequence[TrialRecord], confidence: float,
-               title: str) -> None:
+def write_plot(path: Path, history: Sequence[TrialRecord], front: Sequence[TrialRecord], best: TrialRecord | None,
+               x_metric: str, confidence: float, title: str) -> None:
+    """Throughput (with its interval) against ``x_metric``, the space's first minimised objective."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -116,7 +131,7 @@ def write_plot(path: Path, history: Sequence[TrialRecord], front: Sequence[Trial
     for label, rows, color, marker in groups:
         if not rows:
             continue
-        x = [r.metrics["latency_p95_ms"] for r in rows]
+        x = [r.metrics.get(x_metric, math.nan) for r in rows]
         y = [r.metrics["throughput"] for r in rows]
         err = [[r.metrics["throughput"] - r.metrics["throughput_ci_low"] for r in rows],
                [r.metrics["throughput_ci_high"] - r.metrics["throughput"] for r in rows]]
@@ -124,12 +139,16 @@ def write_plot(path: Path, history: Sequence[TrialRecord], front: Sequence[Trial
         if label.startswith("Pareto"):
             for r, xi, yi in zip(rows, x, y):
                 ax.annotate(f"#{r.number}", (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=8)
-    ax.set_xlabel("latency p95 per step (ms)")
+    if best is not None:
+        ax.plot([best.metrics.get(x_metric, math.nan)], [best.metrics["throughput"]], marker="*", markersize=16,
+                color="gold", markeredgecolor="black", linestyle="none", label=f"recommended (#{best.number})")
+    ax.set_xlabel(x_metric)
     unit = history[0].unit if history else "items"
     ax.set_ylabel(f"throughput ({unit}/s), {confidence:.0%} CI")
-    ax.set_title(title)
+    ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend()
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -150,4 +169,4 @@ def write_best(path: Path, best: TrialRecord | None, context: Mapping[str, Any])
 
 def console() -> Console:
     # Logs and CI capture output without a terminal: rich would wrap those at 80 columns.
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    return Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)

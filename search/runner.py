@@ -69,6 +69,7 @@ def run_trial(request: TrialRequest) -> TrialResult:
         knobs, settings = split_config(request.config)
         workload = instantiate(dict(request.workload), _convert_="all", **settings)
         unit = workload.unit
+        _prime(device)
         probe = MemoryProbe(device)
         probe.start()
         with TrainStep(workload, knobs, device, seed=request.seed) as step:
@@ -80,12 +81,29 @@ def run_trial(request: TrialRequest) -> TrialResult:
     except torch.OutOfMemoryError as e:
         return TrialResult(FAILED, failure=f"oom: {_first_line(e)}", unit=unit, duration_s=time.perf_counter() - started)
     except Exception as e:  # a fault of this configuration, not of the study
-        return TrialResult(FAILED, failure=f"error: {type(e).__name__}: {_first_line(e)}", unit=unit,
+        cause = _root_cause(e)
+        return TrialResult(FAILED, failure=f"error: {type(cause).__name__}: {_first_line(cause)}", unit=unit,
                            duration_s=time.perf_counter() - started)
     finally:
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def _prime(device: torch.device) -> None:
+    """Run a tiny training step first, so the memory the torch runtime takes on first use (thread
+    pools, kernels, allocator pools) is not charged to the configuration being measured."""
+    layer = torch.nn.Linear(8, 8).to(device)
+    optimizer = torch.optim.AdamW(layer.parameters())
+    layer(torch.ones(2, 8, device=device)).sum().backward()
+    optimizer.step()
+
+
+def _root_cause(error: BaseException) -> BaseException:
+    """The innermost cause: Hydra wraps a constructor's TypeError in an InstantiationException."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    return error
 
 
 def _first_line(error: BaseException) -> str:

@@ -107,6 +107,9 @@ class Tracker:
             self.client.set_terminated(self.parent_id, status=status)
 
     def ui_command(self) -> str:
+        if self.uri.startswith("sqlite:///") and not self.uri.startswith("sqlite:////"):
+            # A relative path works only from this directory: print the absolute one.
+            return f"mlflow ui --backend-store-uri sqlite:///{Path(self.uri[len('sqlite:///'):]).resolve()}"
         if _is_local(self.uri):
             return f"mlflow ui --backend-store-uri {self.uri}"
         return f"open {self.uri}"

@@ -34,6 +34,11 @@ BAD_INPUT = {
     "seed not an integer": (["+space=llm", "seed=abc"], "seed must be an integer"),
     "knob the workload does not take": (["+space=llm", "+space.params.dropuot=0.1"],
                                         "knob 'dropuot' is neither a generic knob"),
+    "unknown precision": (["+space=llm", "space.params.precision.choices=[fp32,fp8]"],
+                          "params.precision must be one of fp32, tf32, bf16, fp16, but got ['fp8']"),
+    "no batch_size": (["+space=llm", "~space.params.batch_size", "space.constraints=[]"], "must set batch_size"),
+    "key added with + that nothing reads": (["+space=llm", "+study.n_trails=3"], "the keys under study are"),
+    "slo without a plus": (["+space=llm", "slo.latency_p95_ms=200"], "+slo.latency_p95_ms=VALUE"),
     "storage that cannot be opened": (["+space=llm", "study.storage=notaurl"], "cannot open study.storage 'notaurl'"),
     "tracking uri that cannot be opened": (["+space=llm", "tracking.uri=foo://bar"], "cannot open tracking.uri"),
 }
@@ -76,3 +81,11 @@ def test_resuming_with_other_objectives_exits_2_and_names_them(tmp_path, capsys)
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "choose a new study.name" in err
     assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_runs_dir_that_cannot_be_made_exits_2(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert main(["+space=llm", f"runs_dir={blocker / 'runs'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot write runs_dir" in err

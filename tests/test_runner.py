@@ -45,6 +45,11 @@ class Layers(Wide):
         return torch.randn(size, 128, generator=generator)
 
 
+class NeedsWidth(Wide):
+    def __init__(self, width: int):
+        self.width = width
+
+
 class Raises(Wide):
     def loss(self, model, batch):
         raise RuntimeError("shape mismatch in the user's loss\nsecond line")
@@ -90,6 +95,12 @@ def test_exception_in_the_workload_is_a_failed_trial_with_one_line():
     result = run_trial(request(target(Raises)))
     assert result.state == FAILED
     assert result.failure == "error: RuntimeError: shape mismatch in the user's loss"
+
+
+def test_constructor_error_names_its_cause_not_hydras_wrapper():
+    result = run_trial(request({**target(NeedsWidth), "widht": 3}))
+    assert result.state == FAILED
+    assert result.failure.startswith("error: TypeError:") and "widht" in result.failure
 
 
 def test_out_of_memory_is_a_failed_trial_marked_oom():
