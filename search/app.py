@@ -15,6 +15,7 @@ import json
 import shutil
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -27,9 +28,10 @@ from search.config import ConfigError, redact, resolve, resolve_device
 from search.knobs import GENERIC_KNOBS, PRECISIONS, unsupported_reason
 from search.measure import MeasureSettings
 from search.records import TrialRecord
+from search.revalidate import CONSERVATIVE, revalidate
 from search.report import (console, pareto_table, shown_metrics, summary_lines, trial_line, write_best, write_csv,
                            write_plot)
-from search.runner import COMPLETE, TrialRequest, TrialResult
+from search.runner import COMPLETE, TrialRequest, TrialResult, run_isolated
 from search.space import SearchSpace, SpaceError, parse_space
 from search.study import SAMPLERS, StudyDriver, StudyOutcome, open_study
 from search.telemetry import environment
@@ -116,6 +118,11 @@ def check_settings(cfg: Mapping[str, Any]) -> MeasureSettings:
         raise ConfigError(f"study.timeout_s must be a positive number of seconds or null, but got {timeout!r}")
     if not isinstance(cfg["seed"], int) or isinstance(cfg["seed"], bool):
         raise ConfigError(f"seed must be an integer, but got {cfg['seed']!r}")
+    processes, limit = cfg["revalidate"]["processes"], cfg["revalidate"]["max_candidates"]
+    if not isinstance(processes, int) or isinstance(processes, bool) or processes < 0 or processes == 1:
+        raise ConfigError(f"revalidate.processes must be 0 (off) or at least 2, but got {processes!r}")
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise ConfigError(f"revalidate.max_candidates must be a positive integer, but got {limit!r}")
     max_cv = cfg["stable"]["max_cv"]
     if not isinstance(max_cv, (int, float)) or isinstance(max_cv, bool) or max_cv <= 0:
         raise ConfigError(f"stable.max_cv must be a positive fraction, but got {max_cv!r}")
@@ -261,17 +268,58 @@ def _driver(cfg, space, study, print_fn, device, settings, tracker, env, out) ->
 
 
 def stable_front(records: list[TrialRecord], space: SearchSpace) -> list[TrialRecord]:
-    """Pareto-optimal configurations among the stable, complete ones."""
+    """Pareto-optimal configurations among the stable, complete ones, on the conservative figures."""
     candidates = [r for r in records if r.state == COMPLETE and r.stable]
-    values = [[r.metrics[o.metric] for o in space.objectives] for r in candidates]
+    values = [[r.metrics[CONSERVATIVE[o.metric]] for o in space.objectives] for r in candidates]
     mask = pareto.pareto_mask(values, [o.direction for o in space.objectives])
     return [r for r, keep in zip(candidates, mask) if keep]
+
+
+def _revalidated_front(cfg, space: SearchSpace, driver: StudyDriver, candidates: list[TrialRecord],
+                       tracker: Tracker, out) -> list[TrialRecord]:
+    """Re-measure the search-time front in fresh processes; the front of what stays stable."""
+    processes, limit = int(cfg["revalidate"]["processes"]), int(cfg["revalidate"]["max_candidates"])
+    if processes == 0 or not candidates:
+        return candidates
+    candidates = sorted(candidates, key=lambda r: -r.metrics["throughput_ci_low"])[:limit]
+    done = driver.revalidations()
+    todo = [c for c in candidates if c.number not in done]
+    max_cv, confidence = float(cfg["stable"]["max_cv"]), float(cfg["measure"]["confidence"])
+    if todo:
+        out.print(f"\nre-validating {len(todo)} Pareto candidate(s) in {processes} fresh processes each, "
+                  "interleaved in random order:")
+
+    def measure(candidate: TrialRecord) -> TrialResult:
+        return run_isolated(driver.request(candidate.config))
+
+    def progress(i: int, n: int, candidate: TrialRecord, result: TrialResult) -> None:
+        figure = (f"{result.measurement.throughput:.4g} {candidate.unit}/s" if result.measurement
+                  else f"{result.state}: {result.failure}")
+        out.print(f"  [revalidate {i}/{n}] #{candidate.number}: {figure}")
+
+    for number, pooled in revalidate(todo, processes, measure, int(cfg["seed"]) + len(driver.study.trials),
+                                     max_cv, confidence, progress).items():
+        driver.save_revalidation(number, pooled)
+        done[number] = pooled
+        run_id = next(c.run_id for c in candidates if c.number == number)
+        if run_id:
+            tracker.log_metrics(run_id, {f"revalidated_{k}": v for k, v in pooled.metrics.items()})
+            tracker.set_tags(run_id, {"revalidated": "true", "stable": str(pooled.stable).lower(),
+                                      **({"revalidation_failure": pooled.reason} if pooled.reason else {})})
+    pooled_records = [replace(c, metrics={**c.metrics, **done[c.number].metrics}, stable=done[c.number].stable)
+                      for c in candidates]
+    front = stable_front(pooled_records, space)
+    dropped = [f"#{c.number} ({done[c.number].reason or 'dominated after re-validation'})"
+               for c in candidates if c.number not in {r.number for r in front}]
+    out.print(f"re-validation: {len(candidates) - len(dropped)} of {len(candidates)} candidate(s) kept their place"
+              + (f"; left the front: {', '.join(dropped)}" if dropped else ""))
+    return front
 
 
 def _finish(cfg, space: SearchSpace, driver: StudyDriver, outcome: StudyOutcome, tracker: Tracker,
             env: Mapping[str, str], out) -> None:
     history = driver.history()
-    front = stable_front(history, space)
+    front = _revalidated_front(cfg, space, driver, stable_front(history, space), tracker, out)
     tracker.mark_pareto(outcome.study_name, {r.run_id for r in front if r.run_id})
     best_row = pareto.recommend([{"metrics": r.metrics, "record": r} for r in front], cfg["slo"] or {})
     best = best_row["record"] if best_row else None
@@ -300,8 +348,11 @@ def _finish(cfg, space: SearchSpace, driver: StudyDriver, outcome: StudyOutcome,
     for line in summary_lines(outcome, history):
         out.print(line)
     if front:
+        processes = int(cfg["revalidate"]["processes"])
+        title = "Pareto-optimal stable configurations" + (
+            f" (figures pooled from {processes} fresh processes each)" if processes else " (search-time figures)")
         out.print(pareto_table(front, best, knob_names, unit, confidence,
-                               shown_metrics([o.metric for o in space.objectives])))
+                               shown_metrics([o.metric for o in space.objectives]), title))
     else:
         out.print("[yellow]no stable configuration yet[/]: nothing is on the front; see the trial lines above")
     if best is None and front:

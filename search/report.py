@@ -88,8 +88,8 @@ def summary_lines(outcome, history: Sequence[TrialRecord]) -> list[str]:
 
 
 def pareto_table(front: Sequence[TrialRecord], best: TrialRecord | None, knob_names: Sequence[str],
-                 unit: str, confidence: float, shown: Sequence[str]) -> Table:
-    table = Table(title="Pareto-optimal stable configurations", title_justify="left")
+                 unit: str, confidence: float, shown: Sequence[str], title: str) -> Table:
+    table = Table(title=title, title_justify="left")
     for column in ("trial", *knob_names, f"throughput ({unit}/s, {confidence:.0%} CI)", "cv",
                    *(f"{LABELS[k][0]} {LABELS[k][1]}" for k in shown), "windows", ""):
         table.add_column(column, justify="right" if column not in knob_names else "left")

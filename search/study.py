@@ -24,6 +24,7 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 from search.config import ConfigError, redact
 from search.pareto import is_stable
 from search.records import TrialRecord
+from search.revalidate import CONSERVATIVE, Pooled, conservative_metrics
 from search.runner import COMPLETE, FAILED, INFEASIBLE, TrialRequest, TrialResult, run_isolated
 from search.space import CategoricalParam, FixedParam, FloatParam, IntParam, Param, SearchSpace
 
@@ -49,11 +50,11 @@ class StudyOutcome:
     stop_reason: str = "n_trials"
 
 
-def metrics_of(result: TrialResult) -> dict[str, float]:
+def metrics_of(result: TrialResult, confidence: float) -> dict[str, float]:
     m = result.measurement
     if m is None:
         return {}
-    metrics = {
+    metrics = {**conservative_metrics(m.step_latencies_ms, confidence),
         "throughput": m.throughput,
         "throughput_ci_low": m.throughput_ci_low,
         "throughput_ci_high": m.throughput_ci_high,
@@ -93,7 +94,7 @@ def config_key(config: Mapping[str, Any]) -> str:
 def open_study(name: str, storage: str, space: SearchSpace) -> optuna.Study:
     """Create or load the study; a storage that cannot be opened or other objectives are bad input."""
     directions = [o.direction for o in space.objectives]
-    metrics = [o.metric for o in space.objectives]
+    metrics = [CONSERVATIVE[o.metric] for o in space.objectives]  # what Optuna ranks: see README
     try:
         study = optuna.create_study(study_name=name, storage=storage, directions=directions, load_if_exists=True)
     except Exception as e:  # sqlalchemy, driver and connection errors alike: all about the URL
@@ -118,6 +119,7 @@ class StudyDriver:
         self.cfg, self.space, self.study, self.fingerprint = cfg, space, study, fingerprint
         self.request, self.log_trial, self.progress = request, log_trial, progress
         self.max_cv = float(cfg["stable"]["max_cv"])
+        self.confidence = float(cfg["measure"]["confidence"])
         # Offset the seed by the trials already stored, so a resumed study does not replay its start.
         seed = int(cfg["seed"]) + len(study.trials)
         study.sampler = SAMPLERS[cfg["study"]["sampler"]](seed)
@@ -205,8 +207,8 @@ class StudyDriver:
 
     def _measure(self, trial: Trial, config: dict[str, Any]) -> None:
         result = run_isolated(self.request(config))
-        metrics = metrics_of(result)
-        values = [metrics.get(o.metric) for o in self.space.objectives]
+        metrics = metrics_of(result, self.confidence)
+        values = [metrics.get(CONSERVATIVE[o.metric]) for o in self.space.objectives]
         state, failure = result.state, result.failure
         if state == COMPLETE and None in values:
             state, failure = FAILED, "error: an objective could not be measured on this device"
@@ -244,6 +246,17 @@ class StudyDriver:
                             t.user_attrs.get("failure", ""), t.user_attrs.get("mlflow_run_id"),
                             t.user_attrs.get("unit", "items"))
                 for t in self._own_trials() if "reused_from" not in t.user_attrs]
+
+    def save_revalidation(self, number: int, pooled: Pooled) -> None:
+        """Keep a candidate's re-validated figures in the study (trials cannot change once told)."""
+        self.study.set_user_attr(f"revalidated:{self.fingerprint}:{number}",
+                                 {"metrics": dict(pooled.metrics), "stable": pooled.stable, "reason": pooled.reason})
+
+    def revalidations(self) -> dict[int, Pooled]:
+        """Re-validated figures of this fingerprint's trials, by trial number."""
+        prefix = f"revalidated:{self.fingerprint}:"
+        return {int(key[len(prefix):]): Pooled(v["metrics"], v["stable"], v["reason"])
+                for key, v in self.study.user_attrs.items() if key.startswith(prefix)}
 
     def elapsed_s(self) -> float:
         return time.monotonic() - self.started_s

@@ -30,7 +30,7 @@ def make_space(micro_choices=(1, 2), constraints=()):
 
 def cfg(n_trials=1, max_cv=0.05):
     return {"study": {"n_trials": n_trials, "timeout_s": None, "sampler": "random"}, "seed": 0,
-            "stable": {"max_cv": max_cv}}
+            "stable": {"max_cv": max_cv}, "measure": {"confidence": 0.95}}
 
 
 def stored(study, micro, *, state="complete", cv=0.02, fingerprint=FINGERPRINT, **attrs):
@@ -121,4 +121,4 @@ def test_open_study_refuses_other_objectives(tmp_path):
     optuna.create_study(study_name="s", storage=storage, directions=["maximize", "minimize"])
     with pytest.raises(ConfigError, match="choose a new study.name"):
         open_study("s", storage, make_space())
-    assert open_study("fresh", storage, make_space()).metric_names == ["throughput"]
+    assert open_study("fresh", storage, make_space()).metric_names == ["throughput_ci_low"]
