@@ -29,8 +29,8 @@ from search.knobs import GENERIC_KNOBS, PRECISIONS, unsupported_reason
 from search.measure import MeasureSettings
 from search.records import TrialRecord
 from search.revalidate import CONSERVATIVE, revalidate
-from search.report import (console, pareto_table, shown_metrics, summary_lines, trial_line, write_best, write_csv,
-                           write_plot)
+from search.report import (console, pareto_table, shown_metrics, si, summary_lines, trial_line, write_best,
+                           write_csv, write_plot)
 from search.runner import COMPLETE, TrialRequest, TrialResult, run_isolated
 from search.space import SearchSpace, SpaceError, parse_space
 from search.study import SAMPLERS, StudyDriver, StudyOutcome, open_study
@@ -262,7 +262,7 @@ def _driver(cfg, space, study, print_fn, device, settings, tracker, env, out) ->
     def progress(record: TrialRecord, driver: StudyDriver) -> None:
         front = stable_front(driver.history(), space)
         out.print(trial_line(record, len(driver.outcome.records), int(cfg["study"]["n_trials"]), len(front),
-                             driver.elapsed_s(), knob_names, confidence, shown))
+                             driver.elapsed_s(), knob_names, confidence, shown), markup=False)
 
     return StudyDriver(cfg, space, study, print_fn, request, log_trial, progress)
 
@@ -293,9 +293,9 @@ def _revalidated_front(cfg, space: SearchSpace, driver: StudyDriver, candidates:
         return run_isolated(driver.request(candidate.config))
 
     def progress(i: int, n: int, candidate: TrialRecord, result: TrialResult) -> None:
-        figure = (f"{result.measurement.throughput:.4g} {candidate.unit}/s" if result.measurement
-                  else f"{result.state}: {result.failure}")
-        out.print(f"  [revalidate {i}/{n}] #{candidate.number}: {figure}")
+        figure = (f"{si(result.measurement.throughput)} {candidate.unit}/s, cv {result.measurement.throughput_cv:.1%}"
+                  if result.measurement else f"{result.state}: {result.failure}")
+        out.print(f"  [revalidate {i}/{n}] #{candidate.number}: {figure}", markup=False)
 
     for number, pooled in revalidate(todo, processes, measure, int(cfg["seed"]) + len(driver.study.trials),
                                      max_cv, confidence, progress).items():
@@ -346,7 +346,7 @@ def _finish(cfg, space: SearchSpace, driver: StudyDriver, outcome: StudyOutcome,
         tracker.log_metrics(tracker.parent_id, {f"best_{k}": v for k, v in best.metrics.items()})
 
     for line in summary_lines(outcome, history):
-        out.print(line)
+        out.print(line, markup=False)
     if front:
         processes = int(cfg["revalidate"]["processes"])
         title = "Pareto-optimal stable configurations" + (

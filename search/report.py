@@ -21,7 +21,7 @@ from search.runner import COMPLETE
 from search.records import TrialRecord
 
 
-def _si(value: float) -> str:
+def si(value: float) -> str:
     for factor, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(value) >= factor:
             return f"{value / factor:.3g}{suffix}"
@@ -52,7 +52,7 @@ def knobs_text(config: Mapping[str, Any], names: Sequence[str]) -> str:
 
 def throughput_text(metrics: Mapping[str, float], unit: str) -> str:
     mean, low, high = metrics["throughput"], metrics["throughput_ci_low"], metrics["throughput_ci_high"]
-    return f"{_si(mean)} {unit}/s [{_si(low)}, {_si(high)}]"
+    return f"{si(mean)} {unit}/s [{si(low)}, {si(high)}]"
 
 
 def trial_line(record: TrialRecord, done: int, total: int, front_size: int, elapsed_s: float,

@@ -49,7 +49,9 @@ def test_processes_that_disagree_make_the_candidate_unstable():
 
 
 def test_a_noisy_run_or_a_failed_run_makes_the_candidate_unstable():
-    assert "within-run CV" in pool([run(100.0), run(100.0, cv=0.2)], 0.05, 0.95).reason
+    assert "within-run CV" in pool([run(100.0, cv=0.2), run(100.0, cv=0.1), run(100.0)], 0.05, 0.95).reason
+    # One disturbed run among steady ones: the median CV is fine and the means agree.
+    assert pool([run(100.0, cv=0.2), run(100.0), run(100.0)], 0.05, 0.95).stable
     failed = pool([run(100.0), TrialResult(FAILED, failure="oom: out of memory")], 0.05, 0.95)
     assert not failed.stable and "oom" in failed.reason
 
