@@ -34,7 +34,7 @@ from search.report import (console, pareto_table, shown_metrics, si, summary_lin
 from search.runner import COMPLETE, TrialRequest, TrialResult, run_isolated
 from search.space import SearchSpace, SpaceError, parse_space
 from search.study import SAMPLERS, StudyDriver, StudyOutcome, open_study
-from search.telemetry import environment
+from search.telemetry import contention, environment
 from search.tracking import Tracker
 from search.workloads import Workload
 
@@ -209,6 +209,9 @@ def run(cfg_node: DictConfig) -> int:
     study, tracker = _open_stores(cfg, space)
 
     env = {**environment(device), **_versions()}
+    shared = contention(device)
+    for warning in shared:
+        out.print(f"[yellow]warning:[/] {warning}")
     print_fn = fingerprint(space, env)
     study_name = cfg["study"]["name"]
     out.print(f"device: [bold]{env['device_name']}[/] ({device}), torch {env['torch']}")
@@ -218,6 +221,7 @@ def run(cfg_node: DictConfig) -> int:
         f"{study_name} {time.strftime('%Y-%m-%d %H:%M:%S')}",
         params=_flatten({k: v for k, v in cfg.items() if k != "space"}) | _flatten(cfg["space"], "space."),
         tags={"space": space.name, "study": study_name, "workload_fingerprint": print_fn,
+              "contention": "; ".join(shared) or "none seen",
               "command": redact(" ".join(["python -m search", *sys.argv[1:]])),
               **{f"env.{k}": v for k, v in env.items()}},
     )

@@ -82,6 +82,46 @@ def _git_commit(where: Path) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
+def _governor() -> str | None:
+    try:
+        return Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor").read_text().strip()
+    except OSError:
+        return None
+
+
+def contention(device: torch.device) -> list[str]:
+    """Warnings that the machine is not ours alone: a busy CPU, other processes on the GPU."""
+    warnings = []
+    cores = os.cpu_count() or 1
+    load = os.getloadavg()[0]
+    if load > 0.5 * cores:
+        warnings.append(f"the CPU is busy (1-minute load average {load:.1f} on {cores} cores): "
+                        "measurements will be noisier and slower than on an idle machine")
+    if device.type == "cuda":
+        others = _gpu_processes(device.index or 0)
+        if others:
+            warnings.append(f"the GPU is shared with {len(others)} other process(es) (pids {', '.join(others)}): "
+                            "throughput, memory and energy figures include their interference")
+    return warnings
+
+
+def _gpu_processes(device_index: int) -> list[str]:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return []
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
+        processes = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        return [str(p.pid) for p in processes if p.pid != os.getpid()]
+    except pynvml.NVMLError:
+        return []
+    finally:
+        pynvml.nvmlShutdown()
+
+
 def _nvml(device_index: int) -> dict[str, str]:
     try:
         import pynvml
@@ -97,6 +137,8 @@ def _nvml(device_index: int) -> dict[str, str]:
         handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
         info["gpu_name"] = str(pynvml.nvmlDeviceGetName(handle))
         info["gpu_sm_clock_max_mhz"] = str(pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM))
+        info["gpu_sm_clock_mhz"] = str(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
+        info["gpu_mem_clock_mhz"] = str(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM))
     except pynvml.NVMLError:
         pass
     finally:
@@ -120,6 +162,7 @@ def environment(device: torch.device) -> dict[str, str]:
         "cpu_model": _cpu_model(),
         "cpu_count": str(os.cpu_count()),
         "torch_threads": str(torch.get_num_threads()),
+        "load_average_1min": f"{os.getloadavg()[0]:.2f}",
         "platform": platform.platform(),
         "hostname": platform.node(),
     }
@@ -127,6 +170,9 @@ def environment(device: torch.device) -> dict[str, str]:
         env["cuda"] = str(torch.version.cuda)
         env["cudnn"] = str(torch.backends.cudnn.version())
         env.update(_nvml(device.index or 0))
+    governor = _governor()
+    if governor:
+        env["cpu_governor"] = governor
     for key, where in (("search_git_commit", Path(__file__).parent), ("workdir_git_commit", Path.cwd())):
         commit = _git_commit(where)
         if commit:
