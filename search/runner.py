@@ -15,12 +15,13 @@ import gc
 import multiprocessing
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import torch
 from hydra.utils import instantiate
 
+from search.fidelity import check_fidelity
 from search.knobs import GENERIC_KNOBS, KnobError, Knobs, TrainStep
 from search.measure import Measurement, MeasureSettings, make_timer, measure
 from search.telemetry import MemoryProbe
@@ -50,6 +51,9 @@ class TrialResult:
     """One line: why the trial failed or is infeasible."""
     unit: str = "items"
     duration_s: float = 0.0
+    fidelity: Mapping[str, float] = field(default_factory=dict)
+    """Relative errors against the fp32 single-lane reference (``fidelity_loss_rel_error``,
+    ``fidelity_grad_norm_rel_error``); empty for the reference configuration itself."""
 
 
 def split_config(config: Mapping[str, Any]) -> tuple[Knobs, dict[str, Any]]:
@@ -75,7 +79,15 @@ def run_trial(request: TrialRequest) -> TrialResult:
         with TrainStep(workload, knobs, device, seed=request.seed) as step:
             measurement = measure(step, step.items_per_step, request.measure, make_timer(device))
         peak_mb = probe.peak_mb()
-        return TrialResult(COMPLETE, measurement, peak_mb, unit=unit, duration_s=time.perf_counter() - started)
+        # After the measurement and its memory reading: the check's own models must not count.
+        report = check_fidelity(workload, knobs, device, seed=request.seed)
+        errors = {"fidelity_loss_rel_error": report.loss_rel_error,
+                  "fidelity_grad_norm_rel_error": report.grad_norm_rel_error} if _changes_numerics(knobs) else {}
+        duration_s = time.perf_counter() - started
+        if not report.ok:
+            return TrialResult(INFEASIBLE, measurement, peak_mb, failure=f"fidelity: {report.reason}", unit=unit,
+                               duration_s=duration_s, fidelity=errors)
+        return TrialResult(COMPLETE, measurement, peak_mb, unit=unit, duration_s=duration_s, fidelity=errors)
     except KnobError as e:
         return TrialResult(INFEASIBLE, failure=str(e), unit=unit, duration_s=time.perf_counter() - started)
     except torch.OutOfMemoryError as e:
@@ -88,6 +100,10 @@ def run_trial(request: TrialRequest) -> TrialResult:
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def _changes_numerics(knobs: Knobs) -> bool:
+    return knobs.precision != "fp32" or knobs.streams > 1 or knobs.recompute or knobs.n_micro_batches > 1
 
 
 def _prime(device: torch.device) -> None:

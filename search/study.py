@@ -52,8 +52,8 @@ class StudyOutcome:
 
 def metrics_of(result: TrialResult, confidence: float) -> dict[str, float]:
     m = result.measurement
-    if m is None:
-        return {}
+    if m is None or result.state != COMPLETE:
+        return dict(result.fidelity)
     metrics = {**conservative_metrics(m.step_latencies_ms, confidence),
         "throughput": m.throughput,
         "throughput_ci_low": m.throughput_ci_low,
@@ -71,7 +71,7 @@ def metrics_of(result: TrialResult, confidence: float) -> dict[str, float]:
     }
     if result.peak_memory_mb is not None:
         metrics["peak_memory_mb"] = result.peak_memory_mb
-    return metrics
+    return {**metrics, **result.fidelity}
 
 
 def suggest(trial: Trial, name: str, param: Param) -> Any:

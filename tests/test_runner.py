@@ -50,6 +50,19 @@ class NeedsWidth(Wide):
         self.width = width
 
 
+class Overflows(Workload):
+    """Activations of about 1e5: beyond fp16's largest value (65504), fine in fp32."""
+
+    def build_model(self):
+        return nn.Linear(16, 16)
+
+    def make_batch(self, size, generator):
+        return torch.randn(size, 16, generator=generator)
+
+    def loss(self, model, batch):
+        return (model(batch) * 1e5).square().mean() * 1e-10
+
+
 class Raises(Wide):
     def loss(self, model, batch):
         raise RuntimeError("shape mismatch in the user's loss\nsecond line")
@@ -101,6 +114,18 @@ def test_constructor_error_names_its_cause_not_hydras_wrapper():
     result = run_trial(request({**target(NeedsWidth), "widht": 3}))
     assert result.state == FAILED
     assert result.failure.startswith("error: TypeError:") and "widht" in result.failure
+
+
+def test_configuration_that_breaks_numerics_is_infeasible_with_the_reason():
+    result = run_trial(request(target(Overflows), precision="fp16"))
+    assert result.state == INFEASIBLE and result.failure.startswith("fidelity: non-finite")
+    assert run_trial(request(target(Overflows))).state == COMPLETE  # fp32: the reference itself
+
+
+def test_fidelity_errors_are_reported_for_configurations_that_change_numerics():
+    result = run_trial(request(TINY_GPT, precision="bf16", micro_batch_size=2))
+    assert result.state == COMPLETE, result.failure
+    assert 0 < result.fidelity["fidelity_grad_norm_rel_error"] < 0.031
 
 
 def test_out_of_memory_is_a_failed_trial_marked_oom():

@@ -1,0 +1,241 @@
+import math
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+from search.fidelity import TOLERANCES, FidelityReport, Reference, check_fidelity, fp32_reference
+from search.knobs import PRECISIONS, Knobs, KnobError, TrainStep
+from search.workloads import GPT, Workload
+
+CPU = torch.device("cpu")
+TINY = dict(vocab_size=64, seq_len=16, d_model=32, n_layers=2, n_heads=2)
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+class Regression(Workload):
+    """A small regression whose batch is a dict of two draws: micro-batches draw it in another order."""
+
+    def build_model(self):
+        return nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 1))
+
+    def make_batch(self, size, generator):
+        x = torch.randn(size, 8, generator=generator)
+        return {"x": x, "y": torch.randn(size, 1, generator=generator)}
+
+    def loss(self, model, batch):
+        return nn.functional.mse_loss(model(batch["x"]), batch["y"])
+
+
+class Amplified(Regression):
+    """One layer scales its activations by 1e5: beyond fp16's largest value (65504), fine in bf16/fp32."""
+
+    def loss(self, model, batch):
+        hidden = model[0](batch["x"]) * 1e5
+        return nn.functional.mse_loss(model[2](model[1](hidden)) * 1e-5, batch["y"])
+
+
+class OffsetFeatures(Workload):
+    """Raw features around 1000 (unnormalised units) whose signal is the small part; BatchNorm centres them.
+
+    bf16 keeps 8 significant bits, so at 1000 its numbers are 4 apart: the signal rounds away before
+    the first Linear, and BatchNorm scales what is left (rounding noise) up to unit size.
+    """
+
+    def build_model(self):
+        return nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 1))
+
+    def make_batch(self, size, generator):
+        signal = torch.randn(size, 8, generator=generator)
+        return 1000.0 + signal, signal.sum(1, keepdim=True)
+
+    def loss(self, model, batch):
+        features, target = batch
+        return nn.functional.mse_loss(model(features), target)
+
+
+class LargeGradients(Workload):
+    """Inputs around 1000: the weight gradient (~1000) times GradScaler's first scale 2**16 overflows fp16.
+
+    Integer inputs and weights of 1/8 are exact in fp16, so nothing but the scaled gradients can go wrong.
+    """
+
+    def build_model(self):
+        model = nn.Linear(8, 1)
+        nn.init.constant_(model.weight, 0.125)
+        return model
+
+    def make_batch(self, size, generator):
+        return 1000.0 + torch.randint(-8, 9, (size, 8), generator=generator).float()
+
+    def loss(self, model, batch):
+        return model(batch).mean()  # d loss / d weight is the mean input, ~1000
+
+
+class NotFinite(Regression):
+    def loss(self, model, batch):
+        return nn.functional.mse_loss(model(batch["x"]) * 1e30, batch["y"])  # squares overflow fp32 too
+
+
+class CountingGPT(GPT):
+    """The tiny GPT, counting how many models (so how many passes) a check builds."""
+
+    def __init__(self):
+        super().__init__(**TINY)
+        self.models_built = 0
+
+    def build_model(self):
+        self.models_built += 1
+        return super().build_model()
+
+
+def test_every_precision_has_a_tolerance_tighter_the_more_bits_it_keeps():
+    assert set(TOLERANCES) == set(PRECISIONS)
+    for name in ("loss_rel", "grad_norm_rel"):
+        fp32, tf32, bf16, fp16 = (getattr(TOLERANCES[p], name) for p in ("fp32", "tf32", "bf16", "fp16"))
+        assert 0 < fp32 < tf32 == fp16 < bf16 < 0.05
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("split", [dict(), dict(micro_batch_size=2, streams=2, recompute=True)],
+                         ids=["plain", "micro-lanes-recompute"])
+def test_the_tiny_gpt_passes_under_every_cpu_precision(precision, split):
+    knobs = Knobs(batch_size=8, precision=precision, **split)
+    report = check_fidelity(GPT(**TINY), knobs, CPU, seed=1)
+    tolerance = TOLERANCES[precision]
+    assert report.ok and report.reason == ""
+    assert report.loss_rel_error <= tolerance.loss_rel
+    assert report.grad_norm_rel_error <= tolerance.grad_norm_rel
+    assert math.isclose(report.loss, math.log(64), rel_tol=0.05)  # near ln(vocab) at initialisation
+    if precision != "fp32":  # it really ran in the lower precision: the gradients moved
+        assert report.grad_norm_rel_error > TOLERANCES["fp32"].grad_norm_rel
+
+
+def test_a_kept_reference_is_reused_and_costs_no_pass():
+    workload, knobs = CountingGPT(), Knobs(batch_size=8, micro_batch_size=4, precision="bf16", streams=2)
+    reference = fp32_reference(workload, knobs, CPU, seed=3)
+    assert workload.models_built == 1
+    assert isinstance(reference, Reference) and reference.micro_batch_size == 4
+    with_reference = check_fidelity(workload, knobs, CPU, seed=3, reference=reference)
+    assert workload.models_built == 2  # one pass: the configuration's
+    assert with_reference == check_fidelity(workload, knobs, CPU, seed=3)
+    assert workload.models_built == 4
+    plain = Knobs(batch_size=8, micro_batch_size=4)
+    assert check_fidelity(workload, plain, CPU, seed=3, reference=reference).ok
+    assert workload.models_built == 4  # the plain fp32 configuration is the reference
+
+
+def test_a_reference_for_another_batch_split_or_seed_is_refused():
+    workload = GPT(**TINY)
+    reference = fp32_reference(workload, Knobs(batch_size=8), CPU, seed=0)
+    for knobs, seed in [(Knobs(batch_size=8, micro_batch_size=2), 0), (Knobs(batch_size=4), 0),
+                        (Knobs(batch_size=8), 1)]:
+        with pytest.raises(ValueError, match="fp32_reference"):
+            check_fidelity(workload, knobs, CPU, seed=seed, reference=reference)
+
+
+def test_micro_batches_are_compared_on_the_same_samples_whatever_make_batch_draws():
+    # Two micro-batches of this workload hold other samples than one whole-batch draw.
+    report = check_fidelity(Regression(), Knobs(batch_size=8, micro_batch_size=2, precision="bf16"), CPU)
+    assert report.ok, report.reason
+
+
+def test_fp16_overflowing_activations_fail_with_a_clear_reason():
+    workload = Amplified()
+    fp16 = check_fidelity(workload, Knobs(batch_size=8, micro_batch_size=4, precision="fp16"), CPU)
+    assert not fp16.ok
+    assert fp16.reason.startswith("non-finite loss under fp16: ")
+    assert not math.isfinite(fp16.loss) and math.isfinite(fp16.reference_loss)
+    assert fp16.loss_rel_error == math.inf
+    assert check_fidelity(workload, Knobs(batch_size=8, precision="bf16"), CPU).ok  # fp32's range
+    assert check_fidelity(workload, Knobs(batch_size=8, micro_batch_size=4, streams=2), CPU).ok
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_bf16_rounding_away_the_signal_fails_on_the_loss(seed):
+    workload, knobs = OffsetFeatures(), Knobs(batch_size=16, micro_batch_size=4)
+    assert check_fidelity(workload, Knobs(batch_size=16, micro_batch_size=4, streams=2), CPU, seed).ok
+    report = check_fidelity(workload, Knobs(batch_size=16, micro_batch_size=4, precision="bf16"), CPU, seed)
+    assert not report.ok
+    assert report.reason.startswith("bf16 loss ") and "differs from the fp32 reference" in report.reason
+    assert f"(tolerance {TOLERANCES['bf16'].loss_rel * 100:.3g}%)" in report.reason
+    assert report.loss_rel_error > TOLERANCES["bf16"].loss_rel
+    assert report.grad_norm_rel_error > TOLERANCES["bf16"].grad_norm_rel
+
+
+def test_gradients_that_overflow_only_at_the_first_loss_scale_pass_as_in_training():
+    workload, knobs = LargeGradients(), Knobs(batch_size=8, precision="fp16")
+    with TrainStep(workload, knobs, CPU) as step:
+        _, grads = step.loss_and_grads()
+    assert not all(torch.isfinite(grad).all() for grad in grads.values())  # at the scale 2**16
+    report = check_fidelity(workload, knobs, CPU)
+    assert report.ok, report.reason
+    assert 0 < report.grad_norm_rel_error <= TOLERANCES["fp16"].grad_norm_rel
+
+
+def test_a_workload_not_finite_in_fp32_fails_every_configuration():
+    for knobs in (Knobs(batch_size=4), Knobs(batch_size=4, precision="bf16")):
+        report = check_fidelity(NotFinite(), knobs, CPU)
+        assert not report.ok and "fp32 reference" in report.reason and "not finite" in report.reason
+
+
+def test_dropout_draws_the_same_masks_in_both_passes():
+    workload = GPT(**TINY, dropout=0.1)
+    reference = fp32_reference(workload, Knobs(batch_size=8, micro_batch_size=4), CPU, seed=2)
+    for knobs in (Knobs(batch_size=8, micro_batch_size=4, recompute=True),
+                  Knobs(batch_size=8, micro_batch_size=4, precision="bf16")):
+        report = check_fidelity(workload, knobs, CPU, seed=2, reference=reference)
+        assert report.ok, report.reason
+    assert report.grad_norm_rel_error < TOLERANCES["bf16"].grad_norm_rel / 4  # not merely inside it
+
+
+def test_the_global_torch_state_is_left_as_found():
+    previous_precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium")
+    try:
+        rng_state, threads = torch.get_rng_state(), threading.active_count()
+        check_fidelity(GPT(**TINY, dropout=0.1), Knobs(batch_size=8, micro_batch_size=2, precision="bf16",
+                                                      streams=2, recompute=True), CPU, seed=5)
+        check_fidelity(Amplified(), Knobs(batch_size=4, precision="fp16"), CPU)
+        assert torch.get_float32_matmul_precision() == "medium"
+        assert torch.equal(torch.get_rng_state(), rng_state)
+        assert not torch.is_autocast_enabled("cpu") and torch.is_grad_enabled()
+        assert threading.active_count() == threads
+    finally:
+        torch.set_float32_matmul_precision(previous_precision)
+
+
+def test_a_precision_the_device_cannot_run_raises_like_train_step_before_any_pass():
+    workload = CountingGPT()
+    with pytest.raises(KnobError, match="tf32"):
+        check_fidelity(workload, Knobs(batch_size=4, precision="tf32"), CPU)
+    assert workload.models_built == 0
+
+
+def test_the_report_holds_plain_values():
+    report = check_fidelity(GPT(**TINY), Knobs(batch_size=4, precision="bf16"), CPU)
+    assert isinstance(report, FidelityReport)
+    assert all(type(getattr(report, name)) is float
+               for name in ("loss", "reference_loss", "loss_rel_error", "grad_norm_rel_error"))
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("precision", ["tf32", "bf16", "fp16"])
+def test_cuda_precisions_pass_on_the_tiny_gpt(precision):
+    device = torch.device("cuda")
+    if precision in ("tf32", "bf16") and torch.cuda.get_device_capability(device) < (8, 0):
+        pytest.skip(f"{precision} needs compute capability 8.0")
+    knobs = Knobs(batch_size=8, micro_batch_size=2, precision=precision, streams=2, recompute=True)
+    report = check_fidelity(GPT(**TINY), knobs, device, seed=1)
+    assert report.ok, report.reason
+    if precision != "tf32":  # cuBLAS may run tiny fp32 matmuls without tensor cores, so no tf32 rounding
+        assert report.grad_norm_rel_error > TOLERANCES["fp32"].grad_norm_rel
+
+
+@pytest.mark.gpu
+@cuda
+def test_cuda_fp16_overflow_fails():
+    report = check_fidelity(Amplified(), Knobs(batch_size=8, precision="fp16"), torch.device("cuda"))
+    assert not report.ok and report.reason.startswith("non-finite loss under fp16")
