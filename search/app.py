@@ -34,6 +34,7 @@ from search.report import (console, pareto_table, shown_metrics, si, summary_lin
 from search.runner import COMPLETE, TrialRequest, TrialResult, run_isolated
 from search.space import SearchSpace, SpaceError, parse_space
 from search.study import SAMPLERS, StudyDriver, StudyOutcome, open_study
+from search.gpu_telemetry import energy_unavailable_reason
 from search.telemetry import contention, environment
 from search.tracking import Tracker
 from search.workloads import Workload
@@ -54,6 +55,11 @@ def load_space(cfg: Mapping[str, Any], device: torch.device) -> tuple[SearchSpac
                           f"{[c.text for c in space.constraints]}; loosen them or widen the ranges")
     _check_generic_knobs(space)
     _check_workload(space)
+    if any(o.metric == "energy_per_item_j" for o in space.objectives):
+        reason = energy_unavailable_reason(device)
+        if reason:
+            raise ConfigError(f"space '{space.name}': objective energy_per_item_j cannot be measured here ({reason}); "
+                              "remove it from objectives")
     return space, notes
 
 
@@ -212,6 +218,9 @@ def run(cfg_node: DictConfig) -> int:
     shared = contention(device)
     for warning in shared:
         out.print(f"[yellow]warning:[/] {warning}")
+    energy_note = energy_unavailable_reason(device)
+    if energy_note:
+        out.print(f"energy: not measured here ({energy_note}); no energy figure is reported", markup=False)
     print_fn = fingerprint(space, env)
     study_name = cfg["study"]["name"]
     out.print(f"device: [bold]{env['device_name']}[/] ({device}), torch {env['torch']}")
@@ -222,6 +231,7 @@ def run(cfg_node: DictConfig) -> int:
         params=_flatten({k: v for k, v in cfg.items() if k != "space"}) | _flatten(cfg["space"], "space."),
         tags={"space": space.name, "study": study_name, "workload_fingerprint": print_fn,
               "contention": "; ".join(shared) or "none seen",
+              "energy": f"not measured: {energy_note}" if energy_note else "measured (energy_per_item_j)",
               "command": redact(" ".join(["python -m search", *sys.argv[1:]])),
               **{f"env.{k}": v for k, v in env.items()}},
     )

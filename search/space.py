@@ -32,6 +32,7 @@ METRIC_DIRECTIONS: dict[str, str] = {
     "latency_p50_ms": "minimize",
     "latency_p95_ms": "minimize",
     "peak_memory_mb": "minimize",
+    "energy_per_item_j": "minimize",
 }
 """Metrics a space may name as objectives, with the direction that makes sense for each."""
 

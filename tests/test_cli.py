@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from search.cli import main
+from search.gpu_telemetry import CpuEnergyMonitor
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -89,3 +90,12 @@ def test_runs_dir_that_cannot_be_made_exits_2(tmp_path, capsys):
     assert main(["+space=llm", f"runs_dir={blocker / 'runs'}"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cannot write runs_dir" in err
+
+
+@pytest.mark.skipif(CpuEnergyMonitor().available, reason="this host's RAPL counters are readable")
+def test_energy_objective_where_energy_is_not_measurable_exits_2(tmp_path, capsys):
+    argv = ["+space=llm", "device=cpu", "+space.objectives.energy_per_item_j=minimize", f"runs_dir={tmp_path / 'r'}"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "energy_per_item_j cannot be measured here" in err
+    assert not (tmp_path / "r").exists()
