@@ -271,6 +271,8 @@ def _driver(cfg, space, study, print_fn, device, settings, tracker, env, out) ->
         tags = {"study": cfg["study"]["name"], "device": env["device_name"], "workload_fingerprint": print_fn}
         if result.measurement is not None:
             tags["stop_reason"] = result.measurement.stop_reason
+        if result.throttle_reasons:
+            tags["throttle_reasons"] = result.throttle_reasons
         return tracker.log_trial(record, result.duration_s, tags)
 
     def progress(record: TrialRecord, driver: StudyDriver) -> None:

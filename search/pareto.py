@@ -30,9 +30,10 @@ def pareto_mask(values: np.ndarray, directions: Sequence[str]) -> np.ndarray:
 
 
 def is_stable(metrics: Mapping[str, float], max_cv: float) -> bool:
-    """Stable, for now: the throughput CV across windows is at or below ``max_cv``."""
+    """Search-time stability: the throughput CV across windows is at or below ``max_cv`` and the
+    device reported no power or thermal throttling during the windows (where it reports it)."""
     cv = metrics.get("throughput_cv")
-    return cv is not None and cv <= max_cv
+    return cv is not None and cv <= max_cv and not metrics.get("throttled", 0.0)
 
 
 def meets_slo(metrics: Mapping[str, float], slo: Mapping[str, float]) -> bool:

@@ -97,9 +97,18 @@ def pool(results: Sequence[TrialResult], max_cv: float, confidence: float) -> Po
         "n_windows": float(sum(m.n_windows for m in measurements)),
         "n_steps": float(len(latencies)),
     }
+    energies = [r.telemetry.get("energy_per_item_j") for r in results]
+    if all(e is not None for e in energies):
+        e_mean = float(np.mean(energies))
+        e_half = float(stats.t.ppf(0.5 + confidence / 2, len(energies) - 1) * np.std(energies, ddof=1)
+                       / math.sqrt(len(energies))) if len(energies) > 1 else math.inf
+        metrics |= {"energy_per_item_j": e_mean, "energy_per_item_j_ci_high": e_mean + e_half}
+    throttled = [r.throttle_reasons for r in results if r.throttle_reasons]
     peaks = [r.peak_memory_mb for r in results if r.peak_memory_mb is not None]
     if peaks:
         metrics["peak_memory_mb"] = float(max(peaks))
+    if throttled:
+        return Pooled(metrics, False, f"the device throttled during a run ({throttled[0]})")
     if metrics["throughput_cv"] > max_cv:
         return Pooled(metrics, False, f"median within-run CV {metrics['throughput_cv']:.1%} above {max_cv:.0%}")
     if metrics["between_process_cv"] > max_cv:

@@ -18,10 +18,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+import numpy as np
 import torch
 from hydra.utils import instantiate
+from scipy import stats
 
 from search.fidelity import check_fidelity
+from search.gpu_telemetry import CpuEnergyMonitor, GpuMonitor
 from search.knobs import GENERIC_KNOBS, KnobError, Knobs, TrainStep
 from search.measure import Measurement, MeasureSettings, make_timer, measure
 from search.telemetry import MemoryProbe
@@ -51,6 +54,10 @@ class TrialResult:
     """One line: why the trial failed or is infeasible."""
     unit: str = "items"
     duration_s: float = 0.0
+    telemetry: Mapping[str, float] = field(default_factory=dict)
+    """Device readings over the timed windows (see ``telemetry_metrics``); empty where none exist."""
+    throttle_reasons: str = ""
+    """Clock-event reasons seen during the timed windows, comma-separated ('' when none)."""
     fidelity: Mapping[str, float] = field(default_factory=dict)
     """Relative errors against the fp32 single-lane reference (``fidelity_loss_rel_error``,
     ``fidelity_grad_norm_rel_error``); empty for the reference configuration itself."""
@@ -76,18 +83,25 @@ def run_trial(request: TrialRequest) -> TrialResult:
         _prime(device)
         probe = MemoryProbe(device)
         probe.start()
-        with TrainStep(workload, knobs, device, seed=request.seed) as step:
-            measurement = measure(step, step.items_per_step, request.measure, make_timer(device))
+        timer = _MonitoredTimer(make_timer(device), _energy_monitor(device))
+        try:
+            with TrainStep(workload, knobs, device, seed=request.seed) as step:
+                measurement = measure(step, step.items_per_step, request.measure, timer)
+        finally:
+            timer.close()
         peak_mb = probe.peak_mb()
+        timed = timer.windows[-measurement.n_windows:]
+        readings = telemetry_metrics(timed, step.items_per_step * measurement.steps_per_window,
+                                     request.measure.confidence)
+        throttles = ", ".join(sorted({r for w in timed for r in getattr(w, "throttle_reasons", ())}))
         # After the measurement and its memory reading: the check's own models must not count.
         report = check_fidelity(workload, knobs, device, seed=request.seed)
         errors = {"fidelity_loss_rel_error": report.loss_rel_error,
                   "fidelity_grad_norm_rel_error": report.grad_norm_rel_error} if _changes_numerics(knobs) else {}
         duration_s = time.perf_counter() - started
-        if not report.ok:
-            return TrialResult(INFEASIBLE, measurement, peak_mb, failure=f"fidelity: {report.reason}", unit=unit,
-                               duration_s=duration_s, fidelity=errors)
-        return TrialResult(COMPLETE, measurement, peak_mb, unit=unit, duration_s=duration_s, fidelity=errors)
+        state, failure = (COMPLETE, "") if report.ok else (INFEASIBLE, f"fidelity: {report.reason}")
+        return TrialResult(state, measurement, peak_mb, failure=failure, unit=unit, duration_s=duration_s,
+                           telemetry=readings, throttle_reasons=throttles, fidelity=errors)
     except KnobError as e:
         return TrialResult(INFEASIBLE, failure=str(e), unit=unit, duration_s=time.perf_counter() - started)
     except torch.OutOfMemoryError as e:
@@ -100,6 +114,72 @@ def run_trial(request: TrialRequest) -> TrialResult:
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+class _MonitoredTimer:
+    """A timer that also reads an energy/clock monitor over each window, inside the timer's
+    synchronisation points, so the monitor sees exactly the timed work."""
+
+    def __init__(self, timer, monitor):
+        self.timer, self.monitor, self.windows = timer, monitor, []
+
+    def now_s(self) -> float:
+        return self.timer.now_s()
+
+    def begin_window(self) -> None:
+        self.timer.begin_window()
+        if self.monitor is not None:
+            self.monitor.begin_window()
+
+    def mark_step(self) -> None:
+        self.timer.mark_step()
+
+    def end_window(self) -> list[float]:
+        durations = self.timer.end_window()
+        if self.monitor is not None:
+            self.windows.append(self.monitor.end_window())
+        return durations
+
+    def close(self) -> None:
+        if self.monitor is not None and hasattr(self.monitor, "close"):
+            self.monitor.close()
+
+
+def _energy_monitor(device: torch.device):
+    """NVML on CUDA, RAPL on a CPU; None where neither can read anything."""
+    monitor = GpuMonitor(device.index or 0) if device.type == "cuda" else CpuEnergyMonitor()
+    if monitor.available:
+        return monitor
+    if hasattr(monitor, "close"):
+        monitor.close()
+    return None
+
+
+def telemetry_metrics(windows, items_per_window: int, confidence: float) -> dict[str, float]:
+    """Energy per item (mean and upper interval bound over windows) and device readings.
+
+    Energy is reported only when every timed window has a reading: a window the counter did not
+    cover would bias the mean, and a zero would be invented.
+    """
+    if not windows:
+        return {}
+    out: dict[str, float] = {}
+    energies = [w.energy_j for w in windows]
+    if all(e is not None for e in energies):
+        per_item = np.array(energies) / items_per_window
+        mean = float(per_item.mean())
+        half = float(stats.t.ppf(0.5 + confidence / 2, len(per_item) - 1) * per_item.std(ddof=1)
+                     / np.sqrt(len(per_item))) if len(per_item) > 1 else 0.0
+        out |= {"energy_per_item_j": mean, "energy_per_item_j_ci_high": mean + half,
+                "mean_power_w": float(sum(energies) / sum(w.duration_s for w in windows))}
+    for key, reduce in (("sm_clock_mhz", np.mean), ("mem_clock_mhz", np.mean), ("gpu_util_pct", np.mean),
+                        ("temperature_c", np.max)):
+        values = [getattr(w, key, None) for w in windows]
+        if values and all(v is not None for v in values):
+            out[key] = float(reduce(values))
+    if any(hasattr(w, "throttled") for w in windows):
+        out["throttled"] = float(any(getattr(w, "throttled", False) for w in windows))
+    return out
 
 
 def _changes_numerics(knobs: Knobs) -> bool:

@@ -71,7 +71,7 @@ def metrics_of(result: TrialResult, confidence: float) -> dict[str, float]:
     }
     if result.peak_memory_mb is not None:
         metrics["peak_memory_mb"] = result.peak_memory_mb
-    return {**metrics, **result.fidelity}
+    return {**metrics, **result.telemetry, **result.fidelity}
 
 
 def suggest(trial: Trial, name: str, param: Param) -> Any:

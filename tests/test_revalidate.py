@@ -56,6 +56,12 @@ def test_a_noisy_run_or_a_failed_run_makes_the_candidate_unstable():
     assert not failed.stable and "oom" in failed.reason
 
 
+def test_a_run_that_throttled_makes_the_candidate_unstable():
+    throttled = TrialResult(COMPLETE, run(100.0).measurement, 100.0, throttle_reasons="sw_thermal")
+    pooled = pool([run(100.0), throttled, run(100.0)], 0.05, 0.95)
+    assert not pooled.stable and "throttled" in pooled.reason and "sw_thermal" in pooled.reason
+
+
 def test_every_candidate_is_measured_k_times_in_an_interleaved_order():
     candidates = [TrialRecord(n, {"batch_size": n}, COMPLETE, {}, True) for n in (1, 2, 3)]
     order = []
