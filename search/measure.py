@@ -164,6 +164,8 @@ class Summary:
     latency_p50_ms: float
     latency_p95_ms: float
     latency_mean_ms: float
+    outliers_mild: int
+    outliers_severe: int
 
     @property
     def rel_ci_halfwidth(self) -> float:
@@ -185,6 +187,10 @@ class Measurement:
         throughput_cv: sample standard deviation / mean of the window throughputs (fraction, not %).
         throughput_median: median window throughput, items/s.
         latency_p50_ms, latency_p95_ms, latency_mean_ms: over all timed steps, ms.
+        outliers_mild, outliers_severe: how many window throughputs lie outside Tukey's fences
+            (Criterion's classes, either side): mild more than 1.5 and at most 3 interquartile
+            ranges beyond the nearer quartile, severe more than 3. Counted, never dropped: every
+            statistic above uses all windows.
         n_windows: timed windows. n_steps: timed steps (n_windows * steps_per_window).
         steps_per_window: steps in every window, fixed from the warm-up step time.
         warmup_steps: untimed steps run first. warmup_s: how long they took, s (host clock).
@@ -202,6 +208,8 @@ class Measurement:
     latency_p50_ms: float
     latency_p95_ms: float
     latency_mean_ms: float
+    outliers_mild: int
+    outliers_severe: int
     n_windows: int
     n_steps: int
     steps_per_window: int
@@ -226,12 +234,27 @@ def summarize(window_throughputs: Sequence[float], step_latencies_ms: Sequence[f
     mean, low, high, std = _t_interval(window_throughputs, confidence)
     latencies_ms = np.asarray(step_latencies_ms, dtype=float)
     p50_ms, p95_ms = np.percentile(latencies_ms, [50, 95])
+    mild, severe = _tukey_outliers(window_throughputs)
     return Summary(
         throughput=mean, throughput_ci_low=low, throughput_ci_high=high,
         throughput_cv=std / mean, throughput_median=float(np.median(window_throughputs)),
         latency_p50_ms=float(p50_ms), latency_p95_ms=float(p95_ms),
-        latency_mean_ms=float(latencies_ms.mean()),
+        latency_mean_ms=float(latencies_ms.mean()), outliers_mild=mild, outliers_severe=severe,
     )
+
+
+def _tukey_outliers(samples: Sequence[float]) -> tuple[int, int]:
+    """(mild, severe) counts of ``samples`` outside Tukey's fences, classified as Criterion does.
+
+    Mild: more than 1.5 interquartile ranges beyond the nearer quartile, but at most 3; severe:
+    more than 3. Quartiles interpolate linearly between order statistics, as Criterion's do.
+    """
+    values = np.asarray(samples, dtype=float)
+    q1, q3 = np.percentile(values, [25, 75])
+    iqr = q3 - q1
+    beyond = np.maximum(q1 - values, values - q3)  # distance outside the quartiles; <= 0 inside
+    severe = int(np.count_nonzero(beyond > 3 * iqr))
+    return int(np.count_nonzero(beyond > 1.5 * iqr)) - severe, severe
 
 
 def _rel_halfwidth(mean: float, low: float, high: float) -> float:

@@ -66,6 +66,8 @@ def metrics_of(result: TrialResult, confidence: float) -> dict[str, float]:
         "n_windows": m.n_windows,
         "n_steps": m.n_steps,
         "steps_per_window": m.steps_per_window,
+        "outliers_mild": m.outliers_mild,
+        "outliers_severe": m.outliers_severe,
         "measure_time_s": m.elapsed_s,
         "trial_time_s": result.duration_s,
     }

@@ -269,3 +269,16 @@ def test_cuda_timer_times_a_matmul_loop():
     result = measure(lambda: work @ work, 2048, MeasureSettings(warmup_s=0.1, window_s=0.05,
                                                                max_time_s=5.0), timer)
     assert result.throughput > 0 and result.n_windows >= 5
+
+
+
+def test_outliers_are_counted_by_tukey_fences_and_kept_in_the_statistics():
+    from search.measure import summarize
+
+    clean = [100.0, 101.0, 99.0, 100.5, 99.5, 100.0, 100.2, 99.8]
+    summary = summarize(clean, [10.0] * 8, 0.95)
+    assert (summary.outliers_mild, summary.outliers_severe) == (0, 0)
+    # quartiles of clean + two extremes stay near 99.7..100.6 (IQR < 1): 103 is mild, 150 severe
+    with_outliers = summarize(clean + [103.0, 150.0], [10.0] * 10, 0.95)
+    assert (with_outliers.outliers_mild, with_outliers.outliers_severe) == (1, 1)
+    assert with_outliers.throughput == pytest.approx(sum(clean + [103.0, 150.0]) / 10)  # reported, not dropped
