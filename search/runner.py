@@ -127,9 +127,11 @@ class _MonitoredTimer:
         return self.timer.now_s()
 
     def begin_window(self) -> None:
-        self.timer.begin_window()
+        # The monitor first: its host-side work (NVML reads, a polling thread) must not fall inside
+        # the timed window. The device is idle here, as the previous window ended synchronised.
         if self.monitor is not None:
             self.monitor.begin_window()
+        self.timer.begin_window()
 
     def mark_step(self) -> None:
         self.timer.mark_step()
