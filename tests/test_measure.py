@@ -12,6 +12,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from scipy import stats
 
 from search.measure import (CpuTimer, CudaTimer, MeasureSettings, make_timer, measure,
                             summarize)
@@ -118,24 +119,127 @@ def test_warmup_runs_until_the_time_when_that_is_longer():
     assert result.elapsed_s == pytest.approx(result.warmup_s + result.n_steps * 0.010)
 
 
-def test_gaussian_noise_ci_covers_the_true_throughput():
-    # Steps of 10 +- 1.5 ms, 50 per window: each window's throughput varies by about 2 %, so the
-    # 3 % target stops most runs at 5 windows and some at 6-11, exercising the stopping rule.
-    # The true throughput is 100 items / 10 ms; the mean of 1/x over a 50-step sum is biased from
-    # it by only (2 %)^2 = 0.04 %, far inside the ~3 % half-width.  Over 2000 seeds this setting
-    # covers 94.8 %; 200 seeds give a binomial spread of about 1.5 %.
-    settings = MeasureSettings(warmup_s=0.0, window_s=0.5, target_rel_ci=0.03, max_time_s=100.0)
-    true_throughput = ITEMS_PER_STEP / 10e-3
-    covered = []
-    windows = set()
-    for seed in range(200):
-        result = run_gaussian(10.0, 1.5, settings, seed)
-        covered.append(result.throughput_ci_low <= true_throughput <= result.throughput_ci_high)
+# Interval coverage. The synthetic step times have a known distribution, so the expected value of
+# what the measurement estimates is known; the nominal 95% interval must cover it in 90-99% of
+# repetitions under the real protocol and stopping rule (issue 3 asks for 90-99%).
+#
+# The measurement's point estimate is the mean of the window throughputs, so the true value is the
+# *expected window throughput* E[items * n / S], S the sum of a window's n step times, for the n
+# that the warm-up chose. It differs from the long-run rate items / E[step time] by E[1/S] versus
+# 1 / E[S] (Jensen), about cv(S)^2: a property of the estimator, not an error of the interval.
+
+
+def expected_window_throughput(sum_mean_ms: float, sum_var_ms2: float, n_steps: int) -> float:
+    """E[items * n / S] for a window of ``n_steps`` whose total time S, ms, is Normal(m, v).
+
+    1/S expanded about m: E[1/S] = (1 + v/m^2 + 3 v^2/m^4 + ...) / m. Here v/m^2 < 5e-3, so the
+    terms left out (15 (v/m^2)^3 and smaller) are below 2e-6 of the value.
+    """
+    m, v = sum_mean_ms, sum_var_ms2
+    return ITEMS_PER_STEP * n_steps * 1e3 / m * (1 + v / m**2 + 3 * v**2 / m**4)
+
+
+def measure_steps(draw_ms, settings: MeasureSettings, seed: int):
+    """Measure a step whose duration, ms, ``draw_ms(rng, now_s)`` draws from the virtual time."""
+    clock = VirtualClock()
+    rng = np.random.default_rng(seed)
+    step = lambda: clock.step_for(round(draw_ms(rng, clock.ns / 1e9) * 1e6))  # noqa: E731
+    return measure(step, ITEMS_PER_STEP, settings, VirtualTimer(clock))
+
+
+def covers(result, true_throughput: float) -> bool:
+    return result.throughput_ci_low <= true_throughput <= result.throughput_ci_high
+
+
+COVERAGE_SETTINGS = MeasureSettings(warmup_s=0.0, window_s=0.5, target_rel_ci=0.03,
+                                    max_time_s=100.0)
+
+
+@pytest.mark.parametrize("window_s", [0.5, 0.1])
+def test_gaussian_noise_ci_covers_the_true_throughput(window_s):
+    # Steps of 10 +- 1.5 ms. 0.5 s windows hold about 50 steps and vary by about 2%, so the 3%
+    # target stops 40% of runs at 5 windows and 90% by 8; 0.1 s windows hold about 10 steps and
+    # vary by about 5%, so runs take 5-30 windows. Over 2000 seeds: 96.1% (0.5 s) and 95.5%
+    # (0.1 s); a plain t-interval and stop rule covered 94.7% and 92.2%.
+    settings = MeasureSettings(warmup_s=0.0, window_s=window_s, target_rel_ci=0.03,
+                               max_time_s=100.0)
+    covered, windows = [], set()
+    for seed in range(400):
+        result = measure_steps(lambda rng, now_s: rng.normal(10.0, 1.5), settings, seed)
+        n = result.steps_per_window
+        covered.append(covers(result, expected_window_throughput(10.0 * n, 1.5**2 * n, n)))
         windows.add(result.n_windows)
-        assert result.stop_reason == "target_ci"
-        assert result.rel_ci_halfwidth <= 0.03
-    assert 0.90 <= np.mean(covered) <= 0.99
-    assert min(windows) == 5 and max(windows) > 5
+        if result.stop_reason == "target_ci":
+            assert result.rel_ci_halfwidth <= 0.03
+    assert 0.90 <= np.mean(covered) <= 0.99, np.mean(covered)
+    assert max(windows) > min(windows) >= 5
+
+
+def test_heavy_tailed_steps_ci_covers_the_true_throughput():
+    # A step takes 10 ms, or 50 ms (a 5x stall) with probability 2%, plus 1.5 ms Gaussian jitter:
+    # a right-skewed, heavy-tailed step time such as garbage collection or a data-loader hiccup
+    # gives. Given the window's stall count K ~ Binomial(n, 0.02), S is Normal(10n + 40K, 1.5^2 n).
+    # Windows vary by about 8%, so most runs take 20-30 windows. Over 2000 seeds this covers 94.0%;
+    # a plain t-interval and stop rule covered 90.8%, at the edge, missing mostly runs that
+    # stopped early after seeing few stalls (see measure.py).
+    p_stall, covered, truths = 0.02, [], {}
+
+    def draw_ms(rng, now_s):
+        return (50.0 if rng.random() < p_stall else 10.0) + rng.normal(0.0, 1.5)
+
+    for seed in range(400):
+        result = measure_steps(draw_ms, COVERAGE_SETTINGS, seed)
+        n = result.steps_per_window  # 50, or 10 when the warm-up step that sets it stalled
+        if n not in truths:
+            stalls = np.arange(n + 1)
+            truths[n] = sum(stats.binom.pmf(k, n, p_stall)
+                            * expected_window_throughput(10.0 * n + 40.0 * k, 1.5**2 * n, n)
+                            for k in stalls)
+        covered.append(covers(result, truths[n]))
+    assert 0.90 <= np.mean(covered) <= 0.99, np.mean(covered)
+
+
+def test_slow_drift_ci_covers_the_mean_over_the_measured_period():
+    # The mean step time rises by 1% per second of virtual time (10 ms at the start, about 10.4 ms
+    # by the end of a typical run), with 1.5 ms Gaussian jitter. Throughput then has no single
+    # true value; what a measurement can vouch for is the period it measured. The true value is
+    # the mean, over the measured windows, of each window's expected throughput given its steps'
+    # mean times; the drift across a run (~3%) exceeds the interval's ~2.5% half-width.
+    # Drift counts as spread in the windows, so the interval is conservative here: over 2000
+    # seeds 97.7% (a plain t-interval: 96.5%).
+    drift_per_s = 0.01
+    covered = []
+    for seed in range(400):
+        step_means_ms: list[float] = []
+
+        def draw_ms(rng, now_s):
+            step_means_ms.append(10.0 * (1 + drift_per_s * now_s))
+            return step_means_ms[-1] + rng.normal(0.0, 1.5)
+
+        result = measure_steps(draw_ms, COVERAGE_SETTINGS, seed)
+        n = result.steps_per_window
+        timed_ms = np.reshape(step_means_ms[result.warmup_steps:], (result.n_windows, n))
+        truth = np.mean([expected_window_throughput(sum_ms, 1.5**2 * n, n)
+                         for sum_ms in timed_ms.sum(axis=1)])
+        covered.append(covers(result, truth))
+    assert 0.90 <= np.mean(covered) <= 0.99, np.mean(covered)
+
+
+def test_windows_that_agree_by_design_do_not_stop_while_their_steps_disagree():
+    # Steps alternate 5 and 15 ms, so every 50-step window sums to exactly 500 ms: the windows'
+    # interval has zero width from the start. The steps' own spread (cv 0.5) implies a relative
+    # half-width of t * 0.5 / sqrt(N) after N steps: 6.2% at 250, 3.03% at 1050, 2.96% at 1100.
+    # So the target holds at window 22, not 5. (This is the rule's price: a step pattern periodic
+    # by design is measured longer than it needs; the reported interval stays that of the windows.)
+    clock = VirtualClock()
+    step = lambda: clock.step_for(5_000_000 if clock.steps % 2 == 0 else 15_000_000)  # noqa: E731
+    settings = MeasureSettings(warmup_steps=4, warmup_s=0.0, window_s=0.5, target_rel_ci=0.03,
+                               max_time_s=100.0)
+    result = measure(step, ITEMS_PER_STEP, settings, VirtualTimer(clock))
+    assert result.steps_per_window == 50
+    assert result.stop_reason == "target_ci"
+    assert result.n_windows == 22
+    assert result.throughput_ci_low == result.throughput_ci_high == 10_000.0
 
 
 def test_high_noise_small_budget_stops_on_time_with_min_windows():
@@ -166,7 +270,8 @@ def test_max_windows_stops_a_noisy_measurement():
     assert result.n_windows == 7 == len(result.window_throughputs)
 
 
-def test_summarize_matches_textbook_t_interval():
+def test_summarize_matches_textbook_t_interval_for_symmetric_windows():
+    # Symmetric samples (skewness 0) get exactly the Student-t interval.
     throughputs = [98.0, 102.0, 100.0, 97.0, 103.0]
     summary = summarize(throughputs, [1.0, 2.0, 3.0, 4.0], confidence=0.95)
     # mean 100, sample std sqrt(6.5), t(0.975, 4) = 2.776445
@@ -179,6 +284,25 @@ def test_summarize_matches_textbook_t_interval():
     assert summary.latency_p50_ms == 2.5
     assert summary.latency_p95_ms == pytest.approx(3.85)
     assert summary.latency_mean_ms == 2.5
+
+
+def test_summarize_widens_the_interval_on_the_skewed_side():
+    # One slow window among steady ones: skewed to the left, so the low bound reaches further
+    # than the t-interval's, by Hall's transformation g of the studentized mean T: the low bound
+    # is where g(T) = t, with g(T) = T + sk T^2/(3 sqrt n) + sk^2 T^3/(27 n) + sk/(6 sqrt n).
+    throughputs = [100.0, 101.0, 99.0, 100.0, 100.5, 99.5, 90.0]
+    summary = summarize(throughputs, [1.0], confidence=0.95)
+    n, mean, sd = len(throughputs), np.mean(throughputs), np.std(throughputs, ddof=1)
+    se, t = sd / math.sqrt(n), stats.t.ppf(0.975, df=n - 1)
+    sk = stats.skew(throughputs, bias=False)
+    assert sk < -1
+    assert summary.throughput == mean
+    assert summary.throughput_ci_high == pytest.approx(mean + t * se, rel=1e-12)
+    assert summary.throughput_ci_low < mean - t * se
+    low_t = (mean - summary.throughput_ci_low) / se
+    root_n = math.sqrt(n)
+    g = low_t + sk * low_t**2 / (3 * root_n) + sk**2 * low_t**3 / (27 * n) + sk / (6 * root_n)
+    assert g == pytest.approx(t, rel=1e-9)
 
 
 def test_summarize_identical_windows_have_no_spread():
@@ -271,14 +395,52 @@ def test_cuda_timer_times_a_matmul_loop():
     assert result.throughput > 0 and result.n_windows >= 5
 
 
+# Outliers: window throughputs outside Tukey's fences, as Criterion classifies them: mild beyond
+# 1.5 interquartile ranges from the nearer quartile (numpy's linear quartiles, as Criterion's),
+# severe beyond 3. They are counted, and every statistic still uses all windows.
 
 def test_outliers_are_counted_by_tukey_fences_and_kept_in_the_statistics():
-    from search.measure import summarize
-
+    # Sorted, the quartiles fall at ranks 2.75 and 8.25: Q1 = 99, Q3 = 101 + 0.25 * 2 = 101.5,
+    # IQR = 2.5. Mild fences 95.25 and 105.25, severe 91.5 and 109: 94 and 106 are mild, 90 and
+    # 120 severe, both sides.
+    throughputs = [100.0, 120.0, 99.0, 101.0, 94.0, 100.0, 103.0, 90.0, 100.0, 106.0, 99.0, 101.0]
+    summary = summarize(throughputs, [10.0], 0.95)
+    assert (summary.outliers_mild, summary.outliers_severe) == (2, 2)
+    assert summary.throughput == pytest.approx(np.mean(throughputs), rel=1e-12)  # none dropped
+    # Eight steady windows and two extremes: quartiles 99.85 and 100.875, 103 mild, 150 severe.
     clean = [100.0, 101.0, 99.0, 100.5, 99.5, 100.0, 100.2, 99.8]
-    summary = summarize(clean, [10.0] * 8, 0.95)
-    assert (summary.outliers_mild, summary.outliers_severe) == (0, 0)
-    # quartiles of clean + two extremes stay near 99.7..100.6 (IQR < 1): 103 is mild, 150 severe
-    with_outliers = summarize(clean + [103.0, 150.0], [10.0] * 10, 0.95)
+    with_outliers = summarize(clean + [103.0, 150.0], [10.0], 0.95)
     assert (with_outliers.outliers_mild, with_outliers.outliers_severe) == (1, 1)
-    assert with_outliers.throughput == pytest.approx(sum(clean + [103.0, 150.0]) / 10)  # reported, not dropped
+    assert with_outliers.throughput == pytest.approx(np.mean(clean + [103.0, 150.0]), rel=1e-12)
+
+
+def test_a_value_on_a_fence_is_not_beyond_it():
+    # Q1 = 10, Q3 = 20, IQR = 10: 35 sits on the mild fence (inside), 50 on the severe fence (mild).
+    summary = summarize([10.0, 20.0, 10.0, 35.0, 20.0, 10.0, 50.0, 20.0, 10.0, 20.0], [1.0], 0.95)
+    assert (summary.outliers_mild, summary.outliers_severe) == (1, 0)
+
+
+@pytest.mark.parametrize("throughputs", [
+    [100.0, 101.0, 99.0, 100.5, 99.5, 100.0, 100.2, 99.8],
+    [123.456] * 5,
+    list(np.linspace(990.0, 1010.0, 25)),
+])
+def test_clean_windows_have_no_outliers(throughputs):
+    summary = summarize(throughputs, [1.0], 0.95)
+    assert (summary.outliers_mild, summary.outliers_severe) == (0, 0)
+
+
+def test_measure_reports_a_hiccup_window_as_a_severe_outlier_and_keeps_it():
+    # 10 ms steps, 50 per window, but one step of the third window takes 60 ms.
+    clock = VirtualClock()
+    hiccup_step = 2 + 2 * 50 + 7  # two warm-up steps, two windows, then the eighth step
+    step = lambda: clock.step_for(  # noqa: E731
+        60_000_000 if clock.steps == hiccup_step else 10_000_000)
+    settings = MeasureSettings(warmup_steps=2, warmup_s=0.0, window_s=0.5, max_time_s=100.0)
+    result = measure(step, ITEMS_PER_STEP, settings, VirtualTimer(clock))
+    slow = ITEMS_PER_STEP * 50 / 0.55
+    assert result.window_throughputs[2] == pytest.approx(slow, rel=1e-12)
+    assert (result.outliers_mild, result.outliers_severe) == (0, 1)
+    others = result.n_windows - 1
+    assert result.throughput == pytest.approx((slow + others * 10_000.0) / result.n_windows)
+    assert result.throughput_median == 10_000.0
