@@ -127,7 +127,7 @@ class StudyDriver:
         study.sampler = SAMPLERS[cfg["study"]["sampler"]](seed)
         self.rng = random.Random(seed)
         self.outcome = StudyOutcome(study.study_name)
-        self._reusable = {config_key(t.user_attrs["config"]): t for t in self._own_trials()
+        self._reusable = {config_key(t.user_attrs["config"]): t for t in own_trials(study, fingerprint, space)
                           if t.user_attrs["state"] in (COMPLETE, INFEASIBLE)}
         self.started_s = time.monotonic()
 
@@ -232,22 +232,8 @@ class StudyDriver:
 
     # -- reading back --------------------------------------------------------------------------
 
-    def _own_trials(self) -> list[FrozenTrial]:
-        """Finished measured trials that belong to this fingerprint and still lie in this space."""
-        trials = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
-        return [t for t in trials if t.user_attrs.get("fingerprint") == self.fingerprint
-                and "metrics" in t.user_attrs and self.space.contains(t.user_attrs["config"])]
-
     def history(self) -> list[TrialRecord]:
-        """Every measured (not reused) trial of this fingerprint within this space, oldest first.
-
-        Stability is judged now, with the current bound, from the stored figures.
-        """
-        return [TrialRecord(t.number, t.user_attrs["config"], t.user_attrs["state"], t.user_attrs["metrics"],
-                            t.user_attrs["state"] == COMPLETE and is_stable(t.user_attrs["metrics"], self.max_cv),
-                            t.user_attrs.get("failure", ""), t.user_attrs.get("mlflow_run_id"),
-                            t.user_attrs.get("unit", "items"))
-                for t in self._own_trials() if "reused_from" not in t.user_attrs]
+        return study_history(self.study, self.fingerprint, self.space, self.max_cv)
 
     def save_revalidation(self, number: int, pooled: Pooled) -> None:
         """Keep a candidate's re-validated figures in the study (trials cannot change once told)."""
@@ -255,10 +241,43 @@ class StudyDriver:
                                  {"metrics": dict(pooled.metrics), "stable": pooled.stable, "reason": pooled.reason})
 
     def revalidations(self) -> dict[int, Pooled]:
-        """Re-validated figures of this fingerprint's trials, by trial number."""
-        prefix = f"revalidated:{self.fingerprint}:"
-        return {int(key[len(prefix):]): Pooled(v["metrics"], v["stable"], v["reason"])
-                for key, v in self.study.user_attrs.items() if key.startswith(prefix)}
+        return study_revalidations(self.study, self.fingerprint)
 
     def elapsed_s(self) -> float:
         return time.monotonic() - self.started_s
+
+
+# -- reading a study back (also used by ``python -m search sync``) ---------------------------------
+
+SYNCED_RUN_PREFIX = "mlflow_run:"
+"""Study user attr ``mlflow_run:<trial number>``: the MLflow run of a trial logged after it finished
+(a trial cannot change once told, so ``sync`` records the run id on the study)."""
+
+
+def own_trials(study: optuna.Study, fingerprint: str, space: SearchSpace) -> list[FrozenTrial]:
+    """Finished measured trials that belong to ``fingerprint`` and still lie in ``space``."""
+    trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
+    return [t for t in trials if t.user_attrs.get("fingerprint") == fingerprint
+            and "metrics" in t.user_attrs and space.contains(t.user_attrs["config"])]
+
+
+def study_history(study: optuna.Study, fingerprint: str, space: SearchSpace, max_cv: float) -> list[TrialRecord]:
+    """Every measured (not reused) trial of ``fingerprint`` within ``space``, oldest first.
+
+    Stability is judged now, with the current bound, from the stored figures. ``run_id`` is the
+    MLflow child run, from the trial or, for a trial logged later by ``sync``, from the study.
+    """
+    synced = study.user_attrs
+    return [TrialRecord(t.number, t.user_attrs["config"], t.user_attrs["state"], t.user_attrs["metrics"],
+                        t.user_attrs["state"] == COMPLETE and is_stable(t.user_attrs["metrics"], max_cv),
+                        t.user_attrs.get("failure", ""),
+                        t.user_attrs.get("mlflow_run_id") or synced.get(f"{SYNCED_RUN_PREFIX}{t.number}"),
+                        t.user_attrs.get("unit", "items"))
+            for t in own_trials(study, fingerprint, space) if "reused_from" not in t.user_attrs]
+
+
+def study_revalidations(study: optuna.Study, fingerprint: str) -> dict[int, Pooled]:
+    """Re-validated figures of ``fingerprint``'s trials, by trial number."""
+    prefix = f"revalidated:{fingerprint}:"
+    return {int(key[len(prefix):]): Pooled(v["metrics"], v["stable"], v["reason"])
+            for key, v in study.user_attrs.items() if key.startswith(prefix)}
