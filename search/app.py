@@ -129,6 +129,10 @@ def check_settings(cfg: Mapping[str, Any]) -> MeasureSettings:
         raise ConfigError(f"revalidate.processes must be 0 (off) or at least 2, but got {processes!r}")
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         raise ConfigError(f"revalidate.max_candidates must be a positive integer, but got {limit!r}")
+    rate = study["max_failure_rate"]
+    if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not 0 <= rate <= 1:
+        raise ConfigError(f"study.max_failure_rate must be a fraction from 0 to 1, but got {rate!r}")
+    _check_runner(cfg["runner"], cfg["measure"]["max_time_s"])
     max_cv = cfg["stable"]["max_cv"]
     if not isinstance(max_cv, (int, float)) or isinstance(max_cv, bool) or max_cv <= 0:
         raise ConfigError(f"stable.max_cv must be a positive fraction, but got {max_cv!r}")
@@ -137,6 +141,17 @@ def check_settings(cfg: Mapping[str, Any]) -> MeasureSettings:
         return MeasureSettings(**cfg["measure"])
     except (TypeError, ValueError) as e:
         raise ConfigError(f"measure/slo: {e}") from None
+
+
+def _check_runner(runner: Mapping[str, Any], max_time_s: Any) -> None:
+    timeout, limit = runner["timeout_s"], runner["memory_limit_mb"]
+    if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0):
+        raise ConfigError(f"runner.timeout_s must be a positive number of seconds or null, but got {timeout!r}")
+    if timeout is not None and isinstance(max_time_s, (int, float)) and timeout <= max_time_s:
+        raise ConfigError(f"runner.timeout_s ({timeout:g} s) must exceed measure.max_time_s ({max_time_s:g} s), "
+                          "or every trial would time out; raise runner.timeout_s")
+    if limit is not None and (not isinstance(limit, (int, float)) or isinstance(limit, bool) or limit <= 0):
+        raise ConfigError(f"runner.memory_limit_mb must be a positive number of MB or null, but got {limit!r}")
 
 
 def fingerprint(space: SearchSpace, env: Mapping[str, str]) -> str:
@@ -241,6 +256,9 @@ def run(cfg_node: DictConfig) -> int:
         driver = _driver(cfg, space, study, print_fn, device, settings, tracker, env, out)
         outcome = driver.run()
         _finish(cfg, space, driver, outcome, tracker, env, out)
+        if outcome.failure_stop:
+            print(f"search: error: stopped early: {outcome.failure_stop}", file=sys.stderr)
+            return 1
         status = "FINISHED"
         return 0
     except KeyboardInterrupt:
@@ -264,8 +282,11 @@ def _driver(cfg, space, study, print_fn, device, settings, tracker, env, out) ->
     confidence = settings.confidence
     shown = shown_metrics([o.metric for o in space.objectives])
 
+    runner = cfg["runner"]
+
     def request(config: Mapping[str, Any]) -> TrialRequest:
-        return TrialRequest(space.workload, config, str(device), int(cfg["seed"]), settings)
+        return TrialRequest(space.workload, config, str(device), int(cfg["seed"]), settings,
+                            timeout_s=runner["timeout_s"], memory_limit_mb=runner["memory_limit_mb"])
 
     def log_trial(record: TrialRecord, result: TrialResult) -> str:
         tags = {"study": cfg["study"]["name"], "device": env["device_name"], "workload_fingerprint": print_fn}
@@ -273,6 +294,8 @@ def _driver(cfg, space, study, print_fn, device, settings, tracker, env, out) ->
             tags["stop_reason"] = result.measurement.stop_reason
         if result.throttle_reasons:
             tags["throttle_reasons"] = result.throttle_reasons
+        if record.state != COMPLETE and result.stderr_tail:
+            tags["stderr_tail"] = result.stderr_tail[-4000:]
         return tracker.log_trial(record, result.duration_s, tags)
 
     def progress(record: TrialRecord, driver: StudyDriver) -> None:

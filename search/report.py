@@ -17,7 +17,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from search.runner import COMPLETE
+from search.runner import COMPLETE, FAILED, FAULT_KINDS, INFEASIBLE, fault_kind
 from search.records import TrialRecord
 
 
@@ -72,14 +72,21 @@ def trial_line(record: TrialRecord, done: int, total: int, front_size: int, elap
 
 
 def summary_lines(outcome, history: Sequence[TrialRecord]) -> list[str]:
-    """How the invocation went: what was measured, rejected, reused, why it stopped."""
+    """How the invocation went: what was measured, rejected, reused or skipped, why it stopped, and
+    every fault by kind (oom, crash, timeout, error) with the trials it hit."""
     states = [r.state for r in outcome.records]
     counts = ", ".join(f"{states.count(s)} {s}" for s in sorted(set(states))) or "none"
     lines = [f"\nthis run: {len(outcome.records)} measured ({counts}); proposals that broke a constraint: "
-             f"{outcome.rejected}, that repeated an earlier measurement (reused, not re-run): {outcome.reused}; "
-             f"stopped by {outcome.stop_reason}. Study total: {len(history)} measured."]
-    failures = [r for r in outcome.records if r.state != COMPLETE]
-    lines += [f"  trial #{r.number} {r.state}: {r.failure}" for r in failures]
+             f"{outcome.rejected}, that repeated an earlier measurement (reused, not re-run): {outcome.reused}, "
+             f"certain to run out of memory (not run): {outcome.skipped_oom}; stopped by {outcome.stop_reason}. "
+             f"Study total: {len(history)} measured."]
+    failed = [r for r in outcome.records if r.state == FAILED]
+    if failed:
+        kinds = [fault_kind(r.failure) or "other" for r in failed]
+        lines.append("faults: " + ", ".join(f"{kinds.count(k)} {k}" for k in (*FAULT_KINDS, "other") if k in kinds))
+        lines += [f"  #{r.number} {r.failure}" for r in failed]
+    infeasible = [r for r in outcome.records if r.state == INFEASIBLE]
+    lines += [f"  #{r.number} infeasible: {r.failure}" for r in infeasible]
     unstable = sum(1 for r in history if r.state == COMPLETE and not r.stable)
     if unstable:
         lines.append(f"{unstable} measured configuration(s) were unstable (throughput CV above the bound) "

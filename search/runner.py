@@ -1,8 +1,9 @@
 """Run one trial: build the workload with its knobs on the device, measure it, classify faults.
 
-A trial's faults are data, not crashes: a knob the workload or device cannot run is ``infeasible``,
-running out of memory or raising is ``failed`` with a one-line reason. Nothing here knows Optuna
-or MLflow; the study hands in a ``TrialRequest`` and gets back a ``TrialResult``.
+A trial's faults are data, not crashes: a knob the workload or device cannot run is ``infeasible``;
+otherwise a fault is ``failed`` with a one-line reason that starts with its kind (``FAULT_KINDS``):
+``oom:``, ``crash:``, ``timeout:`` or ``error:``. Nothing here knows Optuna or MLflow; the study
+hands in a ``TrialRequest`` and gets back a ``TrialResult``.
 
 ``run_isolated`` runs each trial in a fresh process: peak memory is then the trial's own (a reused
 process keeps memory an earlier trial freed, and CPU figures read low or zero), global torch state
@@ -11,11 +12,18 @@ cannot leak between trials, and a worker that dies takes only its trial with it.
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import multiprocessing
+import os
+import re
 import signal
+import sys
+import tempfile
+import threading
 import time
-from dataclasses import dataclass, field
+import traceback
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 import numpy as np
@@ -27,9 +35,20 @@ from search.fidelity import check_fidelity
 from search.gpu_telemetry import CpuEnergyMonitor, GpuMonitor
 from search.knobs import GENERIC_KNOBS, KnobError, Knobs, TrainStep
 from search.measure import Measurement, MeasureSettings, make_timer, measure
-from search.telemetry import MemoryProbe
+from search.telemetry import MemoryProbe, rss_bytes
 
 COMPLETE, FAILED, INFEASIBLE = "complete", "failed", "infeasible"
+FAULT_KINDS = ("oom", "crash", "timeout", "error")
+"""What a failed trial's ``failure`` starts with (``oom: ...``)."""
+STDERR_TAIL_LINES = 20
+MEMORY_POLL_S = 0.02
+"""How often the CPU memory watchdog reads the worker's resident set (only with a memory limit)."""
+
+
+def fault_kind(failure: str) -> str:
+    """The kind of a failure line: one of ``FAULT_KINDS``, or '' for anything else."""
+    kind = failure.split(":", 1)[0]
+    return kind if kind in FAULT_KINDS else ""
 
 
 @dataclass(frozen=True)
@@ -41,6 +60,11 @@ class TrialRequest:
     device: str
     seed: int
     measure: MeasureSettings
+    timeout_s: float | None = None
+    """Wall-clock limit of the isolated worker (start-up, build, warm-up, windows, fidelity check)."""
+    memory_limit_mb: float | None = None
+    """Cap on the trial's peak memory (the ``peak_memory_mb`` figure): above it the trial is ``oom``.
+    CUDA: the allocator's per-process fraction; CPU: a watchdog on the resident set."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +85,8 @@ class TrialResult:
     fidelity: Mapping[str, float] = field(default_factory=dict)
     """Relative errors against the fp32 single-lane reference (``fidelity_loss_rel_error``,
     ``fidelity_grad_norm_rel_error``); empty for the reference configuration itself."""
+    stderr_tail: str = ""
+    """The last lines the isolated worker wrote to stderr (a traceback, a fault dump), for faults."""
 
 
 def split_config(config: Mapping[str, Any]) -> tuple[Knobs, dict[str, Any]]:
@@ -72,10 +98,17 @@ def split_config(config: Mapping[str, Any]) -> tuple[Knobs, dict[str, Any]]:
     return Knobs(**knob_values), settings
 
 
-def run_trial(request: TrialRequest) -> TrialResult:
+def run_trial(request: TrialRequest, on_memory_exceeded=None) -> TrialResult:
+    """Measure ``request`` in this process.
+
+    ``on_memory_exceeded(result)`` is called from a watchdog thread when the CPU resident set
+    crosses ``request.memory_limit_mb``; it must end the process (the isolated worker does). Without
+    it a trial over the limit is still ``oom``, judged from its peak once it ends.
+    """
     started = time.perf_counter()
     device = torch.device(request.device)
     unit = "items"
+    watchdog = None
     try:
         knobs, settings = split_config(request.config)
         workload = instantiate(dict(request.workload), _convert_="all", **settings)
@@ -83,6 +116,7 @@ def run_trial(request: TrialRequest) -> TrialResult:
         _prime(device)
         probe = MemoryProbe(device)
         probe.start()
+        watchdog = _limit_memory(device, request.memory_limit_mb, on_memory_exceeded, started)
         timer = _MonitoredTimer(make_timer(device), _energy_monitor(device))
         try:
             with TrainStep(workload, knobs, device, seed=request.seed) as step:
@@ -90,6 +124,10 @@ def run_trial(request: TrialRequest) -> TrialResult:
         finally:
             timer.close()
         peak_mb = probe.peak_mb()
+        if request.memory_limit_mb is not None and peak_mb is not None and peak_mb > request.memory_limit_mb:
+            return TrialResult(FAILED, peak_memory_mb=peak_mb, unit=unit, duration_s=time.perf_counter() - started,
+                               failure=f"oom: peak memory {peak_mb:.0f} MB is above runner.memory_limit_mb = "
+                                       f"{request.memory_limit_mb:g} MB")
         timed = timer.windows[-measurement.n_windows:]
         readings = telemetry_metrics(timed, step.items_per_step * measurement.steps_per_window,
                                      request.measure.confidence)
@@ -104,16 +142,71 @@ def run_trial(request: TrialRequest) -> TrialResult:
                            telemetry=readings, throttle_reasons=throttles, fidelity=errors)
     except KnobError as e:
         return TrialResult(INFEASIBLE, failure=str(e), unit=unit, duration_s=time.perf_counter() - started)
-    except torch.OutOfMemoryError as e:
-        return TrialResult(FAILED, failure=f"oom: {_first_line(e)}", unit=unit, duration_s=time.perf_counter() - started)
     except Exception as e:  # a fault of this configuration, not of the study
-        cause = _root_cause(e)
-        return TrialResult(FAILED, failure=f"error: {type(cause).__name__}: {_first_line(cause)}", unit=unit,
-                           duration_s=time.perf_counter() - started)
+        traceback.print_exc()  # into the worker's stderr: its tail is kept with the failure
+        return TrialResult(FAILED, failure=classify(e), unit=unit, duration_s=time.perf_counter() - started)
     finally:
+        if watchdog is not None:
+            watchdog.stop()
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+_CPU_OOM = re.compile(r"can't allocate memory|not enough memory|DefaultCPUAllocator", re.IGNORECASE)
+
+
+def classify(error: BaseException) -> str:
+    """The failure line of an exception raised by a trial: ``oom``, ``crash`` (the CUDA context is
+    lost: nothing after it in this process can be trusted) or ``error``."""
+    cause = _root_cause(error)
+    if isinstance(cause, (torch.OutOfMemoryError, MemoryError)) or \
+            (isinstance(cause, RuntimeError) and _CPU_OOM.search(str(cause))):
+        return f"oom: {_first_line(cause)}"
+    if isinstance(cause, torch.AcceleratorError) or str(cause).startswith("CUDA error"):
+        return f"crash: {_first_line(cause)}"
+    return f"error: {type(cause).__name__}: {_first_line(cause)}"
+
+
+def _limit_memory(device: torch.device, limit_mb: float | None, on_exceeded, started: float):
+    """Enforce ``limit_mb`` on what the trial adds above the current memory: on CUDA through the
+    allocator (a real ``OutOfMemoryError``), on a CPU through a watchdog thread."""
+    if limit_mb is None:
+        return None
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        fraction = (torch.cuda.memory_allocated(device) + limit_mb * 1e6) / total
+        torch.cuda.set_per_process_memory_fraction(min(fraction, 1.0), device)
+        return None
+    if on_exceeded is None:
+        return None
+    return _MemoryWatchdog(limit_mb, on_exceeded, started)
+
+
+class _MemoryWatchdog:
+    """Polls this process's resident set; over ``baseline + limit`` it hands ``on_exceeded`` an
+    ``oom`` result. Polling can miss a spike shorter than ``MEMORY_POLL_S``: the trial's peak is
+    checked against the limit again when it ends."""
+
+    def __init__(self, limit_mb: float, on_exceeded, started: float):
+        self.limit_mb, self.on_exceeded, self.started = limit_mb, on_exceeded, started
+        self.baseline_bytes = rss_bytes() or 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="memory-watchdog", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(MEMORY_POLL_S):
+            used_mb = ((rss_bytes() or 0) - self.baseline_bytes) / 1e6
+            if used_mb > self.limit_mb:
+                self.on_exceeded(TrialResult(
+                    FAILED, peak_memory_mb=used_mb, duration_s=time.perf_counter() - self.started,
+                    failure=f"oom: host memory {used_mb:.0f} MB is above runner.memory_limit_mb = {self.limit_mb:g} MB"))
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 class _MonitoredTimer:
@@ -210,11 +303,17 @@ def _first_line(error: BaseException) -> str:
 
 
 def run_isolated(request: TrialRequest) -> TrialResult:
-    """``run_trial`` in a fresh spawned process; a worker that dies is a ``failed`` crash."""
+    """``run_trial`` in a fresh spawned process, in a process group of its own.
+
+    A worker that dies is a ``crash`` (with its signal or exit code and the tail of its stderr); one
+    still running after ``request.timeout_s`` is a ``timeout``, killed with every process it started.
+    """
     started = time.perf_counter()
     context = multiprocessing.get_context("spawn")  # fork would inherit the parent's CUDA and thread state
     receive, send = context.Pipe(duplex=False)
-    worker = context.Process(target=_worker, args=(request, send), daemon=True)
+    fd, stderr_path = tempfile.mkstemp(prefix="search-trial-", suffix=".stderr")
+    os.close(fd)
+    worker = context.Process(target=_worker, args=(request, send, stderr_path), daemon=True)
     # The worker inherits an ignored SIGINT: Ctrl-C reaches the study, which ends the worker itself.
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
@@ -223,29 +322,91 @@ def run_isolated(request: TrialRequest) -> TrialResult:
         signal.signal(signal.SIGINT, previous)
     send.close()
     try:
-        return receive.recv()
+        if not receive.poll(request.timeout_s):
+            _kill_group(worker)
+            return TrialResult(FAILED, duration_s=time.perf_counter() - started, stderr_tail=_tail(stderr_path),
+                               failure=f"timeout: still running after runner.timeout_s = {request.timeout_s:g} s; "
+                                       "killed with the processes it started")
+        result = receive.recv()
+        return replace(result, stderr_tail=_tail(stderr_path)) if result.state == FAILED else result
     except EOFError:  # the worker died before it could answer
+        _kill_group(worker)  # what it started dies with it; its exit status is already fixed
         worker.join()
-        return TrialResult(FAILED, failure=f"crash: worker {_exit_text(worker.exitcode)}",
-                           duration_s=time.perf_counter() - started)
+        tail = _tail(stderr_path)
+        said = _headline(tail)
+        return TrialResult(FAILED, failure=f"crash: worker {_exit_text(worker.exitcode)}" + (f"; stderr: {said}" if said else ""),
+                           stderr_tail=tail, duration_s=time.perf_counter() - started)
     except BaseException:
-        worker.kill()
+        _kill_group(worker)
         raise
     finally:
         receive.close()
+        _kill_group(worker)  # leftovers of a finished trial (its own helper processes)
         worker.join(timeout=5)
-        if worker.is_alive():
+        if worker.exitcode is None:
             worker.kill()
             worker.join()
+        os.unlink(stderr_path)
 
 
-def _worker(request: TrialRequest, send) -> None:
-    send.send(run_trial(request))
+def _kill_group(worker) -> None:
+    """SIGKILL the worker's process group. Call before ``join``: an unreaped worker keeps its pid,
+    so the group id cannot have been reused by an unrelated process."""
+    try:
+        os.killpg(worker.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):  # no group yet (not started, or before setpgid)
+        if worker.exitcode is None:
+            worker.kill()
+
+
+def _tail(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(f.tell() - 64_000, 0))
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    # faulthandler's list of loaded extension modules is one very long line that says nothing here
+    lines = [line.rstrip() for line in text.splitlines() if line.strip() and not line.startswith("Extension modules:")]
+    return "\n".join(lines[-STDERR_TAIL_LINES:])
+
+
+def _headline(tail: str) -> str:
+    """One line from a dead worker's stderr: a fatal error with the innermost frame (faulthandler's
+    dump), else the last line."""
+    lines = tail.splitlines()
+    fatal = next((i for i, line in enumerate(lines) if line.startswith("Fatal Python error")), None)
+    if fatal is None:
+        return lines[-1][:300] if lines else ""
+    current = next((i for i in range(fatal, len(lines)) if lines[i].startswith("Current thread")), fatal)
+    frame = next((line.strip() for line in lines[current:] if line.strip().startswith("File ")), "")
+    return f"{lines[fatal]}" + (f" ({frame})" if frame else "")
+
+
+def _worker(request: TrialRequest, send, stderr_path: str) -> None:
+    os.setpgid(0, 0)  # a group of its own: a timeout kills whatever the workload started, too
+    with open(stderr_path, "ab", buffering=0) as log:
+        os.dup2(log.fileno(), 2)  # C and Python output alike
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    faulthandler.enable()  # a segfault or abort leaves a Python traceback in that tail
+    lock, sent = threading.Lock(), []
+
+    def answer(result: TrialResult, then_exit: bool = False) -> None:
+        with lock:
+            if not sent:
+                send.send(result)
+                sent.append(True)
+            if then_exit:
+                os._exit(0)
+
+    answer(run_trial(request, on_memory_exceeded=lambda result: answer(result, then_exit=True)))
     send.close()
 
 
 def _exit_text(exitcode: int | None) -> str:
     if exitcode is not None and exitcode < 0:
-        return f"killed by signal {signal.Signals(-exitcode).name}"
+        name = signal.Signals(-exitcode).name
+        hint = " (often the kernel's out-of-memory killer)" if name == "SIGKILL" else ""
+        return f"killed by signal {name}{hint}"
     return f"exited with code {exitcode}"
-

@@ -122,6 +122,19 @@ class SearchSpace:
     params: Mapping[str, Param]
     constraints: tuple[Constraint, ...]
     objectives: tuple[Objective, ...]
+    memory_grows_with: tuple[str, ...] = ()
+    """Numeric knobs the workload's memory need never shrinks with, the other knobs held fixed:
+    after an out-of-memory trial, every configuration at or above it on these knobs is skipped."""
+
+    def certain_oom(self, config: Mapping[str, Any], ran_out: Mapping[str, Any]) -> bool:
+        """Whether ``config`` needs at least the memory of ``ran_out``, a configuration that ran out.
+
+        Only with ``memory_grows_with``: every other knob equal, and each of those at or above.
+        """
+        if not self.memory_grows_with or set(config) != set(ran_out):
+            return False
+        return all(config[k] >= ran_out[k] if k in self.memory_grows_with else config[k] == ran_out[k]
+                   for k in config)
 
     @property
     def searched(self) -> dict[str, Param]:
@@ -207,9 +220,10 @@ def parse_space(name: str, raw: Mapping[str, Any]) -> SearchSpace:
     where = f"space '{name}'"
     if not isinstance(raw, Mapping):
         raise SpaceError(f"{where}: expected a mapping with workload, params and objectives, but got {raw!r}")
-    unknown = set(raw) - {"name", "description", "workload", "params", "constraints", "objectives"}
+    unknown = set(raw) - {"name", "description", "workload", "params", "constraints", "objectives", "memory_grows_with"}
     if unknown:
-        raise SpaceError(f"{where}: unknown top-level key(s) {sorted(unknown)}; allowed: workload, params, constraints, objectives, description")
+        raise SpaceError(f"{where}: unknown top-level key(s) {sorted(unknown)}; allowed: workload, params, "
+                         "constraints, objectives, memory_grows_with, description")
     workload = raw.get("workload")
     if not isinstance(workload, Mapping) or not isinstance(workload.get("_target_"), str):
         raise SpaceError(f"{where}: workload._target_ must name the workload class (e.g. search.workloads.GPT)")
@@ -219,7 +233,20 @@ def parse_space(name: str, raw: Mapping[str, Any]) -> SearchSpace:
     params = {str(k): _parse_param(f"{where}: params.{k}", v) for k, v in params_raw.items()}
     constraints = tuple(_parse_constraint(f"{where}: constraints", c, params) for c in raw.get("constraints") or [])
     objectives = _parse_objectives(where, raw.get("objectives"))
-    return SearchSpace(name, dict(workload), params, constraints, objectives)
+    grows = _parse_memory_grows_with(where, raw.get("memory_grows_with"), params)
+    return SearchSpace(name, dict(workload), params, constraints, objectives, grows)
+
+
+def _parse_memory_grows_with(where: str, raw: Any, params: Mapping[str, Param]) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, (list, tuple)) or not all(isinstance(k, str) for k in raw):
+        raise SpaceError(f"{where}: memory_grows_with must be a list of knob names, but got {raw!r}")
+    for name in raw:
+        if not isinstance(params.get(name), (IntParam, FloatParam)):
+            raise SpaceError(f"{where}: memory_grows_with names {name!r}, which is not an int or float knob in "
+                             f"params ({', '.join(k for k, p in params.items() if isinstance(p, (IntParam, FloatParam)))})")
+    return tuple(raw)
 
 
 def _parse_param(where: str, spec: Any) -> Param:

@@ -3,11 +3,15 @@
 Every proposal passes two guards before anything runs:
 - a configuration that breaks a space constraint is told to Optuna as PRUNED (never run);
 - a configuration already measured in this study (same knobs, same fingerprint of workload,
-  device and torch) is told the earlier outcome again instead of being measured again; only
-  complete and infeasible outcomes are reused, a failure is tried again.
-Neither counts against ``study.n_trials``. After either, a uniformly drawn feasible configuration
+  device and torch) is told the earlier outcome again instead of being measured again; complete
+  and infeasible outcomes are reused, a failure only within the invocation that saw it (the next
+  invocation tries it again: crashes and timeouts can be transient);
+- a configuration certain to run out of memory (the space's ``memory_grows_with`` knobs at or above
+  those of a configuration that ran out, the other knobs equal) is told PRUNED with the reason.
+None of these counts against ``study.n_trials``. After any, a uniformly drawn feasible configuration
 that has not been measured yet is queued next, so a sampler that keeps proposing the same point
-cannot stall the study. Optuna is imported only here.
+cannot stall the study. A study whose measured trials fail more often than
+``study.max_failure_rate`` stops early. Optuna is imported only here.
 """
 
 from __future__ import annotations
@@ -25,11 +29,13 @@ from search.config import ConfigError, redact
 from search.pareto import is_stable
 from search.records import TrialRecord
 from search.revalidate import CONSERVATIVE, Pooled, conservative_metrics
-from search.runner import COMPLETE, FAILED, INFEASIBLE, TrialRequest, TrialResult, run_isolated
+from search.runner import COMPLETE, FAILED, INFEASIBLE, TrialRequest, TrialResult, fault_kind, run_isolated
 from search.space import CategoricalParam, FixedParam, FloatParam, IntParam, Param, SearchSpace
 
 MAX_REPEATS = 50
 """Consecutive proposals that are infeasible or already measured before the space counts as exhausted."""
+MIN_TRIALS_FOR_FAILURE_RATE = 5
+"""Measured trials in this invocation before ``study.max_failure_rate`` is applied."""
 
 SAMPLERS: dict[str, Callable[[int], optuna.samplers.BaseSampler]] = {
     # Multivariate: independent TPE cannot learn joint rules such as micro <= batch (see README).
@@ -47,7 +53,11 @@ class StudyOutcome:
     """Trials measured in this invocation."""
     rejected: int = 0
     reused: int = 0
+    skipped_oom: int = 0
+    """Proposals not run because an earlier configuration at or below them ran out of memory."""
     stop_reason: str = "n_trials"
+    failure_stop: str = ""
+    """Why the study stopped for too many failures ('' when it did not)."""
 
 
 def metrics_of(result: TrialResult, confidence: float) -> dict[str, float]:
@@ -127,8 +137,13 @@ class StudyDriver:
         study.sampler = SAMPLERS[cfg["study"]["sampler"]](seed)
         self.rng = random.Random(seed)
         self.outcome = StudyOutcome(study.study_name)
-        self._reusable = {config_key(t.user_attrs["config"]): t for t in own_trials(study, fingerprint, space)
+        own = own_trials(study, fingerprint, space)
+        self._reusable = {config_key(t.user_attrs["config"]): t for t in own
                           if t.user_attrs["state"] in (COMPLETE, INFEASIBLE)}
+        self.memory_limit_mb = cfg["runner"]["memory_limit_mb"]
+        self.max_failure_rate = float(cfg["study"]["max_failure_rate"])
+        self._ran_out = [t for t in own if self._applies(t)]
+        """Trials that ran out of memory under a limit at least as tight as this invocation's."""
         self.started_s = time.monotonic()
 
     # -- the loop ------------------------------------------------------------------------------
@@ -163,7 +178,34 @@ class StudyDriver:
                     break
             else:
                 repeats = 0
+                if self._too_many_failures():
+                    break
         return self.outcome
+
+    def _too_many_failures(self) -> bool:
+        records = self.outcome.records
+        failed = [r for r in records if r.state == FAILED]
+        if len(records) < MIN_TRIALS_FOR_FAILURE_RATE or len(failed) <= self.max_failure_rate * len(records):
+            return False
+        kinds = [fault_kind(r.failure) or "other" for r in failed]
+        common = max(set(kinds), key=kinds.count)
+        example = next(r for r, k in zip(failed, kinds) if k == common)
+        self.outcome.stop_reason = "failure rate"
+        self.outcome.failure_stop = (
+            f"{len(failed)} of {len(records)} trials failed ({len(failed) / len(records):.0%}, above "
+            f"study.max_failure_rate = {self.max_failure_rate:g}); most often {common}, e.g. trial "
+            f"#{example.number}: {example.failure}. Fix the workload or space, or raise study.max_failure_rate")
+        return True
+
+    def _applies(self, trial: FrozenTrial) -> bool:
+        """An OOM trial whose limit was at least this invocation's (None: the whole device)."""
+        if trial.user_attrs["state"] != FAILED or fault_kind(trial.user_attrs.get("failure", "")) != "oom":
+            return False
+        theirs, ours = trial.user_attrs.get("memory_limit_mb"), self.memory_limit_mb
+        return ours is not None and (theirs is None or ours <= theirs) or (ours is None and theirs is None)
+
+    def _certain_oom(self, config: Mapping[str, Any]) -> FrozenTrial | None:
+        return next((t for t in self._ran_out if self.space.certain_oom(config, t.user_attrs["config"])), None)
 
     def _settle(self, trial: Trial) -> bool:
         """Tell ``trial``; True when it was settled without a measurement."""
@@ -174,6 +216,16 @@ class StudyDriver:
             trial.set_user_attr("failure", f"violates {'; '.join(broken)}")
             self.study.tell(trial, state=TrialState.PRUNED)
             self.outcome.rejected += 1
+            return True
+        ran_out = self._certain_oom(config)
+        if ran_out is not None:
+            grows = ", ".join(f"{k}={ran_out.user_attrs['config'][k]}" for k in self.space.memory_grows_with)
+            trial.set_user_attr("config", config)
+            trial.set_user_attr("state", INFEASIBLE)
+            trial.set_user_attr("failure", f"not run: certain to run out of memory, as trial #{ran_out.number} "
+                                           f"({grows}, the other knobs equal) did")
+            self.study.tell(trial, state=TrialState.PRUNED)
+            self.outcome.skipped_oom += 1
             return True
         earlier = self._reusable.get(config_key(config))
         if earlier is not None:
@@ -197,7 +249,7 @@ class StudyDriver:
         """Queue a uniformly drawn feasible configuration not measured yet; False if none is left."""
         feasible = self.space.feasible_configs()
         if feasible is not None:
-            fresh = [c for c in feasible if config_key(c) not in self._reusable]
+            fresh = [c for c in feasible if config_key(c) not in self._reusable and self._certain_oom(c) is None]
             choice = self.rng.choice(fresh) if fresh else None
         else:
             choice = self.space.random_feasible(self.rng)
@@ -219,14 +271,18 @@ class StudyDriver:
         record = replace(record, run_id=self.log_trial(record, result))
         for key, value in (("config", config), ("fingerprint", self.fingerprint), ("state", state),
                            ("failure", failure), ("metrics", metrics), ("mlflow_run_id", record.run_id),
-                           ("unit", result.unit)):
+                           ("unit", result.unit), ("memory_limit_mb", self.memory_limit_mb)):
             trial.set_user_attr(key, value)
+        if state == FAILED and result.stderr_tail:
+            trial.set_user_attr("stderr_tail", result.stderr_tail[-4000:])
         if state == COMPLETE:
             frozen = self.study.tell(trial, values)
         else:
             frozen = self.study.tell(trial, state=TrialState.FAIL)
-        if state in (COMPLETE, INFEASIBLE):
-            self._reusable[config_key(config)] = frozen
+        # A failure is not measured again in this invocation (a later one tries it again).
+        self._reusable[config_key(config)] = frozen
+        if self._applies(frozen):
+            self._ran_out.append(frozen)
         self.outcome.records.append(record)
         self.progress(record, self)
 

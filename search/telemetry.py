@@ -26,6 +26,12 @@ def _status_kb(field: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def rss_bytes() -> int | None:
+    """This process's resident set now (Linux), or None where it cannot be read."""
+    kb = _status_kb("VmRSS")
+    return None if kb is None else kb * 1024
+
+
 class MemoryProbe:
     """Peak memory a piece of work adds, in MB (10^6 bytes).
 

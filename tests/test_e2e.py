@@ -42,11 +42,11 @@ def runs_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("runs")
 
 
-def search(*args: str, runs_dir: Path, pythonpath: str = "") -> subprocess.CompletedProcess:
+def search(*args: str, runs_dir: Path, pythonpath: str = "", exit_code: int = 0) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (pythonpath, str(REPO)) if p)}
     result = subprocess.run([sys.executable, "-m", "search", *args, f"runs_dir={runs_dir}"], cwd=REPO, env=env,
                             capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    assert result.returncode == exit_code, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
     return result
 
 
@@ -175,3 +175,49 @@ def test_ctrl_c_marks_the_trial_failed_and_the_parent_killed(runs_dir):
     client, parents, children = runs_of(runs_dir, "interrupted")
     assert [p.info.status for p in parents] == ["KILLED"]
     assert children and all(c.info.status == "FINISHED" for c in children)
+
+
+# tests/faults.py's workload, one configuration per fault (tests/fault_space/space/faults.yaml)
+FAULTS = ["--config-dir", str(REPO / "tests" / "fault_space"), "+space=faults", "device=cpu", "preset=cpu",
+          "measure.warmup_s=0.1", "measure.window_s=0.05", "measure.min_windows=3", "measure.max_time_s=1",
+          "revalidate.processes=0", "runner.timeout_s=6", "runner.memory_limit_mb=300"]
+EXPECTED_KIND = {"none": "complete", "oom": "oom", "segv": "crash", "abort": "crash", "exit": "crash",
+                 "error": "error", "hang": "timeout", "hostmem": "oom"}
+
+
+def test_a_study_over_every_fault_finishes_and_records_each_kind(runs_dir):
+    result = search(*FAULTS, "study.n_trials=8", "study.max_failure_rate=1", "study.sampler=random",
+                    runs_dir=runs_dir, pythonpath=str(REPO / "tests"))
+    study = optuna.load_study(study_name="faults-cpu", storage=f"sqlite:///{runs_dir}/optuna.db")
+    trials = {t.user_attrs["config"]["fault"]: t for t in measured(study)}
+    assert set(trials) == set(EXPECTED_KIND), "every fault was tried once"
+    for fault, kind in EXPECTED_KIND.items():
+        attrs = trials[fault].user_attrs
+        got = "complete" if attrs["state"] == "complete" else attrs["failure"].split(":")[0]
+        assert got == kind, f"{fault}: {attrs['state']} {attrs.get('failure')}"
+    assert "faults: 2 oom, 3 crash, 1 timeout, 1 error" in result.stdout
+    for fault in EXPECTED_KIND:
+        if fault != "none":
+            assert f"#{trials[fault].number} {trials[fault].user_attrs['failure']}" in result.stdout
+    assert "giving up with exit code 3" in trials["exit"].user_attrs["stderr_tail"]
+    assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+
+    _, parents, children = runs_of(runs_dir, "faults")
+    assert [p.info.status for p in parents] == ["FINISHED"]
+    by_fault = {c.data.params["fault"]: c for c in children}
+    assert by_fault["segv"].data.tags["failure"].startswith("crash: worker killed by signal SIGSEGV")
+    assert by_fault["segv"].info.status == "FAILED" and by_fault["none"].data.tags["state"] == "complete"
+    assert "Segmentation fault" in by_fault["segv"].data.tags["stderr_tail"]
+
+
+def test_a_study_that_only_fails_stops_with_a_clear_message(runs_dir):
+    result = search(*FAULTS, "study.name=only-fails", "tracking.experiment=only-fails", "study.n_trials=8",
+                    "space.params.fault.choices=[error,exit,oom,segv,abort,hang]", "study.max_failure_rate=0.5",
+                    runs_dir=runs_dir, pythonpath=str(REPO / "tests"), exit_code=1)
+    assert "stopped by failure rate" in result.stdout
+    err = result.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("search: error: stopped early: 5 of 5 trials failed (100%, above "
+                                               "study.max_failure_rate = 0.5)"), result.stderr
+    assert "raise study.max_failure_rate" in err[0]
+    _, parents, children = runs_of(runs_dir, "only-fails")
+    assert [p.info.status for p in parents] == ["FAILED"] and len(children) == 5

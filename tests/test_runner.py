@@ -1,9 +1,10 @@
-"""One trial in, one typed result out: complete, infeasible, failed (error, oom, crash)."""
+"""One trial in, one typed result out: complete, infeasible, failed (oom, crash, timeout, error)."""
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 import torch
@@ -13,7 +14,8 @@ from search.measure import MeasureSettings
 from types import SimpleNamespace
 
 from search.gpu_telemetry import CpuEnergyMonitor
-from search.runner import COMPLETE, FAILED, INFEASIBLE, TrialRequest, run_isolated, run_trial, telemetry_metrics
+from search.runner import (COMPLETE, FAILED, INFEASIBLE, TrialRequest, classify, fault_kind, run_isolated, run_trial,
+                           telemetry_metrics)
 from search.workloads import Workload
 
 QUICK = MeasureSettings(warmup_steps=1, warmup_s=0.0, window_s=0.01, min_windows=2, max_windows=3, max_time_s=0.5)
@@ -138,7 +140,92 @@ def test_out_of_memory_is_a_failed_trial_marked_oom():
 
 def test_isolated_worker_that_segfaults_is_a_crash_and_the_caller_survives():
     result = run_isolated(request(target(Segfaults)))
-    assert result.state == FAILED and result.failure == "crash: worker killed by signal SIGSEGV"
+    assert result.state == FAILED and result.failure.startswith("crash: worker killed by signal SIGSEGV; stderr: ")
+    # faulthandler's dump names the fault and the frame that caused it
+    assert "Segmentation fault" in result.failure and "in build_model" in result.failure
+    assert "Extension modules" not in result.stderr_tail and "build_model" in result.stderr_tail
+
+
+FAULTY = {"_target_": "faults.Faulty"}  # tests/faults.py; tests/ is on sys.path under pytest
+
+
+def faulty(fault: str, **kwargs) -> TrialRequest:
+    return TrialRequest(FAULTY | {k: v for k, v in kwargs.items() if k == "pid_file"}, {"batch_size": 4, "fault": fault},
+                        "cpu", 0, QUICK, timeout_s=kwargs.get("timeout_s", 60), memory_limit_mb=kwargs.get("memory_limit_mb"))
+
+
+def test_worker_that_exits_is_a_crash_with_its_code_and_last_stderr_line():
+    result = run_isolated(faulty("exit"))
+    assert result.failure == "crash: worker exited with code 3; stderr: faults: giving up with exit code 3"
+
+
+def test_worker_that_aborts_is_a_crash_with_the_signal():
+    result = run_isolated(faulty("abort"))
+    assert result.failure.startswith("crash: worker killed by signal SIGABRT") and "Aborted" in result.failure
+
+
+def test_exception_keeps_its_traceback_in_the_stderr_tail():
+    result = run_isolated(faulty("error"))
+    assert result.failure == "error: ValueError: injected: the batch has the wrong shape"
+    assert "Traceback" in result.stderr_tail and "faults.py" in result.stderr_tail
+
+
+def test_hung_trial_is_a_timeout_and_its_process_group_dies_with_it(tmp_path):
+    pid_file = tmp_path / "child.pid"
+    started = time.monotonic()
+    result = run_isolated(faulty("hang", pid_file=str(pid_file), timeout_s=8))
+    assert 8 <= time.monotonic() - started < 20
+    assert result.state == FAILED and fault_kind(result.failure) == "timeout", result.failure
+    assert "runner.timeout_s = 8 s" in result.failure
+    child = int(pid_file.read_text())  # the hung workload's own child process, started before the hang
+    for _ in range(50):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(child, signal.SIGKILL)
+        pytest.fail("the workload's child process outlived the timeout")
+
+
+def test_host_memory_above_the_limit_is_oom_and_stops_the_trial_early():
+    started = time.monotonic()
+    result = run_isolated(faulty("hostmem", memory_limit_mb=200))
+    assert result.state == FAILED and result.failure.startswith("oom: host memory "), result.failure
+    assert "above runner.memory_limit_mb = 200 MB" in result.failure
+    assert 200 < result.peak_memory_mb < 1000  # stopped within a few 50 MB steps, not at 20 GB
+    assert time.monotonic() - started < 30
+
+
+def test_peak_above_the_limit_is_oom_even_where_no_watchdog_saw_it():
+    # in-process: no watchdog, the peak is checked when the trial ends (about 68 MB here)
+    result = run_trial(TrialRequest(target(Layers), {"batch_size": 4}, "cpu", 0, QUICK, memory_limit_mb=10))
+    assert result.state == FAILED and result.failure.startswith("oom: peak memory ")
+    assert result.peak_memory_mb > 10
+    assert run_trial(TrialRequest(target(Layers), {"batch_size": 4}, "cpu", 0, QUICK, memory_limit_mb=5000)).state == COMPLETE
+
+
+@pytest.mark.parametrize("error, kind", [
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"), "oom"),
+    (RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you tried "
+                  "to allocate 800000000000 bytes"), "oom"),
+    (MemoryError(), "oom"),
+    (RuntimeError("CUDA error: an illegal memory access was encountered"), "crash"),
+    (torch.AcceleratorError("CUDA error: device-side assert triggered"), "crash"),
+    (ValueError("bad shape"), "error"),
+])
+def test_exceptions_are_classified_by_what_they_mean(error, kind):
+    assert fault_kind(classify(error)) == kind
+
+
+def test_a_real_cpu_allocation_failure_is_oom():
+    try:
+        torch.empty(2**62, dtype=torch.uint8)
+    except RuntimeError as e:
+        assert classify(e).startswith("oom: ")
+    else:
+        pytest.fail("allocating 4 EiB succeeded")
 
 
 def test_isolated_trials_each_report_their_own_peak_memory():

@@ -19,18 +19,20 @@ WORKLOAD = {"_target_": "search.workloads.GPT", "vocab_size": 64, "seq_len": 16,
             "n_heads": 2}
 
 
-def make_space(micro_choices=(1, 2), constraints=()):
+def make_space(micro_choices=(1, 2), constraints=(), **extra):
     return parse_space("t", {
         "workload": WORKLOAD,
         "params": {"batch_size": 4, "micro_batch_size": {"type": "categorical", "choices": list(micro_choices)}},
         "constraints": list(constraints),
         "objectives": {"throughput": "maximize"},
+        **extra,
     })
 
 
-def cfg(n_trials=1, max_cv=0.05):
-    return {"study": {"n_trials": n_trials, "timeout_s": None, "sampler": "random"}, "seed": 0,
-            "stable": {"max_cv": max_cv}, "measure": {"confidence": 0.95}}
+def cfg(n_trials=1, max_cv=0.05, memory_limit_mb=None):
+    return {"study": {"n_trials": n_trials, "timeout_s": None, "sampler": "random", "max_failure_rate": 0.8},
+            "seed": 0, "stable": {"max_cv": max_cv}, "measure": {"confidence": 0.95},
+            "runner": {"timeout_s": 60, "memory_limit_mb": memory_limit_mb}}
 
 
 def stored(study, micro, *, state="complete", cv=0.02, fingerprint=FINGERPRINT, **attrs):
@@ -122,3 +124,51 @@ def test_open_study_refuses_other_objectives(tmp_path):
     with pytest.raises(ConfigError, match="choose a new study.name"):
         open_study("s", storage, make_space())
     assert open_study("fresh", storage, make_space()).metric_names == ["throughput_ci_low"]
+
+
+def grows_space():
+    return parse_space("t", {
+        "workload": WORKLOAD,
+        "params": {"batch_size": 4, "micro_batch_size": {"type": "int", "low": 1, "high": 4, "pow2": True}},
+        "constraints": [], "objectives": {"throughput": "maximize"},
+        "memory_grows_with": ["micro_batch_size"],
+    })
+
+
+def stored_oom(study, micro, limit_mb):
+    study.add_trial(create_trial(
+        params={"micro_batch_size": micro}, distributions={"micro_batch_size": CategoricalDistribution([1, 2, 4])},
+        state=TrialState.FAIL,
+        user_attrs={"config": {"batch_size": 4, "micro_batch_size": micro}, "fingerprint": FINGERPRINT,
+                    "state": "failed", "failure": "oom: CUDA out of memory", "metrics": {}, "unit": "tokens",
+                    "memory_limit_mb": limit_mb},
+    ))
+
+
+def test_configurations_at_or_above_an_oom_are_not_run():
+    study = new_study()
+    stored_oom(study, 2, limit_mb=None)  # micro 2 ran out: 4 needs at least as much, 1 may fit
+    measured = []
+    outcome = driver(study, grows_space(), cfg(n_trials=3), measured).run()
+    # micro 1 is measured; then nothing is left that is not certain to run out
+    assert measured == [{"batch_size": 4, "micro_batch_size": 1}] and outcome.stop_reason == "exhausted"
+    skipped = [t for t in study.trials if t.state == TrialState.PRUNED]
+    assert outcome.skipped_oom == len(skipped) >= 1
+    assert {t.user_attrs["config"]["micro_batch_size"] for t in skipped} <= {2, 4}
+    assert all("certain to run out of memory, as trial #0 (micro_batch_size=2" in t.user_attrs["failure"]
+               for t in skipped)
+
+
+def test_an_oom_says_nothing_below_it_nor_under_a_looser_limit():
+    space = grows_space()
+    study = new_study()
+    stored_oom(study, 2, limit_mb=100)
+    d = driver(study, space, cfg(memory_limit_mb=50))
+    assert d._certain_oom({"batch_size": 4, "micro_batch_size": 4}) is not None  # tighter limit, bigger config
+    assert d._certain_oom({"batch_size": 4, "micro_batch_size": 1}) is None  # smaller config
+    for looser in (None, 200):  # an OOM under 100 MB says nothing about a device or a 200 MB limit
+        assert driver(study, space, cfg(memory_limit_mb=looser))._certain_oom(
+            {"batch_size": 4, "micro_batch_size": 4}) is None
+    # without memory_grows_with the space makes no such claim
+    assert driver(study, make_space(micro_choices=(1, 2, 4)), cfg(memory_limit_mb=50))._certain_oom(
+        {"batch_size": 4, "micro_batch_size": 4}) is None

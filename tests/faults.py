@@ -1,0 +1,62 @@
+"""A workload that misbehaves on request, the way real ones do: the fault-injection tests run it
+in real trials and real studies (``_target_: faults.Faulty``, with ``tests/`` on the path)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import torch
+from torch import nn
+
+from search.workloads import Workload
+
+FAULTS = ("none", "oom", "segv", "abort", "exit", "error", "hang", "hostmem")
+
+
+class Faulty(Workload):
+    """A small linear model; ``fault`` picks what goes wrong while the model is built.
+
+    ``hang`` also starts a child process that would outlive its parent, and writes the child's pid
+    to ``pid_file``, so a test can check that a timeout kills the whole process group.
+    """
+
+    def __init__(self, fault: str = "none", pid_file: str | None = None):
+        if fault not in FAULTS:
+            raise ValueError(f"fault must be one of {FAULTS}, but got {fault!r}")
+        self.fault, self.pid_file = fault, pid_file
+
+    def build_model(self):
+        fault = self.fault
+        if fault == "oom":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (injected)")
+        if fault == "segv":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if fault == "abort":
+            os.abort()
+        if fault == "exit":
+            print("faults: giving up with exit code 3", file=sys.stderr, flush=True)
+            os._exit(3)
+        if fault == "error":
+            raise ValueError("injected: the batch has the wrong shape")
+        if fault == "hang":
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+            if self.pid_file:
+                with open(self.pid_file, "w") as f:
+                    f.write(str(child.pid))
+            time.sleep(3600)
+        if fault == "hostmem":
+            hog = []
+            for _ in range(400):  # up to 20 GB in 50 MB steps, touched so it is resident
+                hog.append(torch.ones(12_500_000))
+            raise AssertionError("the memory limit never stopped this trial")
+        return nn.Linear(64, 64)
+
+    def make_batch(self, size, generator):
+        return torch.randn(size, 64, generator=generator)
+
+    def loss(self, model, batch):
+        return model(batch).square().mean()
