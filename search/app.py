@@ -33,8 +33,9 @@ from search.report import (console, pareto_table, shown_metrics, si, summary_lin
                            write_csv, write_plot)
 from search.runner import COMPLETE, TrialRequest, TrialResult, run_isolated
 from search.space import SearchSpace, SpaceError, parse_space
-from search.study import SAMPLERS, StudyDriver, StudyOutcome, open_study
+from search.study import SAMPLERS, StudyDriver, StudyOutcome, open_study, with_retries
 from search.gpu_telemetry import energy_unavailable_reason
+from search.liveness import Heartbeat, Recovery, owner, stale_runs
 from search.telemetry import contention, environment
 from search.tracking import Tracker
 from search.workloads import Workload
@@ -129,6 +130,9 @@ def check_settings(cfg: Mapping[str, Any]) -> MeasureSettings:
         raise ConfigError(f"revalidate.processes must be 0 (off) or at least 2, but got {processes!r}")
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         raise ConfigError(f"revalidate.max_candidates must be a positive integer, but got {limit!r}")
+    heartbeat = study["heartbeat_s"]
+    if not isinstance(heartbeat, int) or isinstance(heartbeat, bool) or heartbeat < 1:
+        raise ConfigError(f"study.heartbeat_s must be a positive integer number of seconds, but got {heartbeat!r}")
     rate = study["max_failure_rate"]
     if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not 0 <= rate <= 1:
         raise ConfigError(f"study.max_failure_rate must be a fraction from 0 to 1, but got {rate!r}")
@@ -186,19 +190,22 @@ def _quiet_libraries() -> None:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    # Heartbeats are kept by search.liveness for ask-and-tell, which Optuna does not expect.
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
-def _open_stores(cfg: Mapping[str, Any], space: SearchSpace):
+def _open_stores(cfg: Mapping[str, Any], space: SearchSpace, recovery: Recovery | None = None):
     """The Optuna study and the MLflow tracker; on failure, remove the runs_dir made for them."""
     runs_dir = Path(cfg["runs_dir"])
     created = not runs_dir.exists()
     try:
         runs_dir.mkdir(parents=True, exist_ok=True)
-        study = open_study(cfg["study"]["name"], cfg["study"]["storage"], space)
+        study = open_study(cfg["study"]["name"], cfg["study"]["storage"], space, recovery)
         try:
-            tracker = Tracker(cfg["tracking"]["uri"], cfg["tracking"]["experiment"], runs_dir / "mlartifacts")
+            tracker = with_retries(lambda: Tracker(cfg["tracking"]["uri"], cfg["tracking"]["experiment"],
+                                                   runs_dir / "mlartifacts"))
         except Exception as e:
             raise ConfigError(f"cannot open tracking.uri {redact(cfg['tracking']['uri'])!r}: "
                               f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
@@ -227,7 +234,8 @@ def run(cfg_node: DictConfig) -> int:
     out = console()
     for note in notes:
         out.print(f"[yellow]note:[/] {note}")
-    study, tracker = _open_stores(cfg, space)
+    recovery = Recovery(int(cfg["study"]["heartbeat_s"]))
+    study, tracker = _open_stores(cfg, space, recovery)
 
     env = {**environment(device), **_versions()}
     shared = contention(device)
@@ -248,12 +256,17 @@ def run(cfg_node: DictConfig) -> int:
               "contention": "; ".join(shared) or "none seen",
               "energy": f"not measured: {energy_note}" if energy_note else "measured (energy_per_item_j)",
               "command": redact(" ".join(["python -m search", *sys.argv[1:]])),
+              **{k: str(v) for k, v in owner().items()},
               **{f"env.{k}": v for k, v in env.items()}},
     )
     status = "FAILED"
+    heartbeat = Heartbeat(recovery.heartbeat_s, study._storage, lambda tags: tracker.set_tags(tracker.parent_id, tags))
     try:
+        recovery.check(study)
+        for note in [*recovery.notes, *_recover_runs(tracker, study_name, recovery.grace_s)]:
+            out.print(f"recovered: {note}", markup=False)
         tracker.client.log_text(tracker.parent_id, yaml.safe_dump(_redacted(cfg), sort_keys=False), "config.yaml")
-        driver = _driver(cfg, space, study, print_fn, device, settings, tracker, env, out)
+        driver = _driver(cfg, space, study, print_fn, device, settings, tracker, env, out, recovery, heartbeat)
         outcome = driver.run()
         _finish(cfg, space, driver, outcome, tracker, env, out)
         if outcome.failure_stop:
@@ -266,7 +279,23 @@ def run(cfg_node: DictConfig) -> int:
         out.print("[red]interrupted[/]: the trial in progress is marked failed; re-run the same command to resume")
         return 130
     finally:
+        heartbeat.close()
         tracker.end_parent(status)
+
+
+def _recover_runs(tracker: Tracker, study_name: str, grace_s: float) -> list[str]:
+    """End KILLED the MLflow runs of ``study_name`` that a stopped process left RUNNING."""
+    runs = tracker.client.search_runs([tracker.experiment_id], max_results=10_000,
+                                      filter_string=f"attributes.status = 'RUNNING' and tags.study = '{study_name}'")
+    parents = {r.info.run_id for r in stale_runs([r for r in runs if "mlflow.parentRunId" not in r.data.tags], grace_s)}
+    notes = []
+    for run in runs:
+        parent = run.data.tags.get("mlflow.parentRunId")
+        if run.info.run_id in parents or parent in parents:
+            tracker.set_tags(run.info.run_id, {"failure": "crash: left running by a process that stopped"})
+            tracker.client.set_terminated(run.info.run_id, status="KILLED")
+            notes.append(f"MLflow run {run.info.run_name or run.info.run_id} was left running: ended KILLED")
+    return notes
 
 
 def _redacted(tree: Any) -> Any:
@@ -277,7 +306,8 @@ def _redacted(tree: Any) -> Any:
     return redact(tree) if isinstance(tree, str) else tree
 
 
-def _driver(cfg, space, study, print_fn, device, settings, tracker, env, out) -> StudyDriver:
+def _driver(cfg, space, study, print_fn, device, settings, tracker, env, out, recovery=None,
+            heartbeat=None) -> StudyDriver:
     knob_names = list(space.searched)
     confidence = settings.confidence
     shown = shown_metrics([o.metric for o in space.objectives])
@@ -303,7 +333,7 @@ def _driver(cfg, space, study, print_fn, device, settings, tracker, env, out) ->
         out.print(trial_line(record, len(driver.outcome.records), int(cfg["study"]["n_trials"]), len(front),
                              driver.elapsed_s(), knob_names, confidence, shown), markup=False)
 
-    return StudyDriver(cfg, space, study, print_fn, request, log_trial, progress)
+    return StudyDriver(cfg, space, study, print_fn, request, log_trial, progress, recovery, heartbeat)
 
 
 def stable_front(records: list[TrialRecord], space: SearchSpace) -> list[TrialRecord]:
@@ -384,7 +414,7 @@ def _finish(cfg, space: SearchSpace, driver: StudyDriver, outcome: StudyOutcome,
         tracker.set_tags(tracker.parent_id, {"best_trial": str(best.number)})
         tracker.log_metrics(tracker.parent_id, {f"best_{k}": v for k, v in best.metrics.items()})
 
-    for line in summary_lines(outcome, history):
+    for line in summary_lines(outcome, history, driver.recovery.notes if driver.recovery else ()):
         out.print(line, markup=False)
     if front:
         processes = int(cfg["revalidate"]["processes"])

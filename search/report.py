@@ -71,15 +71,17 @@ def trial_line(record: TrialRecord, done: int, total: int, front_size: int, elap
     return f"{head}{body} | front {front_size} | {_clock(elapsed_s)} elapsed, ETA {_clock(eta_s)}"
 
 
-def summary_lines(outcome, history: Sequence[TrialRecord]) -> list[str]:
+def summary_lines(outcome, history: Sequence[TrialRecord], recovered: Sequence[str] = ()) -> list[str]:
     """How the invocation went: what was measured, rejected, reused or skipped, why it stopped, and
     every fault by kind (oom, crash, timeout, error) with the trials it hit."""
     states = [r.state for r in outcome.records]
     counts = ", ".join(f"{states.count(s)} {s}" for s in sorted(set(states))) or "none"
     lines = [f"\nthis run: {len(outcome.records)} measured ({counts}); proposals that broke a constraint: "
              f"{outcome.rejected}, that repeated an earlier measurement (reused, not re-run): {outcome.reused}, "
-             f"certain to run out of memory (not run): {outcome.skipped_oom}; stopped by {outcome.stop_reason}. "
-             f"Study total: {len(history)} measured."]
+             f"certain to run out of memory (not run): {outcome.skipped_oom}"
+             + (f", measured by another process at the time: {outcome.in_flight}" if outcome.in_flight else "")
+             + f"; stopped by {outcome.stop_reason}. Study total: {len(history)} measured."]
+    lines += [f"recovered: {note}" for note in recovered]
     failed = [r for r in outcome.records if r.state == FAILED]
     if failed:
         kinds = [fault_kind(r.failure) or "other" for r in failed]

@@ -12,6 +12,7 @@ cannot leak between trials, and a worker that dies takes only its trial with it.
 
 from __future__ import annotations
 
+import ctypes
 import faulthandler
 import gc
 import multiprocessing
@@ -41,6 +42,7 @@ COMPLETE, FAILED, INFEASIBLE = "complete", "failed", "infeasible"
 FAULT_KINDS = ("oom", "crash", "timeout", "error")
 """What a failed trial's ``failure`` starts with (``oom: ...``)."""
 STDERR_TAIL_LINES = 20
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 MEMORY_POLL_S = 0.02
 """How often the CPU memory watchdog reads the worker's resident set (only with a memory limit)."""
 
@@ -384,7 +386,20 @@ def _headline(tail: str) -> str:
     return f"{lines[fatal]}" + (f" ({frame})" if frame else "")
 
 
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this worker when the study process dies, even by ``kill -9``; a hung trial
+    would otherwise hold its device forever."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return  # not Linux: the worker ends when it next writes to the study
+    parent = multiprocessing.parent_process()
+    if parent is not None and os.getppid() != parent.pid:  # the study died before prctl took effect
+        os._exit(1)
+
+
 def _worker(request: TrialRequest, send, stderr_path: str) -> None:
+    _die_with_parent()
     os.setpgid(0, 0)  # a group of its own: a timeout kills whatever the workload started, too
     with open(stderr_path, "ab", buffering=0) as log:
         os.dup2(log.fileno(), 2)  # C and Python output alike

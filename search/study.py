@@ -26,6 +26,7 @@ import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from search.config import ConfigError, redact
+from search.liveness import Heartbeat, Recovery, owner
 from search.pareto import is_stable
 from search.records import TrialRecord
 from search.revalidate import CONSERVATIVE, Pooled, conservative_metrics
@@ -55,6 +56,8 @@ class StudyOutcome:
     reused: int = 0
     skipped_oom: int = 0
     """Proposals not run because an earlier configuration at or below them ran out of memory."""
+    in_flight: int = 0
+    """Proposals not run because another process was measuring the same configuration."""
     stop_reason: str = "n_trials"
     failure_stop: str = ""
     """Why the study stopped for too many failures ('' when it did not)."""
@@ -103,12 +106,34 @@ def config_key(config: Mapping[str, Any]) -> str:
     return json.dumps(dict(config), sort_keys=True, default=str)
 
 
-def open_study(name: str, storage: str, space: SearchSpace) -> optuna.Study:
-    """Create or load the study; a storage that cannot be opened or other objectives are bad input."""
+OPEN_ATTEMPTS = 4
+
+
+def with_retries(open_store: Callable[[], Any]) -> Any:
+    """``open_store()``, tried again after a short pause if it fails: processes started together on
+    a new sqlite file race to create its tables, and all but one see an error the first time."""
+    for attempt in range(OPEN_ATTEMPTS):
+        try:
+            return open_store()
+        except Exception:
+            if attempt == OPEN_ATTEMPTS - 1:
+                raise
+            time.sleep(0.5 * (attempt + 1) + random.random() * 0.5)
+
+
+def open_study(name: str, storage: str, space: SearchSpace, recovery: Recovery | None = None) -> optuna.Study:
+    """Create or load the study; a storage that cannot be opened or other objectives are bad input.
+
+    With ``recovery``, the storage keeps heartbeats of running trials (see ``search.liveness``).
+    """
     directions = [o.direction for o in space.objectives]
     metrics = [CONSERVATIVE[o.metric] for o in space.objectives]  # what Optuna ranks: see README
+    def create() -> optuna.Study:
+        backend = recovery.storage(storage) if recovery is not None else storage
+        return optuna.create_study(study_name=name, storage=backend, directions=directions, load_if_exists=True)
+
     try:
-        study = optuna.create_study(study_name=name, storage=storage, directions=directions, load_if_exists=True)
+        study = with_retries(create)
     except Exception as e:  # sqlalchemy, driver and connection errors alike: all about the URL
         raise ConfigError(f"cannot open study.storage {redact(storage)!r}: {type(e).__name__}: "
                           f"{str(e).splitlines()[0] if str(e) else ''}") from None
@@ -127,15 +152,15 @@ class StudyDriver:
     def __init__(self, cfg: Mapping[str, Any], space: SearchSpace, study: optuna.Study, fingerprint: str,
                  request: Callable[[Mapping[str, Any]], TrialRequest],
                  log_trial: Callable[[TrialRecord, TrialResult], str],
-                 progress: Callable[[TrialRecord, "StudyDriver"], None]):
+                 progress: Callable[[TrialRecord, "StudyDriver"], None],
+                 recovery: Recovery | None = None, heartbeat: Heartbeat | None = None):
         self.cfg, self.space, self.study, self.fingerprint = cfg, space, study, fingerprint
         self.request, self.log_trial, self.progress = request, log_trial, progress
+        self.recovery, self.heartbeat = recovery, heartbeat
         self.max_cv = float(cfg["stable"]["max_cv"])
         self.confidence = float(cfg["measure"]["confidence"])
         # Offset the seed by the trials already stored, so a resumed study does not replay its start.
-        seed = int(cfg["seed"]) + len(study.trials)
-        study.sampler = SAMPLERS[cfg["study"]["sampler"]](seed)
-        self.rng = random.Random(seed)
+        self._reseed(len(study.trials))
         self.outcome = StudyOutcome(study.study_name)
         own = own_trials(study, fingerprint, space)
         self._reusable = {config_key(t.user_attrs["config"]): t for t in own
@@ -158,8 +183,12 @@ class StudyDriver:
             if repeats >= MAX_REPEATS:
                 self.outcome.stop_reason = "exhausted"
                 break
+            if self.recovery is not None:
+                self.recovery.check(self.study)
+            self._refresh()
             trial = self.study.ask()
             try:
+                self._claim(trial)
                 settled = self._settle(trial)
             except BaseException as e:
                 # Whatever went wrong, the trial must not stay RUNNING in the storage.
@@ -171,6 +200,9 @@ class StudyDriver:
                 except optuna.exceptions.UpdateFinishedTrialError:
                     pass  # it was told before the error came
                 raise
+            finally:
+                if self.heartbeat is not None:
+                    self.heartbeat.track(None)
             if settled:
                 repeats += 1
                 if not self._queue_unmeasured():
@@ -181,6 +213,37 @@ class StudyDriver:
                 if self._too_many_failures():
                     break
         return self.outcome
+
+    def _claim(self, trial: Trial) -> None:
+        """Mark ``trial`` as this process's before anything else, so that no other process takes it
+        for stale (heartbeat first: a trial with neither counts as stale after the grace period)."""
+        if self.heartbeat is not None:
+            self.heartbeat.track(trial._trial_id)
+        trial.set_user_attr("owner", owner())
+        trial.set_user_attr("fingerprint", self.fingerprint)
+
+    def _refresh(self) -> None:
+        """Outcomes other processes stored since the last look: reused, and learned from."""
+        for t in own_trials(self.study, self.fingerprint, self.space):
+            key = config_key(t.user_attrs["config"])
+            if t.user_attrs["state"] in (COMPLETE, INFEASIBLE) and key not in self._reusable:
+                self._reusable[key] = t
+            if self._applies(t) and all(r.number != t.number for r in self._ran_out):
+                self._ran_out.append(t)
+
+    def _in_flight(self, trial: Trial) -> FrozenTrial | None:
+        """An earlier trial, still running, of the same configuration and fingerprint (another
+        process's). Each process stores its parameters before it looks, so of two such trials the
+        later one always sees the earlier, and exactly one of them is measured."""
+        params = trial.params
+        return next((t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                     if t.number < trial.number and t.params == params
+                     and t.user_attrs.get("fingerprint") == self.fingerprint), None)
+
+    def _reseed(self, offset: int) -> None:
+        seed = int(self.cfg["seed"]) + offset
+        self.study.sampler = SAMPLERS[self.cfg["study"]["sampler"]](seed)
+        self.rng = random.Random(seed)
 
     def _too_many_failures(self) -> bool:
         records = self.outcome.records
@@ -232,6 +295,16 @@ class StudyDriver:
             self._reuse(trial, earlier)
             self.outcome.reused += 1
             return True
+        running = self._in_flight(trial)
+        if running is not None:
+            trial.set_user_attr("config", config)
+            trial.set_user_attr("state", INFEASIBLE)
+            trial.set_user_attr("failure", f"not run: trial #{running.number} of another process is measuring "
+                                           "this configuration")
+            self.study.tell(trial, state=TrialState.PRUNED)
+            self.outcome.in_flight += 1
+            self._reseed(trial.number)  # out of step with the other process's sampler, which made the same choice
+            return True
         self._measure(trial, config)
         return False
 
@@ -249,7 +322,9 @@ class StudyDriver:
         """Queue a uniformly drawn feasible configuration not measured yet; False if none is left."""
         feasible = self.space.feasible_configs()
         if feasible is not None:
-            fresh = [c for c in feasible if config_key(c) not in self._reusable and self._certain_oom(c) is None]
+            running = [t.params for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
+            fresh = [c for c in feasible if config_key(c) not in self._reusable and self._certain_oom(c) is None
+                     and {k: c[k] for k in self.space.searched} not in running]
             choice = self.rng.choice(fresh) if fresh else None
         else:
             choice = self.space.random_feasible(self.rng)

@@ -20,8 +20,8 @@ FAULTS = ("none", "oom", "segv", "abort", "exit", "error", "hang", "hostmem")
 class Faulty(Workload):
     """A small linear model; ``fault`` picks what goes wrong while the model is built.
 
-    ``hang`` also starts a child process that would outlive its parent, and writes the child's pid
-    to ``pid_file``, so a test can check that a timeout kills the whole process group.
+    ``hang`` also starts a child process that would outlive its parent, and writes the worker's
+    and the child's pid to ``pid_file``, so a test can check what a timeout or a kill ends.
     """
 
     def __init__(self, fault: str = "none", pid_file: str | None = None):
@@ -46,7 +46,7 @@ class Faulty(Workload):
             child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
             if self.pid_file:
                 with open(self.pid_file, "w") as f:
-                    f.write(str(child.pid))
+                    f.write(f"{os.getpid()} {child.pid}")
             time.sleep(3600)
         if fault == "hostmem":
             hog = []

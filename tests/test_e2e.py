@@ -221,3 +221,65 @@ def test_a_study_that_only_fails_stops_with_a_clear_message(runs_dir):
     assert "raise study.max_failure_rate" in err[0]
     _, parents, children = runs_of(runs_dir, "only-fails")
     assert [p.info.status for p in parents] == ["FAILED"] and len(children) == 5
+
+
+def _running(runs_dir: Path, study_name: str, experiment: str):
+    study = optuna.load_study(study_name=study_name, storage=f"sqlite:///{runs_dir}/optuna.db")
+    _, parents, children = runs_of(runs_dir, experiment)
+    return ([t.number for t in study.trials if t.state == optuna.trial.TrialState.RUNNING],
+            [r.info.run_id for r in parents + children if r.info.status == "RUNNING"])
+
+
+def test_kill_9_loses_no_completed_trial_and_the_same_command_recovers(runs_dir):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    args = ["+space=llm", "study.name=killed", "tracking.experiment=killed", *TINY, "measure.max_time_s=3",
+            "study.sampler=random"]
+    proc = subprocess.Popen([sys.executable, "-m", "search", *args, "study.n_trials=50", f"runs_dir={runs_dir}"],
+                            cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    for line in proc.stdout:
+        if line.startswith("[2/50]"):
+            break
+    time.sleep(1.5)  # inside the third trial
+    proc.kill()
+    proc.wait(timeout=30)
+    study = optuna.load_study(study_name="killed", storage=f"sqlite:///{runs_dir}/optuna.db")
+    before = {t.number: t.user_attrs["metrics"] for t in measured(study)}
+    stale_trials, stale_runs = _running(runs_dir, "killed", "killed")
+    assert len(before) == 2 and len(stale_trials) == 1 and stale_runs, "the kill left a trial and a run RUNNING"
+    stale_config = study.trials[stale_trials[0]].params
+
+    result = search(*args, "study.n_trials=1", runs_dir=runs_dir)
+    assert f"recovered: trial #{stale_trials[0]} was left running (its process (pid {proc.pid}) is gone)" in result.stdout
+    assert "MLflow run" in result.stdout and "ended KILLED" in result.stdout
+    assert _running(runs_dir, "killed", "killed") == ([], [])
+    study = optuna.load_study(study_name="killed", storage=f"sqlite:///{runs_dir}/optuna.db")
+    after = {t.number: t.user_attrs["metrics"] for t in measured(study)}
+    assert all(after[n] == m for n, m in before.items()), "no completed trial was lost or changed"
+    retried = [t for t in measured(study) if t.user_attrs.get("retry_of") == stale_trials[0]]
+    assert len(retried) == 1 and retried[0].params == stale_config
+    failed = study.trials[stale_trials[0]]
+    assert failed.state == optuna.trial.TrialState.FAIL and failed.user_attrs["failure"].startswith("crash: left running")
+    _, parents, _ = runs_of(runs_dir, "killed")
+    assert sorted(p.info.status for p in parents) == ["FINISHED", "KILLED"]
+
+
+def test_two_processes_on_one_study_share_it_without_losing_or_repeating_a_result(runs_dir):
+    # batch 4, micro {2, 4}, streams <= 4 / micro, fp32 or bf16, recompute on/off: 12 configurations
+    args = ["+space=llm", "study.name=shared", "tracking.experiment=shared", *TINY, "study.n_trials=3",
+            "space.params.batch_size.low=4", "space.params.batch_size.high=4", "space.params.micro_batch_size.low=2",
+            "space.params.precision.choices=[fp32,bf16]", "study.sampler=random", f"runs_dir={runs_dir}"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    procs = [subprocess.Popen([sys.executable, "-m", "search", *args], cwd=REPO, env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, out + err
+    study = optuna.load_study(study_name="shared", storage=f"sqlite:///{runs_dir}/optuna.db")
+    configs = [json.dumps(t.user_attrs["config"], sort_keys=True) for t in measured(study)]
+    assert len(configs) == 6, "each process measured its 3 trials"
+    assert len(set(configs)) == 6, "no configuration was measured twice"
+    assert len({t.user_attrs["owner"]["pid"] for t in measured(study)}) == 2
+    assert _running(runs_dir, "shared", "shared") == ([], [])
+    _, parents, children = runs_of(runs_dir, "shared")
+    assert len(parents) == 2 and all(p.info.status == "FINISHED" for p in parents)
+    assert sorted(int(c.data.tags["trial"]) for c in children) == sorted(t.number for t in measured(study))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -177,16 +179,44 @@ def test_hung_trial_is_a_timeout_and_its_process_group_dies_with_it(tmp_path):
     assert 8 <= time.monotonic() - started < 20
     assert result.state == FAILED and fault_kind(result.failure) == "timeout", result.failure
     assert "runner.timeout_s = 8 s" in result.failure
-    child = int(pid_file.read_text())  # the hung workload's own child process, started before the hang
-    for _ in range(50):
-        try:
-            os.kill(child, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-    else:
+    _, child = map(int, pid_file.read_text().split())  # the hung workload's own child process
+    if not _ends(child):
         os.kill(child, signal.SIGKILL)
         pytest.fail("the workload's child process outlived the timeout")
+
+
+def _ends(pid: int, within_s: float = 5.0) -> bool:
+    for _ in range(int(within_s / 0.1)):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_worker_dies_with_its_study_process_even_under_kill_9(tmp_path):
+    pid_file = tmp_path / "pids"
+    script = ("import sys; sys.path.insert(0, sys.argv[1])\n"
+              "from search.runner import run_isolated, TrialRequest\n"
+              "from search.measure import MeasureSettings\n"
+              "if __name__ == '__main__':\n"
+              "    run_isolated(TrialRequest({'_target_': 'faults.Faulty', 'pid_file': sys.argv[2]},\n"
+              "                              {'batch_size': 4, 'fault': 'hang'}, 'cpu', 0, MeasureSettings()))\n")
+    (tmp_path / "study.py").write_text(script)
+    study = subprocess.Popen([sys.executable, str(tmp_path / "study.py"), os.path.dirname(__file__), str(pid_file)],
+                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    for _ in range(300):
+        if pid_file.exists() and len(pid_file.read_text().split()) == 2:
+            break
+        time.sleep(0.1)
+    worker, child = map(int, pid_file.read_text().split())
+    study.kill()
+    study.wait()
+    try:
+        assert _ends(worker), "the worker outlived the study process"
+    finally:
+        os.kill(child, signal.SIGKILL)  # the workload's own child is the workload's business
 
 
 def test_host_memory_above_the_limit_is_oom_and_stops_the_trial_early():

@@ -172,3 +172,18 @@ def test_an_oom_says_nothing_below_it_nor_under_a_looser_limit():
     # without memory_grows_with the space makes no such claim
     assert driver(study, make_space(micro_choices=(1, 2, 4)), cfg(memory_limit_mb=50))._certain_oom(
         {"batch_size": 4, "micro_batch_size": 4}) is None
+
+
+def test_a_configuration_another_process_is_measuring_is_not_measured_again():
+    study = new_study()
+    other = study.ask()  # another process's trial, in progress: its fingerprint first, then its params
+    other.set_user_attr("fingerprint", FINGERPRINT)
+    other.suggest_categorical("micro_batch_size", [1, 2])
+    busy = other.params["micro_batch_size"]
+    study.enqueue_trial({"micro_batch_size": busy})  # this process is about to be offered the same
+    measured = []
+    outcome = driver(study, make_space(), cfg(n_trials=1), measured).run()
+    assert measured == [{"batch_size": 4, "micro_batch_size": 3 - busy}] and outcome.in_flight == 1
+    deferred = next(t for t in study.trials if t.state == TrialState.PRUNED)
+    assert deferred.user_attrs["failure"] == f"not run: trial #{other.number} of another process is measuring " \
+                                             "this configuration"

@@ -1,0 +1,156 @@
+"""Who is still working on a study, and recovery of what a stopped process left running.
+
+Several processes may share one study (same storage, same MLflow store), and any of them may be
+killed with ``kill -9``. Each trial in progress carries its owner (host and pid) and an Optuna
+heartbeat, and each parent run a ``heartbeat`` tag, both refreshed by ``Heartbeat``. A trial or run
+is stale when its owner is a dead process on this host, or when its heartbeat is older than the
+grace period (an owner on another host). Stale trials are failed and their configurations queued
+again; stale MLflow runs are ended KILLED. Nothing is recovered twice: Optuna refuses a second
+state change, so only the process that failed a trial queues its retry.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import threading
+import time
+import warnings
+from typing import Any, Callable
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+HOST = socket.gethostname()
+GRACE_HEARTBEATS = 6
+"""A heartbeat older than this many intervals means its process is gone (allows for a busy store)."""
+
+
+def owner() -> dict[str, Any]:
+    return {"host": HOST, "pid": os.getpid()}
+
+
+def _dead_here(who: Any) -> bool:
+    """Whether ``who`` (an ``owner()``) is a process on this host that no longer runs."""
+    if not isinstance(who, dict) or who.get("host") != HOST or not isinstance(who.get("pid"), int):
+        return False
+    if who["pid"] == os.getpid():
+        return False
+    try:
+        os.kill(who["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False
+
+
+class Recovery:
+    """Fails stale trials of a study and queues their configurations again; keeps one note each."""
+
+    def __init__(self, heartbeat_s: int):
+        self.heartbeat_s = heartbeat_s
+        self.grace_s = GRACE_HEARTBEATS * heartbeat_s
+        self.notes: list[str] = []
+
+    def storage(self, url: str) -> optuna.storages.RDBStorage:
+        """The study's storage with Optuna heartbeats on, calling back here for each stale trial."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(url, heartbeat_interval=self.heartbeat_s, grace_period=self.grace_s,
+                                              heartbeat_stale_trial_callback=self._requeue_stale)
+
+    def check(self, study: optuna.Study) -> None:
+        """Recover every stale trial of ``study`` now."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)  # heartbeat older than the grace period
+        now = datetime.datetime.now()
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            who = trial.user_attrs.get("owner")
+            never_beat = who is None and trial.datetime_start is not None and \
+                (now - trial.datetime_start).total_seconds() > self.grace_s
+            if _dead_here(who) or never_beat:
+                why = (f"its process (pid {who['pid']}) is gone" if who else "it never reported a heartbeat")
+                self._fail(study, trial, why)
+
+    def _fail(self, study: optuna.Study, trial: FrozenTrial, why: str) -> None:
+        storage = study._storage
+        try:
+            storage.set_trial_user_attr(trial._trial_id, "state", "failed")
+            storage.set_trial_user_attr(trial._trial_id, "failure", f"crash: left running: {why}")
+            if not storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
+                return
+        except optuna.exceptions.UpdateFinishedTrialError:
+            return  # another process recovered it first
+        self._requeue(study, trial, why)
+
+    def _requeue_stale(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        self._requeue(study, trial, f"no heartbeat for over {self.grace_s} s")
+
+    def _requeue(self, study: optuna.Study, trial: FrozenTrial, why: str) -> None:
+        if trial.params:
+            study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
+        self.notes.append(f"trial #{trial.number} was left running ({why}): marked failed"
+                          + (", its configuration queued again" if trial.params else ""))
+
+
+class Heartbeat:
+    """Every ``interval_s``: the Optuna heartbeat of the trial in progress and the MLflow parent
+    run's ``heartbeat`` tag. A failed write is retried at the next beat, never raised."""
+
+    def __init__(self, interval_s: int, storage: Any, tag_parent: Callable[[dict[str, str]], None]):
+        self.interval_s, self.storage, self.tag_parent = interval_s, storage, tag_parent
+        self._trial_id: int | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+        self._thread.start()
+
+    def track(self, trial_id: int | None) -> None:
+        """The trial now in progress (None: none); its first heartbeat is written at once."""
+        with self._lock:
+            self._trial_id = trial_id
+        if trial_id is not None:
+            self._beat_trial(trial_id)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                trial_id = self._trial_id
+            if trial_id is not None:
+                self._beat_trial(trial_id)
+            try:
+                self.tag_parent({"heartbeat": str(int(time.time()))})
+            except Exception:
+                pass
+            if self._stop.wait(self.interval_s):
+                return
+
+    def _beat_trial(self, trial_id: int) -> None:
+        try:
+            self.storage.record_heartbeat(trial_id)
+        except Exception:
+            pass  # a busy or unreachable store: the next beat tries again
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def stale_runs(runs: list, grace_s: float, now_s: float | None = None) -> list:
+    """The RUNNING MLflow runs among ``runs`` whose process is gone: dead on this host, or no
+    ``heartbeat`` tag newer than ``grace_s`` (a run without one counts from its start)."""
+    now_s = time.time() if now_s is None else now_s
+    stale = []
+    for run in runs:
+        tags = run.data.tags
+        try:
+            who = {"host": tags.get("host"), "pid": int(tags.get("pid", ""))}
+        except ValueError:
+            who = None
+        last_s = float(tags["heartbeat"]) if "heartbeat" in tags else run.info.start_time / 1000
+        if _dead_here(who) or now_s - last_s > grace_s:
+            stale.append(run)
+    return stale
