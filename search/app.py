@@ -204,8 +204,8 @@ def _open_stores(cfg: Mapping[str, Any], space: SearchSpace, recovery: Recovery 
         runs_dir.mkdir(parents=True, exist_ok=True)
         study = open_study(cfg["study"]["name"], cfg["study"]["storage"], space, recovery)
         try:
-            tracker = with_retries(lambda: Tracker(cfg["tracking"]["uri"], cfg["tracking"]["experiment"],
-                                                   runs_dir / "mlartifacts"))
+            tracker = with_retries(lambda: Tracker.open(cfg["tracking"]["uri"], cfg["tracking"]["experiment"],
+                                                        runs_dir / "mlartifacts"))
         except Exception as e:
             raise ConfigError(f"cannot open tracking.uri {redact(cfg['tracking']['uri'])!r}: "
                               f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
@@ -237,6 +237,9 @@ def run(cfg_node: DictConfig) -> int:
     recovery = Recovery(int(cfg["study"]["heartbeat_s"]))
     study, tracker = _open_stores(cfg, space, recovery)
 
+    if tracker.offline_reason:
+        out.print(f"warning: {tracker.offline_reason}; going on without MLflow: results stay in the Optuna "
+                  "study, and `python -m search sync` with the same arguments copies them later", markup=False)
     env = {**environment(device), **_versions()}
     shared = contention(device)
     for warning in shared:
@@ -265,7 +268,7 @@ def run(cfg_node: DictConfig) -> int:
         recovery.check(study)
         for note in [*recovery.notes, *_recover_runs(tracker, study_name, recovery.grace_s)]:
             out.print(f"recovered: {note}", markup=False)
-        tracker.client.log_text(tracker.parent_id, yaml.safe_dump(_redacted(cfg), sort_keys=False), "config.yaml")
+        tracker.log_text(yaml.safe_dump(_redacted(cfg), sort_keys=False), "config.yaml")
         driver = _driver(cfg, space, study, print_fn, device, settings, tracker, env, out, recovery, heartbeat)
         outcome = driver.run()
         _finish(cfg, space, driver, outcome, tracker, env, out)
@@ -285,15 +288,14 @@ def run(cfg_node: DictConfig) -> int:
 
 def _recover_runs(tracker: Tracker, study_name: str, grace_s: float) -> list[str]:
     """End KILLED the MLflow runs of ``study_name`` that a stopped process left RUNNING."""
-    runs = tracker.client.search_runs([tracker.experiment_id], max_results=10_000,
-                                      filter_string=f"attributes.status = 'RUNNING' and tags.study = '{study_name}'")
+    runs = tracker.find_runs(f"attributes.status = 'RUNNING' and tags.study = '{study_name}'")
     parents = {r.info.run_id for r in stale_runs([r for r in runs if "mlflow.parentRunId" not in r.data.tags], grace_s)}
     notes = []
     for run in runs:
         parent = run.data.tags.get("mlflow.parentRunId")
         if run.info.run_id in parents or parent in parents:
             tracker.set_tags(run.info.run_id, {"failure": "crash: left running by a process that stopped"})
-            tracker.client.set_terminated(run.info.run_id, status="KILLED")
+            tracker.end_run(run.info.run_id, "KILLED")
             notes.append(f"MLflow run {run.info.run_name or run.info.run_id} was left running: ended KILLED")
     return notes
 
@@ -427,4 +429,12 @@ def _finish(cfg, space: SearchSpace, driver: StudyDriver, outcome: StudyOutcome,
     if best is None and front:
         out.print("[yellow]no Pareto configuration meets the slo[/]; best.yaml records none")
     out.print(f"files: {study_dir}/best.yaml, pareto.csv, pareto.png")
-    out.print(f"compare runs in the MLflow UI: [bold]{redact(tracker.ui_command())}[/]")
+    if tracker.offline_reason:
+        out.print(f"MLflow: {tracker.offline_reason}. {tracker.unlogged_trials} trial(s) of this run are in the "
+                  f"Optuna study only; when the server is back, copy them with: {_sync_command()}", markup=False)
+    else:
+        out.print(f"compare runs in the MLflow UI: [bold]{redact(tracker.ui_command())}[/]")
+
+
+def _sync_command() -> str:
+    return redact(" ".join(["python -m search sync", *sys.argv[1:]]))

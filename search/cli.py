@@ -1,4 +1,7 @@
-"""Command line: ``python -m search +space=NAME [key=value ...] [--config-dir DIR] [--cfg]``.
+"""Command line: ``python -m search [sync] +space=NAME [key=value ...] [--config-dir DIR] [--cfg]``.
+
+``sync`` copies to MLflow the trials a run could not log (see ``search.sync``); it takes the same
+overrides as the tuning run, so that it finds the same study and experiment.
 
 Overrides use Hydra syntax. Exit codes: 0 done, 2 bad input (one line, no traceback), 130
 interrupted, 1 anything unexpected.
@@ -10,9 +13,14 @@ import sys
 from typing import Sequence
 
 USAGE = """usage: python -m search +space=NAME [key=value ...] [--config-dir DIR] [--cfg]
+       python -m search sync +space=NAME [key=value ...] [--config-dir DIR]
 
 Tunes a PyTorch workload: runs it under the settings a search space proposes, measures each one
 until its variance is known, and logs every trial to MLflow.
+
+  sync               copy to MLflow the measured trials of the study that have no run there yet
+                     (e.g. after the tracking server was down), then set the pareto tags; give it
+                     the same overrides as the tuning run. Nothing is measured again.
 
   +space=NAME        the search space: spaces/NAME.yaml, or DIR/space/NAME.yaml with --config-dir DIR
   key=value          override any config key, e.g. study.n_trials=40 device=cuda:1 runs_dir=/data/tuning
@@ -51,6 +59,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     from search.config import ConfigError, compose_config  # imported late: --help stays fast
 
+    command = "sync" if argv[:1] == ["sync"] else "tune"
+    if command == "sync":
+        argv = argv[1:]
     try:
         overrides, config_dirs, show = _parse(argv)
         cfg = compose_config(overrides, config_dirs)
@@ -61,6 +72,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             print(yaml.safe_dump(resolve(cfg), sort_keys=False))
             return 0
+        if command == "sync":
+            from search.sync import run_sync
+
+            return run_sync(cfg)
         from search.app import run
 
         return run(cfg)

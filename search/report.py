@@ -82,6 +82,10 @@ def summary_lines(outcome, history: Sequence[TrialRecord], recovered: Sequence[s
              + (f", measured by another process at the time: {outcome.in_flight}" if outcome.in_flight else "")
              + f"; stopped by {outcome.stop_reason}. Study total: {len(history)} measured."]
     lines += [f"recovered: {note}" for note in recovered]
+    if outcome.lost_to_recovery:
+        lines.append(f"trial(s) {', '.join(f'#{n}' for n in outcome.lost_to_recovery)} were taken for stale by "
+                     "another process while measured here (heartbeat silent past the grace period; raise "
+                     "study.heartbeat_s on a busy store): queued again, the figures kept in MLflow only")
     failed = [r for r in outcome.records if r.state == FAILED]
     if failed:
         kinds = [fault_kind(r.failure) or "other" for r in failed]

@@ -11,7 +11,8 @@ Every proposal passes two guards before anything runs:
 None of these counts against ``study.n_trials``. After any, a uniformly drawn feasible configuration
 that has not been measured yet is queued next, so a sampler that keeps proposing the same point
 cannot stall the study. A study whose measured trials fail more often than
-``study.max_failure_rate`` stops early. Optuna is imported only here.
+``study.max_failure_rate`` stops early. Optuna is used here, and by ``search.liveness``
+(heartbeats) and ``search.sync`` (listing studies).
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ class StudyOutcome:
     """Proposals not run because an earlier configuration at or below them ran out of memory."""
     in_flight: int = 0
     """Proposals not run because another process was measuring the same configuration."""
+    lost_to_recovery: list[int] = field(default_factory=list)
+    """Trials another process failed as stale while this one measured them (a heartbeat starved
+    for the whole grace period); their configurations were queued again."""
     stop_reason: str = "n_trials"
     failure_stop: str = ""
     """Why the study stopped for too many failures ('' when it did not)."""
@@ -305,8 +309,7 @@ class StudyDriver:
             self.outcome.in_flight += 1
             self._reseed(trial.number)  # out of step with the other process's sampler, which made the same choice
             return True
-        self._measure(trial, config)
-        return False
+        return not self._measure(trial, config)  # a trial lost to recovery counts as a repeat
 
     def _reuse(self, trial: Trial, earlier: FrozenTrial) -> None:
         for key in ("config", "fingerprint", "state", "failure", "metrics", "unit", "mlflow_run_id"):
@@ -334,7 +337,8 @@ class StudyDriver:
                                  user_attrs={"proposed_by": "uniform draw after a rejected proposal"})
         return True
 
-    def _measure(self, trial: Trial, config: dict[str, Any]) -> None:
+    def _measure(self, trial: Trial, config: dict[str, Any]) -> bool:
+        """Measure and tell ``trial``; False when another process had already failed it as stale."""
         result = run_isolated(self.request(config))
         metrics = metrics_of(result, self.confidence)
         values = [metrics.get(CONSERVATIVE[o.metric]) for o in self.space.objectives]
@@ -344,22 +348,31 @@ class StudyDriver:
         record = TrialRecord(trial.number, config, state, metrics, is_stable(metrics, self.max_cv) and
                              state == COMPLETE, failure, unit=result.unit)
         record = replace(record, run_id=self.log_trial(record, result))
-        for key, value in (("config", config), ("fingerprint", self.fingerprint), ("state", state),
-                           ("failure", failure), ("metrics", metrics), ("mlflow_run_id", record.run_id),
-                           ("unit", result.unit), ("memory_limit_mb", self.memory_limit_mb)):
-            trial.set_user_attr(key, value)
-        if state == FAILED and result.stderr_tail:
-            trial.set_user_attr("stderr_tail", result.stderr_tail[-4000:])
-        if state == COMPLETE:
-            frozen = self.study.tell(trial, values)
-        else:
-            frozen = self.study.tell(trial, state=TrialState.FAIL)
+        try:
+            frozen = self._store(trial, record, result, values)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            # Another process took this trial for stale (no heartbeat for the grace period) and
+            # queued it again: the measurement stays in MLflow only, the retry measures it anew.
+            self.outcome.lost_to_recovery.append(trial.number)
+            return False
         # A failure is not measured again in this invocation (a later one tries it again).
         self._reusable[config_key(config)] = frozen
         if self._applies(frozen):
             self._ran_out.append(frozen)
         self.outcome.records.append(record)
         self.progress(record, self)
+        return True
+
+    def _store(self, trial: Trial, record: TrialRecord, result: TrialResult, values: list) -> FrozenTrial:
+        for key, value in (("config", record.config), ("fingerprint", self.fingerprint), ("state", record.state),
+                           ("failure", record.failure), ("metrics", record.metrics), ("mlflow_run_id", record.run_id),
+                           ("unit", result.unit), ("memory_limit_mb", self.memory_limit_mb)):
+            trial.set_user_attr(key, value)
+        if record.state == FAILED and result.stderr_tail:
+            trial.set_user_attr("stderr_tail", result.stderr_tail[-4000:])
+        if record.state == COMPLETE:
+            return self.study.tell(trial, values)
+        return self.study.tell(trial, state=TrialState.FAIL)
 
     # -- reading back --------------------------------------------------------------------------
 

@@ -2,39 +2,145 @@
 
 Everything is logged in batches through ``MlflowClient`` (one request per run instead of one per
 value). MLflow is imported only here.
+
+A tracking server that cannot be reached must not cost the measurements: ``Tracker.open`` returns an
+*offline* tracker when the server is unreachable at the start, and a tracker whose server goes away
+later switches to offline instead of raising. Offline, every method does nothing; the study keeps
+every figure, and ``python -m search sync`` copies the missing trials once the server is back.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
+from urllib.parse import urlsplit
 
+import requests
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from search.config import redact
 from search.records import TrialRecord
 
 _BATCH = 100  # MLflow accepts at most 100 params or tags per log_batch call
+
+NETWORK_LIMITS = {
+    # MLflow's defaults (120 s timeout, 7 retries with backoff factor 2) wait about 4 minutes before
+    # reporting an unreachable server. These are read on every request (mlflow/utils/rest_utils.py),
+    # so setting them before the first one is enough; a value the user set is kept.
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+}
+
+
+def limit_network() -> None:
+    """Apply ``NETWORK_LIMITS`` to this process's MLflow HTTP requests, keeping any the user set."""
+    for name, value in NETWORK_LIMITS.items():
+        os.environ.setdefault(name, value)
 
 
 def _is_local(uri: str) -> bool:
     return not uri.startswith(("http://", "https://", "databricks"))
 
 
+def _is_http(uri: str) -> bool:
+    return uri.startswith(("http://", "https://"))
+
+
+def _check_http_uri(uri: str) -> None:
+    """A malformed server address is bad input, not an unreachable server."""
+    try:
+        parts = urlsplit(uri)
+        parts.port  # raises ValueError for a port that is not a number in 0-65535
+    except ValueError as e:
+        raise ValueError(f"malformed tracking URI {redact(uri)!r}: {e}") from None
+    if not parts.hostname:
+        raise ValueError(f"tracking URI {redact(uri)!r} names no host: use http://HOST:PORT")
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    """``error`` and the exceptions it was raised from or while handling, outermost first."""
+    seen: list[BaseException] = []
+    while error is not None and error not in seen:
+        seen.append(error)
+        error = error.__cause__ or error.__context__
+    return seen
+
+
+def unreachable(error: BaseException) -> bool:
+    """True when ``error`` says the server could not be reached or could not serve: connection
+    refused, DNS failure, timeout, or 5xx responses after MLflow's retries.
+
+    MLflow wraps the ``requests`` error in a plain ``MlflowException``, so the chain is searched.
+    A certificate failure (SSLError) is configuration, not an outage, and is not counted.
+    """
+    for e in _chain(error):
+        if isinstance(e, requests.exceptions.SSLError):
+            return False
+        if isinstance(e, (requests.exceptions.ConnectionError, requests.exceptions.Timeout,
+                          requests.exceptions.RetryError)):
+            return True
+    return bool(re.search(r"failed with error code 5\d\d\b", str(error)))
+
+
+def _cause(error: BaseException) -> str:
+    """The innermost reason, on one line (``ConnectionRefusedError: [Errno 111] Connection refused``)."""
+    innermost = _chain(error)[-1]
+    text = str(innermost).strip().splitlines()[0] if str(innermost).strip() else ""
+    text = re.sub(r"^<[^>]*>: ", "", text)  # urllib3 prefixes the connection object
+    return f"{type(innermost).__name__}: {text}" if text else type(innermost).__name__
+
+
 class Tracker:
     """Writes a study's runs to the MLflow store at ``uri``.
 
     With a local store (sqlite, postgresql, ...) artifacts go under ``artifact_root``; a tracking
-    server decides its own artifact location.
+    server decides its own artifact location. ``Tracker(...)`` raises when the store cannot be
+    opened; ``Tracker.open(...)`` returns an offline tracker instead when a server is unreachable.
     """
+
+    offline_reason: str | None = None
+    """Why nothing is logged (one line naming the URI); None while logging works."""
+    unlogged_trials: int = 0
+    """Trials passed to ``log_trial`` whose child run was not logged because the tracker was offline."""
 
     def __init__(self, uri: str, experiment: str, artifact_root: Path):
         self.uri = uri
-        self.client = MlflowClient(tracking_uri=uri)
-        self.experiment_id = self._experiment(experiment, artifact_root)
         self.parent_id: str | None = None
+        self.offline_reason = None
+        self.unlogged_trials = 0
+        if _is_http(uri):
+            _check_http_uri(uri)
+            limit_network()
+        self.client: MlflowClient | None = MlflowClient(tracking_uri=uri)
+        self.experiment_id: str | None = self._experiment(experiment, artifact_root)
+
+    @classmethod
+    def open(cls, uri: str, experiment: str, artifact_root: Path) -> "Tracker":
+        """A working tracker, or an offline one when the tracking server at ``uri`` cannot be reached.
+
+        Bad input (unsupported scheme, malformed URI, a store that cannot be created, a server that
+        refuses the request) still raises: only an outage is worth carrying on without MLflow.
+        """
+        try:
+            return cls(uri, experiment, artifact_root)
+        except Exception as e:
+            if not (_is_http(uri) and unreachable(e)):
+                raise
+            return cls.offline(uri, f"MLflow server {redact(uri)} unreachable: {_cause(e)}")
+
+    @classmethod
+    def offline(cls, uri: str, reason: str) -> "Tracker":
+        """A tracker that logs nothing: every method is a no-op; ``reason`` says why."""
+        tracker = cls.__new__(cls)
+        tracker.uri, tracker.client, tracker.experiment_id, tracker.parent_id = uri, None, None, None
+        tracker.offline_reason, tracker.unlogged_trials = reason, 0
+        return tracker
 
     def _experiment(self, name: str, artifact_root: Path) -> str:
         found = self.client.get_experiment_by_name(name)
@@ -43,26 +149,70 @@ class Tracker:
         location = artifact_root.resolve().as_uri() if _is_local(self.uri) else None
         try:
             return self.client.create_experiment(name, artifact_location=location)
-        except MlflowException:  # another process created it first
+        except MlflowException as e:  # another process created it first
+            if unreachable(e):
+                raise
             found = self.client.get_experiment_by_name(name)
             if found is None:
                 raise
             return found.experiment_id
 
-    def start_parent(self, run_name: str, params: Mapping[str, Any], tags: Mapping[str, str]) -> str:
-        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=dict(tags))
-        self.parent_id = run.info.run_id
-        self._log(self.parent_id, params=params)
-        return self.parent_id
+    # -- going offline -------------------------------------------------------------------------
 
-    def log_trial(self, record: TrialRecord, duration_s: float, tags: Mapping[str, str]) -> str:
+    def _lost(self, error: BaseException) -> bool:
+        """True (and the tracker offline from now on) when ``error`` means the server went away."""
+        if not (isinstance(error, Exception) and unreachable(error)):
+            return False
+        if self.offline_reason is None:
+            self.offline_reason = f"MLflow server {redact(self.uri)} became unreachable: {_cause(error)}"
+        return True
+
+    def _guard(self, call: Callable[[], Any]) -> Any:
+        """``call()``, or None without calling it when offline or when the server goes away during it."""
+        if self.offline_reason is not None:
+            return None
+        try:
+            return call()
+        except Exception as e:
+            if self._lost(e):
+                return None
+            raise
+
+    # -- runs ----------------------------------------------------------------------------------
+
+    def start_parent(self, run_name: str, params: Mapping[str, Any], tags: Mapping[str, str]) -> str | None:
+        """The parent run of this invocation; None when offline."""
+        def start() -> str:
+            run = self.client.create_run(self.experiment_id, run_name=run_name, tags=dict(tags))
+            self.parent_id = run.info.run_id
+            self._log(self.parent_id, params=params)
+            return self.parent_id
+
+        run_id = self._guard(start)
+        return run_id if self.offline_reason is None else None
+
+    def log_trial(self, record: TrialRecord, duration_s: float, tags: Mapping[str, str],
+                  end_ms: int | None = None) -> str | None:
         """One finished trial as a child of the parent run, with the contract's tags; returns its id.
 
         ``tags`` adds context (study, device, stop reason, ...) to ``state``, ``stable``, ``pareto``,
-        ``throughput_unit`` and ``failure``.
+        ``trial``, ``throughput_unit`` and ``failure``. The run ends at ``end_ms`` (ms since the
+        epoch; default now) and starts ``duration_s`` before. Offline, or when the server goes away
+        while logging, nothing is logged: returns None and counts the trial in ``unlogged_trials``.
         """
+        if self.offline_reason is not None:
+            self.unlogged_trials += 1
+            return None
         assert self.parent_id is not None, "start_parent() first"
-        end_ms = int(time.time() * 1000)
+        try:
+            return self._log_trial(record, duration_s, tags, int(time.time() * 1000) if end_ms is None else end_ms)
+        except Exception as e:
+            if not self._lost(e):
+                raise
+            self.unlogged_trials += 1
+            return None
+
+    def _log_trial(self, record: TrialRecord, duration_s: float, tags: Mapping[str, str], end_ms: int) -> str:
         contract = {"state": record.state, "stable": str(record.stable).lower(), "pareto": "false",
                     "trial": str(record.number), "throughput_unit": f"{record.unit}/s"}
         if record.failure:
@@ -71,18 +221,65 @@ class Tracker:
             self.experiment_id, run_name=f"trial-{record.number}", start_time=end_ms - int(duration_s * 1000),
             tags={"mlflow.parentRunId": self.parent_id, **tags, **contract},
         )
-        status = "FAILED"
+        run_id = run.info.run_id
         try:
-            self._log(run.info.run_id, params=record.config, metrics=record.metrics)
-            status = "FAILED" if record.state == "failed" else "FINISHED"
-        finally:
-            self.client.set_terminated(run.info.run_id, status=status, end_time=end_ms)
-        return run.info.run_id
+            self._log(run_id, params=record.config, metrics=record.metrics)
+        except BaseException as e:
+            if not (isinstance(e, Exception) and self._lost(e)):  # no point ending it on a dead server
+                self.client.set_terminated(run_id, status="FAILED", end_time=end_ms)
+            raise
+        self.client.set_terminated(run_id, status="FAILED" if record.state == "failed" else "FINISHED",
+                                   end_time=end_ms)
+        return run_id
+
+    def trial_runs(self, study: str) -> tuple[dict[int, str], list[tuple[int, str]]]:
+        """The study's child runs in this experiment: ``{trial number: run id}`` of the complete ones
+        (ended FINISHED or FAILED by ``log_trial``), and ``(trial number, run id)`` of runs whose
+        logging was cut off (still RUNNING, or ended KILLED by the recovery of a stopped process).
+
+        ``sync`` decides from these which trials are missing; both are empty when offline.
+        """
+        complete: dict[int, str] = {}
+        cut_off: list[tuple[int, str]] = []
+        for run in self.find_runs(f"tags.study = '{study}'"):
+            number = run.data.tags.get("trial", "")
+            if not number.isdigit():
+                continue  # the parent run of an invocation
+            if run.info.status in ("FINISHED", "FAILED"):
+                complete.setdefault(int(number), run.info.run_id)
+            else:
+                cut_off.append((int(number), run.info.run_id))
+        return complete, cut_off
+
+    def find_runs(self, filter_string: str) -> list:
+        """Every active run of the experiment that matches ``filter_string`` (MLflow search syntax),
+        page by page; empty when offline."""
+        def search() -> list:
+            runs, token = [], None
+            while True:
+                page = self.client.search_runs([self.experiment_id], filter_string=filter_string,
+                                               max_results=1000, page_token=token)
+                runs.extend(page)
+                token = page.token
+                if not token:
+                    return runs
+
+        return self._guard(search) or []
+
+    def end_run(self, run_id: str, status: str) -> None:
+        """End a run (e.g. one a stopped process left RUNNING) with ``status``."""
+        self._guard(lambda: self.client.set_terminated(run_id, status=status))
+
+    def delete_run(self, run_id: str) -> None:
+        self._guard(lambda: self.client.delete_run(run_id))
 
     def mark_pareto(self, study: str, front_run_ids: set[str]) -> None:
         """Set ``pareto`` to true on exactly the runs of ``front_run_ids`` among the study's children."""
-        tagged = self.client.search_runs([self.experiment_id], max_results=10_000,
-                                         filter_string=f"tags.study = '{study}' and tags.pareto = 'true'")
+        tagged = self._guard(lambda: self.client.search_runs(
+            [self.experiment_id], max_results=10_000,
+            filter_string=f"tags.study = '{study}' and tags.pareto = 'true'"))
+        if tagged is None:
+            return
         for run in tagged:
             if run.info.run_id not in front_run_ids:
                 self.set_tags(run.info.run_id, {"pareto": "false"})
@@ -93,18 +290,25 @@ class Tracker:
                 pass  # the run was deleted in MLflow (or lives in another store): nothing to tag
 
     def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
-        self._log(run_id, tags=tags)
+        self._guard(lambda: self._log(run_id, tags=tags))
 
     def log_metrics(self, run_id: str, metrics: Mapping[str, float]) -> None:
-        self._log(run_id, metrics=metrics)
+        self._guard(lambda: self._log(run_id, metrics=metrics))
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        """``text`` as artifact ``artifact_file`` of the parent run."""
+        if self.parent_id is not None:
+            self._guard(lambda: self.client.log_text(self.parent_id, text, artifact_file))
 
     def log_artifact(self, path: Path) -> None:
+        if self.offline_reason is not None:
+            return
         assert self.parent_id is not None
-        self.client.log_artifact(self.parent_id, str(path))
+        self._guard(lambda: self.client.log_artifact(self.parent_id, str(path)))
 
     def end_parent(self, status: str = "FINISHED") -> None:
         if self.parent_id is not None:
-            self.client.set_terminated(self.parent_id, status=status)
+            self._guard(lambda: self.client.set_terminated(self.parent_id, status=status))
 
     def ui_command(self) -> str:
         if self.uri.startswith("sqlite:///") and not self.uri.startswith("sqlite:////"):

@@ -106,3 +106,14 @@ def test_energy_objective_where_energy_is_not_measurable_exits_2(tmp_path, capsy
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "energy_per_item_j cannot be measured here" in err
     assert not (tmp_path / "r").exists()
+
+
+def test_malformed_space_yaml_exits_2_naming_the_file_and_line(tmp_path, capsys):
+    (tmp_path / "space").mkdir()
+    (tmp_path / "space" / "broken.yaml").write_text(
+        "workload:\n  _target_: search.workloads.GPT\nparams: [unclosed\n  batch_size: 4\n")
+    runs_dir = tmp_path / "runs"
+    assert main(["--config-dir", str(tmp_path), "+space=broken", f"runs_dir={runs_dir}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "broken.yaml" in err and "line 3" in err, err
+    assert not runs_dir.exists()

@@ -272,6 +272,17 @@ def test_isolated_cuda_trial_reports_allocator_peak():
     assert result.peak_memory_mb >= 60
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_memory_limit_is_a_real_allocator_oom():
+    # Wide holds about 67 MB of weights, gradients and AdamW state: a 20 MB cap cannot hold it
+    result = run_isolated(TrialRequest(target(Wide), {"batch_size": 4}, "cuda", 0, QUICK, memory_limit_mb=20))
+    assert result.state == FAILED and result.failure.startswith("oom: "), result.failure
+    assert "memory" in result.failure.lower()
+    roomy = run_isolated(TrialRequest(target(Wide), {"batch_size": 4}, "cuda", 0, QUICK, memory_limit_mb=2000))
+    assert roomy.state == COMPLETE, roomy.failure
+
+
 def window(energy_j, throttled=False, duration_s=1.0):
     return SimpleNamespace(energy_j=energy_j, duration_s=duration_s, sm_clock_mhz=1500.0, mem_clock_mhz=2600.0,
                            gpu_util_pct=99.0, temperature_c=60.0, throttled=throttled)

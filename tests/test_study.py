@@ -187,3 +187,19 @@ def test_a_configuration_another_process_is_measuring_is_not_measured_again():
     deferred = next(t for t in study.trials if t.state == TrialState.PRUNED)
     assert deferred.user_attrs["failure"] == f"not run: trial #{other.number} of another process is measuring " \
                                              "this configuration"
+
+
+def test_a_trial_another_process_took_for_stale_does_not_stop_the_study():
+    study = new_study()
+
+    def taken_for_stale(record, result):  # meanwhile, another process fails the first trial as stale
+        if record.number == 0:
+            running = study.get_trials(states=(TrialState.RUNNING,))
+            study._storage.set_trial_state_values(running[0]._trial_id, state=TrialState.FAIL)
+        return None
+
+    space = make_space()
+    d = StudyDriver(cfg(n_trials=1), space, study, FINGERPRINT,
+                    lambda c: TrialRequest(space.workload, c, "cpu", 0, QUICK), taken_for_stale, lambda r, d: None)
+    outcome = d.run()
+    assert outcome.lost_to_recovery == [0] and outcome.records and outcome.records[0].number != 0
