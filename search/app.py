@@ -35,7 +35,7 @@ from search.runner import COMPLETE, TrialRequest, TrialResult, run_isolated
 from search.space import SearchSpace, SpaceError, parse_space
 from search.study import SAMPLERS, StudyDriver, StudyOutcome, open_study, with_retries
 from search.gpu_telemetry import energy_unavailable_reason
-from search.liveness import Heartbeat, Recovery, owner, stale_runs
+from search.liveness import Heartbeat, Recovery, agree_on_heartbeat, owner, stale_runs
 from search.telemetry import contention, environment
 from search.tracking import Tracker
 from search.workloads import Workload
@@ -203,6 +203,12 @@ def _open_stores(cfg: Mapping[str, Any], space: SearchSpace, recovery: Recovery 
     try:
         runs_dir.mkdir(parents=True, exist_ok=True)
         study = open_study(cfg["study"]["name"], cfg["study"]["storage"], space, recovery)
+        if recovery is not None:
+            theirs = agree_on_heartbeat(study, recovery.heartbeat_s)
+            if theirs is not None:
+                raise ConfigError(f"study '{study.study_name}' keeps heartbeats every {theirs} s, but study.heartbeat_s="
+                                  f"{recovery.heartbeat_s}: every process on a study must agree; set "
+                                  f"study.heartbeat_s={theirs}")
         try:
             tracker = with_retries(lambda: Tracker.open(cfg["tracking"]["uri"], cfg["tracking"]["experiment"],
                                                         runs_dir / "mlartifacts"))

@@ -5,8 +5,10 @@ killed with ``kill -9``. Each trial in progress carries its owner (host and pid)
 heartbeat, and each parent run a ``heartbeat`` tag, both refreshed by ``Heartbeat``. A trial or run
 is stale when its owner is a dead process on this host, or when its heartbeat is older than the
 grace period (an owner on another host). Stale trials are failed and their configurations queued
-again; stale MLflow runs are ended KILLED. Nothing is recovered twice: Optuna refuses a second
-state change, so only the process that failed a trial queues its retry.
+again; stale MLflow runs are ended KILLED. A trial is meant to be recovered once (Optuna refuses a
+second state change); on sqlite two processes can both win that race, so a retry whose trial
+already has an earlier retry is dropped when it comes up (``duplicate_retry``). Every process on a
+study must use the same heartbeat interval: the study records it, and a different one is refused.
 """
 
 from __future__ import annotations
@@ -27,23 +29,46 @@ GRACE_HEARTBEATS = 6
 """A heartbeat older than this many intervals means its process is gone (allows for a busy store)."""
 
 
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _machine() -> str:
+    """This boot of this machine and this pid namespace: within it a pid names one process (two
+    containers may share a host name, each with its own pids)."""
+    try:
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        namespace = 0
+    return f"{_read('/proc/sys/kernel/random/boot_id')}:{namespace}"
+
+
+def _started(pid: int) -> str:
+    """When process ``pid`` started (clock ticks since boot), '' where unknown: with the pid, it
+    tells a process from a later one that was given the same pid."""
+    stat = _read(f"/proc/{pid}/stat")
+    return stat.rsplit(")", 1)[-1].split()[19] if stat else ""
+
+
+MACHINE = _machine()
+
+
 def owner() -> dict[str, Any]:
-    return {"host": HOST, "pid": os.getpid()}
+    return {"host": HOST, "machine": MACHINE, "pid": os.getpid(), "started": _started(os.getpid())}
 
 
 def _dead_here(who: Any) -> bool:
-    """Whether ``who`` (an ``owner()``) is a process on this host that no longer runs."""
-    if not isinstance(who, dict) or who.get("host") != HOST or not isinstance(who.get("pid"), int):
+    """Whether ``who`` (an ``owner()``) is a process of this machine and pid namespace that no
+    longer runs. Anything else (another machine, an unknown start time) is left to heartbeats."""
+    if not isinstance(who, dict) or who.get("machine") != MACHINE or not isinstance(who.get("pid"), int):
         return False
-    if who["pid"] == os.getpid():
+    if not who.get("started") or not MACHINE.split(":")[0]:
         return False
-    try:
-        os.kill(who["pid"], 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # alive, another user's
-        return False
-    return False
+    return _started(who["pid"]) != who["started"]  # gone, or its pid now names a later process
 
 
 class Recovery:
@@ -97,16 +122,19 @@ class Recovery:
 
 
 class Heartbeat:
-    """Every ``interval_s``: the Optuna heartbeat of the trial in progress and the MLflow parent
-    run's ``heartbeat`` tag. A failed write is retried at the next beat, never raised."""
+    """Every ``interval_s``: the Optuna heartbeat of the trial in progress, and (in a thread of its
+    own, so that a slow MLflow server cannot delay the trial's) the parent run's ``heartbeat`` tag.
+    A failed write is retried at the next beat, never raised."""
 
     def __init__(self, interval_s: int, storage: Any, tag_parent: Callable[[dict[str, str]], None]):
         self.interval_s, self.storage, self.tag_parent = interval_s, storage, tag_parent
         self._trial_id: int | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._loop, args=(beat,), name=f"heartbeat-{beat.__name__}",
+                                          daemon=True) for beat in (self._beat_current, self._beat_parent)]
+        for thread in self._threads:
+            thread.start()
 
     def track(self, trial_id: int | None) -> None:
         """The trial now in progress (None: none); its first heartbeat is written at once."""
@@ -115,28 +143,55 @@ class Heartbeat:
         if trial_id is not None:
             self._beat_trial(trial_id)
 
-    def _run(self) -> None:
+    def _loop(self, beat: Callable[[], None]) -> None:
         while True:
-            with self._lock:
-                trial_id = self._trial_id
-            if trial_id is not None:
-                self._beat_trial(trial_id)
             try:
-                self.tag_parent({"heartbeat": str(int(time.time()))})
+                beat()
             except Exception:
-                pass
+                pass  # a busy or unreachable store: the next beat tries again
             if self._stop.wait(self.interval_s):
                 return
+
+    def _beat_current(self) -> None:
+        with self._lock:
+            trial_id = self._trial_id
+        if trial_id is not None:
+            self._beat_trial(trial_id)
+
+    def _beat_parent(self) -> None:
+        self.tag_parent({"heartbeat": str(int(time.time()))})
 
     def _beat_trial(self, trial_id: int) -> None:
         try:
             self.storage.record_heartbeat(trial_id)
         except Exception:
-            pass  # a busy or unreachable store: the next beat tries again
+            pass
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=5)
+        for thread in self._threads:
+            thread.join(timeout=5)
+
+
+HEARTBEAT_ATTR = "heartbeat_s"
+
+
+def agree_on_heartbeat(study: optuna.Study, heartbeat_s: int) -> int | None:
+    """Record the study's heartbeat interval, or return the one it already has when it differs."""
+    stored = study.user_attrs.get(HEARTBEAT_ATTR)
+    if stored is None:
+        study.set_user_attr(HEARTBEAT_ATTR, heartbeat_s)
+        return None
+    return None if stored == heartbeat_s else int(stored)
+
+
+def duplicate_retry(study: optuna.Study, trial: Any) -> int | None:
+    """The number of an earlier retry of the same stale trial as ``trial``, if there is one."""
+    original = trial.user_attrs.get("retry_of")
+    if original is None:
+        return None
+    return next((t.number for t in study.get_trials(deepcopy=False)
+                 if t.number < trial.number and t.user_attrs.get("retry_of") == original), None)
 
 
 def stale_runs(runs: list, grace_s: float, now_s: float | None = None) -> list:
@@ -147,7 +202,7 @@ def stale_runs(runs: list, grace_s: float, now_s: float | None = None) -> list:
     for run in runs:
         tags = run.data.tags
         try:
-            who = {"host": tags.get("host"), "pid": int(tags.get("pid", ""))}
+            who = {"machine": tags.get("machine"), "pid": int(tags.get("pid", "")), "started": tags.get("started")}
         except ValueError:
             who = None
         last_s = float(tags["heartbeat"]) if "heartbeat" in tags else run.info.start_time / 1000

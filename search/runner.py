@@ -110,7 +110,7 @@ def run_trial(request: TrialRequest, on_memory_exceeded=None) -> TrialResult:
     started = time.perf_counter()
     device = torch.device(request.device)
     unit = "items"
-    watchdog = None
+    limit = None
     try:
         knobs, settings = split_config(request.config)
         workload = instantiate(dict(request.workload), _convert_="all", **settings)
@@ -118,7 +118,7 @@ def run_trial(request: TrialRequest, on_memory_exceeded=None) -> TrialResult:
         _prime(device)
         probe = MemoryProbe(device)
         probe.start()
-        watchdog = _limit_memory(device, request.memory_limit_mb, on_memory_exceeded, started)
+        limit = _MemoryLimit(device, request.memory_limit_mb, on_memory_exceeded, started)
         timer = _MonitoredTimer(make_timer(device), _energy_monitor(device))
         try:
             with TrainStep(workload, knobs, device, seed=request.seed) as step:
@@ -126,6 +126,7 @@ def run_trial(request: TrialRequest, on_memory_exceeded=None) -> TrialResult:
         finally:
             timer.close()
         peak_mb = probe.peak_mb()
+        limit.release()  # the fidelity check's fp32 reference may need more than the configuration did
         if request.memory_limit_mb is not None and peak_mb is not None and peak_mb > request.memory_limit_mb:
             return TrialResult(FAILED, peak_memory_mb=peak_mb, unit=unit, duration_s=time.perf_counter() - started,
                                failure=f"oom: peak memory {peak_mb:.0f} MB is above runner.memory_limit_mb = "
@@ -148,8 +149,8 @@ def run_trial(request: TrialRequest, on_memory_exceeded=None) -> TrialResult:
         traceback.print_exc()  # into the worker's stderr: its tail is kept with the failure
         return TrialResult(FAILED, failure=classify(e), unit=unit, duration_s=time.perf_counter() - started)
     finally:
-        if watchdog is not None:
-            watchdog.stop()
+        if limit is not None:
+            limit.release()
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -170,19 +171,30 @@ def classify(error: BaseException) -> str:
     return f"error: {type(cause).__name__}: {_first_line(cause)}"
 
 
-def _limit_memory(device: torch.device, limit_mb: float | None, on_exceeded, started: float):
-    """Enforce ``limit_mb`` on what the trial adds above the current memory: on CUDA through the
-    allocator (a real ``OutOfMemoryError``), on a CPU through a watchdog thread."""
-    if limit_mb is None:
-        return None
-    if device.type == "cuda":
-        total = torch.cuda.get_device_properties(device).total_memory
-        fraction = (torch.cuda.memory_allocated(device) + limit_mb * 1e6) / total
-        torch.cuda.set_per_process_memory_fraction(min(fraction, 1.0), device)
-        return None
-    if on_exceeded is None:
-        return None
-    return _MemoryWatchdog(limit_mb, on_exceeded, started)
+class _MemoryLimit:
+    """Enforces ``limit_mb`` on what the trial adds above the current memory, until ``release``:
+    on CUDA through the allocator (a real ``OutOfMemoryError``), on a CPU through a watchdog thread
+    (only in a worker that can be ended, i.e. with ``on_exceeded``)."""
+
+    def __init__(self, device: torch.device, limit_mb: float | None, on_exceeded, started: float):
+        self.device, self.watchdog, self.capped = device, None, False
+        if limit_mb is None:
+            return
+        if device.type == "cuda":
+            total = torch.cuda.get_device_properties(device).total_memory
+            fraction = (torch.cuda.memory_allocated(device) + limit_mb * 1e6) / total
+            torch.cuda.set_per_process_memory_fraction(min(fraction, 1.0), device)
+            self.capped = True
+        elif on_exceeded is not None:
+            self.watchdog = _MemoryWatchdog(limit_mb, on_exceeded, started)
+
+    def release(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.stop()
+            self.watchdog = None
+        if self.capped:
+            torch.cuda.set_per_process_memory_fraction(1.0, self.device)
+            self.capped = False
 
 
 class _MemoryWatchdog:
@@ -316,14 +328,15 @@ def run_isolated(request: TrialRequest) -> TrialResult:
     fd, stderr_path = tempfile.mkstemp(prefix="search-trial-", suffix=".stderr")
     os.close(fd)
     worker = context.Process(target=_worker, args=(request, send, stderr_path), daemon=True)
-    # The worker inherits an ignored SIGINT: Ctrl-C reaches the study, which ends the worker itself.
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    reaped = False
     try:
-        worker.start()
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    send.close()
-    try:
+        # The worker inherits an ignored SIGINT: Ctrl-C reaches the study, which ends the worker itself.
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            worker.start()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        send.close()
         if not receive.poll(request.timeout_s):
             _kill_group(worker)
             return TrialResult(FAILED, duration_s=time.perf_counter() - started, stderr_tail=_tail(stderr_path),
@@ -334,20 +347,24 @@ def run_isolated(request: TrialRequest) -> TrialResult:
     except EOFError:  # the worker died before it could answer
         _kill_group(worker)  # what it started dies with it; its exit status is already fixed
         worker.join()
+        reaped = True
         tail = _tail(stderr_path)
         said = _headline(tail)
         return TrialResult(FAILED, failure=f"crash: worker {_exit_text(worker.exitcode)}" + (f"; stderr: {said}" if said else ""),
                            stderr_tail=tail, duration_s=time.perf_counter() - started)
     except BaseException:
-        _kill_group(worker)
+        if worker.pid is not None:
+            _kill_group(worker)
         raise
     finally:
         receive.close()
-        _kill_group(worker)  # leftovers of a finished trial (its own helper processes)
-        worker.join(timeout=5)
-        if worker.exitcode is None:
-            worker.kill()
-            worker.join()
+        send.close()
+        if worker.pid is not None and not reaped:
+            _kill_group(worker)  # leftovers of a finished trial (its own helper processes)
+            worker.join(timeout=5)
+            if worker.exitcode is None:
+                worker.kill()
+                worker.join()
         os.unlink(stderr_path)
 
 
@@ -421,7 +438,10 @@ def _worker(request: TrialRequest, send, stderr_path: str) -> None:
 
 def _exit_text(exitcode: int | None) -> str:
     if exitcode is not None and exitcode < 0:
-        name = signal.Signals(-exitcode).name
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:  # a real-time signal has no name
+            name = str(-exitcode)
         hint = " (often the kernel's out-of-memory killer)" if name == "SIGKILL" else ""
         return f"killed by signal {name}{hint}"
     return f"exited with code {exitcode}"

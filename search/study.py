@@ -27,7 +27,7 @@ import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from search.config import ConfigError, redact
-from search.liveness import Heartbeat, Recovery, owner
+from search.liveness import Heartbeat, Recovery, duplicate_retry, owner
 from search.pareto import is_stable
 from search.records import TrialRecord
 from search.revalidate import CONSERVATIVE, Pooled, conservative_metrics
@@ -236,12 +236,14 @@ class StudyDriver:
                 self._ran_out.append(t)
 
     def _in_flight(self, trial: Trial) -> FrozenTrial | None:
-        """An earlier trial, still running, of the same configuration and fingerprint (another
-        process's). Each process stores its parameters before it looks, so of two such trials the
-        later one always sees the earlier, and exactly one of them is measured."""
+        """Another running trial of the same configuration and fingerprint (another process's).
+
+        Each process stores its parameters before it looks, so of two such trials at least one
+        sees the other and gives way (both may: a proposal is lost, never a measurement doubled).
+        """
         params = trial.params
         return next((t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                     if t.number < trial.number and t.params == params
+                     if t.number != trial.number and t.params == params
                      and t.user_attrs.get("fingerprint") == self.fingerprint), None)
 
     def _reseed(self, offset: int) -> None:
@@ -277,6 +279,11 @@ class StudyDriver:
     def _settle(self, trial: Trial) -> bool:
         """Tell ``trial``; True when it was settled without a measurement."""
         config = {**{k: suggest(trial, k, p) for k, p in self.space.searched.items()}, **self.space.fixed}
+        earlier_retry = duplicate_retry(self.study, trial)
+        if earlier_retry is not None:
+            trial.set_user_attr("failure", f"not run: trial #{earlier_retry} already retries the same stale trial")
+            self.study.tell(trial, state=TrialState.PRUNED)
+            return True
         broken = self.space.violations(config)
         if broken:
             trial.set_user_attr("state", INFEASIBLE)
@@ -350,7 +357,9 @@ class StudyDriver:
         record = replace(record, run_id=self.log_trial(record, result))
         try:
             frozen = self._store(trial, record, result, values)
-        except optuna.exceptions.UpdateFinishedTrialError:
+        except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
+            if not self.study._storage.get_trial(trial._trial_id).state.is_finished():
+                raise  # a ValueError of our own making, not another process's recovery
             # Another process took this trial for stale (no heartbeat for the grace period) and
             # queued it again: the measurement stays in MLflow only, the retry measures it anew.
             self.outcome.lost_to_recovery.append(trial.number)

@@ -309,3 +309,25 @@ def test_throttling_in_any_window_is_reported():
 def test_cpu_trial_without_rapl_reports_no_energy_at_all():
     result = run_trial(request(TINY_GPT))
     assert result.state == COMPLETE and "energy_per_item_j" not in result.telemetry
+
+
+def test_the_fidelity_check_does_not_count_against_the_memory_limit(monkeypatch):
+    import search.runner as runner
+    real_check = runner.check_fidelity
+
+    def check_with_a_big_reference(workload, knobs, device, seed=0):
+        reference = torch.ones(40_000_000)  # 160 MB: an fp32 reference bigger than the configuration
+        return real_check(workload, knobs, device, seed=seed)
+
+    monkeypatch.setattr(runner, "check_fidelity", check_with_a_big_reference)
+    fired = []
+    result = run_trial(faulty("none", memory_limit_mb=100), on_memory_exceeded=fired.append)
+    time.sleep(0.1)
+    assert result.state == COMPLETE and not fired, [r.failure for r in fired]
+
+
+def test_a_worker_killed_by_a_real_time_signal_is_a_crash_not_a_traceback():
+    from search.runner import _exit_text
+    realtime = int(signal.SIGRTMIN) + 6  # no name in signal.Signals
+    assert _exit_text(-realtime) == f"killed by signal {realtime}"
+    assert _exit_text(-signal.SIGKILL).startswith("killed by signal SIGKILL")

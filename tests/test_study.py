@@ -203,3 +203,15 @@ def test_a_trial_another_process_took_for_stale_does_not_stop_the_study():
                     lambda c: TrialRequest(space.workload, c, "cpu", 0, QUICK), taken_for_stale, lambda r, d: None)
     outcome = d.run()
     assert outcome.lost_to_recovery == [0] and outcome.records and outcome.records[0].number != 0
+
+
+def test_a_proposal_gives_way_even_to_a_later_numbered_trial_of_the_same_configuration():
+    # This process was handed #0, another process #1; #1 stored its parameters first.
+    study = new_study()
+    study.enqueue_trial({"micro_batch_size": 1})  # waiting trial #0, which this process's ask pops
+    later = study._storage.create_new_trial(study._study_id)  # #1, running in "another process"
+    study._storage.set_trial_user_attr(later, "fingerprint", FINGERPRINT)
+    study._storage.set_trial_param(later, "micro_batch_size", 0, CategoricalDistribution([1, 2]))
+    measured = []
+    outcome = driver(study, make_space(), cfg(n_trials=1), measured).run()
+    assert outcome.in_flight >= 1 and {"batch_size": 4, "micro_batch_size": 1} not in measured
