@@ -117,3 +117,18 @@ def test_malformed_space_yaml_exits_2_naming_the_file_and_line(tmp_path, capsys)
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "broken.yaml" in err and "line 3" in err, err
     assert not runs_dir.exists()
+
+
+def test_a_process_with_another_heartbeat_interval_than_the_study_exits_2(tmp_path, capsys):
+    runs_dir = tmp_path / "runs"
+    runs_dir.mkdir()
+    import optuna
+
+    study = optuna.create_study(study_name="llm-cpu", storage=f"sqlite:///{runs_dir}/optuna.db",
+                                directions=["maximize", "minimize", "minimize"])
+    study.set_user_attr("heartbeat_s", 30)
+    capsys.readouterr()  # Optuna's own line about creating the study
+    assert main(["+space=llm", "device=cpu", "study.heartbeat_s=10", f"runs_dir={runs_dir}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "keeps heartbeats every 30 s" in err and "study.heartbeat_s=30" in err
+    assert not (runs_dir / "mlflow.db").exists()
