@@ -330,12 +330,14 @@ def run_isolated(request: TrialRequest) -> TrialResult:
     worker = context.Process(target=_worker, args=(request, send, stderr_path), daemon=True)
     reaped = False
     try:
-        # The worker inherits an ignored SIGINT: Ctrl-C reaches the study, which ends the worker itself.
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # Ctrl-C is the study's to handle (it ends the worker itself). SIGINT is blocked, not ignored,
+        # while the worker starts: a Ctrl-C in that moment is held and raised right after, not lost;
+        # the worker starts with it blocked and then ignores it.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             worker.start()
         finally:
-            signal.signal(signal.SIGINT, previous)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         send.close()
         if not receive.poll(request.timeout_s):
             _kill_group(worker)
@@ -416,6 +418,8 @@ def _die_with_parent() -> None:
 
 
 def _worker(request: TrialRequest, send, stderr_path: str) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     _die_with_parent()
     os.setpgid(0, 0)  # a group of its own: a timeout kills whatever the workload started, too
     with open(stderr_path, "ab", buffering=0) as log:

@@ -331,3 +331,19 @@ def test_a_worker_killed_by_a_real_time_signal_is_a_crash_not_a_traceback():
     realtime = int(signal.SIGRTMIN) + 6  # no name in signal.Signals
     assert _exit_text(-realtime) == f"killed by signal {realtime}"
     assert _exit_text(-signal.SIGKILL).startswith("killed by signal SIGKILL")
+
+
+def test_ctrl_c_while_the_worker_starts_is_not_lost(monkeypatch):
+    import multiprocessing.context
+
+    start = multiprocessing.context.SpawnProcess.start
+
+    def start_during_ctrl_c(self):
+        os.kill(os.getpid(), signal.SIGINT)  # the user's Ctrl-C, in the moment the worker is started
+        return start(self)
+
+    monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", start_during_ctrl_c)
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        run_isolated(faulty("hang", timeout_s=60))
+    assert time.monotonic() - started < 30  # raised at once, not after the hang's timeout
