@@ -157,8 +157,10 @@ def test_ctrl_c_marks_the_trial_failed_and_the_parent_killed(runs_dir):
     args = ["+space=llm", "study.n_trials=50", "study.name=interrupted", "tracking.experiment=interrupted", *TINY,
             "measure.max_time_s=3", f"runs_dir={runs_dir}"]
     # A new session, so that the signal goes to the study and its worker as a terminal's Ctrl-C would.
+    # SIGINT back to its default: a shell starts background jobs (a CI runner, say) with it ignored.
     proc = subprocess.Popen([sys.executable, "-m", "search", *args], cwd=REPO, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     for line in proc.stdout:
         if line.startswith("[1/50]"):
             break

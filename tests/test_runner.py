@@ -343,7 +343,12 @@ def test_ctrl_c_while_the_worker_starts_is_not_lost(monkeypatch):
         return start(self)
 
     monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", start_during_ctrl_c)
+    # A shell starts background jobs with SIGINT ignored; Ctrl-C handling needs Python's handler.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     started = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
-        run_isolated(faulty("hang", timeout_s=60))
+        try:
+            run_isolated(faulty("hang", timeout_s=60))
+        finally:
+            signal.signal(signal.SIGINT, previous)
     assert time.monotonic() - started < 30  # raised at once, not after the hang's timeout
