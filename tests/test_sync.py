@@ -22,22 +22,11 @@ from mlflow.tracking import MlflowClient
 from search.cli import main
 from search.study import SYNCED_RUN_PREFIX
 from search.tracking import NETWORK_LIMITS, Tracker
+from tiny import CONTRACT_METRICS, KNOBS, TINY  # tests/ is on sys.path
 
 REPO = Path(__file__).resolve().parents[1]
 
-# A GPT small enough that a trial takes about a second on a 2-core CPU (as in test_e2e.py).
-TINY = [
-    "device=cpu", "preset=cpu",
-    "space.workload.vocab_size=256", "space.workload.seq_len=32", "space.workload.d_model=32",
-    "space.workload.n_layers=1", "space.workload.n_heads=2",
-    "space.params.batch_size.high=8", "space.params.micro_batch_size.high=8",
-    "measure.warmup_s=0.1", "measure.window_s=0.05", "measure.min_windows=3", "measure.max_time_s=1",
-    "revalidate.processes=0",
-]
-KNOBS = {"batch_size", "micro_batch_size", "precision", "streams", "recompute"}
 CONTRACT_TAGS = {"state", "stable", "pareto", "trial", "throughput_unit", "study", "device", "workload_fingerprint"}
-CONTRACT_METRICS = {"throughput", "throughput_ci_low", "throughput_ci_high", "throughput_cv",
-                    "latency_p50_ms", "latency_p95_ms", "peak_memory_mb"}
 
 
 @pytest.fixture(autouse=True)
