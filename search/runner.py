@@ -16,6 +16,7 @@ import ctypes
 import faulthandler
 import gc
 import multiprocessing
+import multiprocessing.reduction
 import os
 import re
 import signal
@@ -325,9 +326,11 @@ def run_isolated(request: TrialRequest) -> TrialResult:
     started = time.perf_counter()
     context = multiprocessing.get_context("spawn")  # fork would inherit the parent's CUDA and thread state
     receive, send = context.Pipe(duplex=False)
-    fd, stderr_path = tempfile.mkstemp(prefix="search-trial-", suffix=".stderr")
-    os.close(fd)
-    worker = context.Process(target=_worker, args=(request, send, stderr_path), daemon=True)
+    # The worker's stderr goes to a file that has no name from the start: nothing is left behind,
+    # even when the study is killed with kill -9.
+    log = tempfile.TemporaryFile(prefix="search-trial-", suffix=".stderr")
+    stderr_fd = log.fileno()
+    worker = context.Process(target=_worker, args=(request, send, _InheritedFd(stderr_fd)), daemon=True)
     reaped = False
     try:
         # Ctrl-C is the study's to handle (it ends the worker itself). SIGINT is blocked, not ignored,
@@ -341,16 +344,16 @@ def run_isolated(request: TrialRequest) -> TrialResult:
         send.close()
         if not receive.poll(request.timeout_s):
             _kill_group(worker)
-            return TrialResult(FAILED, duration_s=time.perf_counter() - started, stderr_tail=_tail(stderr_path),
+            return TrialResult(FAILED, duration_s=time.perf_counter() - started, stderr_tail=_tail(stderr_fd),
                                failure=f"timeout: still running after runner.timeout_s = {request.timeout_s:g} s; "
                                        "killed with the processes it started")
         result = receive.recv()
-        return replace(result, stderr_tail=_tail(stderr_path)) if result.state == FAILED else result
+        return replace(result, stderr_tail=_tail(stderr_fd)) if result.state == FAILED else result
     except EOFError:  # the worker died before it could answer
         _kill_group(worker)  # what it started dies with it; its exit status is already fixed
         worker.join()
         reaped = True
-        tail = _tail(stderr_path)
+        tail = _tail(stderr_fd)
         said = _headline(tail)
         return TrialResult(FAILED, failure=f"crash: worker {_exit_text(worker.exitcode)}" + (f"; stderr: {said}" if said else ""),
                            stderr_tail=tail, duration_s=time.perf_counter() - started)
@@ -367,7 +370,7 @@ def run_isolated(request: TrialRequest) -> TrialResult:
             if worker.exitcode is None:
                 worker.kill()
                 worker.join()
-        os.unlink(stderr_path)
+        log.close()
 
 
 def _kill_group(worker) -> None:
@@ -380,12 +383,28 @@ def _kill_group(worker) -> None:
             worker.kill()
 
 
-def _tail(path: str) -> str:
+class _InheritedFd:
+    """A file descriptor handed to a spawned worker the way multiprocessing hands it a pipe's end
+    (the same descriptor number, open in both processes)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __reduce__(self):
+        return _adopt_fd, (multiprocessing.reduction.DupFd(self.fd),)
+
+
+def _adopt_fd(duplicate) -> int:
+    return duplicate.detach()
+
+
+def _tail(fd: int) -> str:
+    """The last lines written to the worker's stderr file. ``pread`` leaves the offset the worker
+    writes at untouched."""
     try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(f.tell() - 64_000, 0))
-            text = f.read().decode("utf-8", errors="replace")
+        size = os.fstat(fd).st_size
+        start = max(size - 64_000, 0)
+        text = os.pread(fd, size - start, start).decode("utf-8", errors="replace")
     except OSError:
         return ""
     # faulthandler's list of loaded extension modules is one very long line that says nothing here
@@ -417,13 +436,13 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def _worker(request: TrialRequest, send, stderr_path: str) -> None:
+def _worker(request: TrialRequest, send, stderr_fd: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     _die_with_parent()
     os.setpgid(0, 0)  # a group of its own: a timeout kills whatever the workload started, too
-    with open(stderr_path, "ab", buffering=0) as log:
-        os.dup2(log.fileno(), 2)  # C and Python output alike
+    os.dup2(stderr_fd, 2)  # C and Python output alike
+    os.close(stderr_fd)
     sys.stderr = open(2, "w", buffering=1, closefd=False)
     faulthandler.enable()  # a segfault or abort leaves a Python traceback in that tail
     lock, sent = threading.Lock(), []

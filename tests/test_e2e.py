@@ -221,8 +221,8 @@ def _running(runs_dir: Path, study_name: str, experiment: str):
             [r.info.run_id for r in parents + children if r.info.status == "RUNNING"])
 
 
-def test_kill_9_loses_no_completed_trial_and_the_same_command_recovers(runs_dir):
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+def test_kill_9_loses_no_completed_trial_and_the_same_command_recovers(runs_dir, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp_path)}
     args = ["+space=llm", "study.name=killed", "tracking.experiment=killed", *TINY, "measure.max_time_s=3",
             "study.sampler=random"]
     proc = subprocess.Popen([sys.executable, "-m", "search", *args, "study.n_trials=50", f"runs_dir={runs_dir}"],
@@ -233,6 +233,7 @@ def test_kill_9_loses_no_completed_trial_and_the_same_command_recovers(runs_dir)
     time.sleep(1.5)  # inside the third trial
     proc.kill()
     proc.wait(timeout=30)
+    assert not list(tmp_path.glob("search-trial-*")), "the killed trial's worker left its stderr file behind"
     study = optuna.load_study(study_name="killed", storage=f"sqlite:///{runs_dir}/optuna.db")
     before = {t.number: t.user_attrs["metrics"] for t in measured(study)}
     stale_trials, stale_runs = _running(runs_dir, "killed", "killed")
