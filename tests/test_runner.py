@@ -195,6 +195,11 @@ def _ends(pid: int, within_s: float = 5.0) -> bool:
     return False
 
 
+def _parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])  # the field after the state
+
+
 def test_a_worker_dies_with_its_study_process_even_under_kill_9(tmp_path):
     pid_file = tmp_path / "pids"
     script = ("import sys; sys.path.insert(0, sys.argv[1])\n"
@@ -211,10 +216,12 @@ def test_a_worker_dies_with_its_study_process_even_under_kill_9(tmp_path):
             break
         time.sleep(0.1)
     worker, child = map(int, pid_file.read_text().split())
+    server = _parent_of(worker)  # the fork server that started the worker (the study itself under spawn)
     study.kill()
     study.wait()
     try:
         assert _ends(worker), "the worker outlived the study process"
+        assert server == study.pid or _ends(server), "the fork server outlived the study process"
     finally:
         os.kill(child, signal.SIGKILL)  # the workload's own child is the workload's business
 
@@ -334,15 +341,16 @@ def test_a_worker_killed_by_a_real_time_signal_is_a_crash_not_a_traceback():
 
 
 def test_ctrl_c_while_the_worker_starts_is_not_lost(monkeypatch):
-    import multiprocessing.context
+    from search.runner import worker_context
 
-    start = multiprocessing.context.SpawnProcess.start
+    process_class = worker_context().Process
+    start = process_class.start
 
     def start_during_ctrl_c(self):
         os.kill(os.getpid(), signal.SIGINT)  # the user's Ctrl-C, in the moment the worker is started
         return start(self)
 
-    monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", start_during_ctrl_c)
+    monkeypatch.setattr(process_class, "start", start_during_ctrl_c)
     # A shell starts background jobs with SIGINT ignored; Ctrl-C handling needs Python's handler.
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     started = time.monotonic()
