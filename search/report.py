@@ -71,9 +71,11 @@ def trial_line(record: TrialRecord, done: int, total: int, front_size: int, elap
     return f"{head}{body} | front {front_size} | {_clock(elapsed_s)} elapsed, ETA {_clock(eta_s)}"
 
 
-def summary_lines(outcome, history: Sequence[TrialRecord], recovered: Sequence[str] = ()) -> list[str]:
-    """How the invocation went: what was measured, rejected, reused or skipped, why it stopped, and
-    every fault by kind (oom, crash, timeout, error) with the trials it hit."""
+def summary_lines(outcome, history: Sequence[TrialRecord], recovered: Sequence[str] = (),
+                  best: TrialRecord | None = None, max_cv: float = math.nan) -> list[str]:
+    """How the invocation went: what was measured, rejected, reused or skipped, why it stopped,
+    every fault by kind (oom, crash, timeout, error) with the trials it hit, and how many measured
+    configurations were unstable (naming one surely faster than the recommendation ``best``)."""
     states = [r.state for r in outcome.records]
     counts = ", ".join(f"{states.count(s)} {s}" for s in sorted(set(states))) or "none"
     lines = [f"\nthis run: {len(outcome.records)} measured ({counts}); proposals that broke a constraint: "
@@ -93,11 +95,31 @@ def summary_lines(outcome, history: Sequence[TrialRecord], recovered: Sequence[s
         lines += [f"  #{r.number} {r.failure}" for r in failed]
     infeasible = [r for r in outcome.records if r.state == INFEASIBLE]
     lines += [f"  #{r.number} infeasible: {r.failure}" for r in infeasible]
-    unstable = sum(1 for r in history if r.state == COMPLETE and not r.stable)
+    unstable = [r for r in history if r.state == COMPLETE and not r.stable]
     if unstable:
-        lines.append(f"{unstable} measured configuration(s) were unstable (throughput CV above the bound) "
+        lines.append(f"{len(unstable)} measured configuration(s) were unstable (throughput CV above the bound) "
                      "and are left off the front.")
+        lines += faster_unstable_lines(unstable, best, max_cv)
     return lines
+
+
+def faster_unstable_lines(unstable: Sequence[TrialRecord], best: TrialRecord | None, max_cv: float) -> list[str]:
+    """Name the fastest unstable configuration when it is surely faster than the recommendation
+    (its throughput interval lies above the recommendation's) or there is no recommendation: on a
+    noisy machine the stability bound may cost more speed than a user would give up for it."""
+    fastest = max(unstable, key=lambda r: r.metrics["throughput_ci_low"])
+    if best is not None and fastest.metrics["throughput_ci_low"] <= best.metrics["throughput_ci_high"]:
+        return []
+    fastest_text = (f"#{fastest.number} ({throughput_text(fastest.metrics, fastest.unit)}, "
+                    f"cv {fastest.metrics['throughput_cv']:.1%})")
+    if best is None:
+        head = f"  nothing is recommended; the fastest of them is {fastest_text}"
+    else:
+        ratio = fastest.metrics["throughput_ci_low"] / best.metrics["throughput_ci_high"]
+        head = (f"  the fastest of them, {fastest_text}, is {ratio:.1f}x as fast as the recommendation "
+                f"(#{best.number}), comparing the near ends of the intervals")
+    return [f"{head}; if throughput varying that much is acceptable, re-run with a larger stable.max_cv "
+            f"(now {max_cv:.0%}): stored measurements are judged again, not repeated."]
 
 
 def pareto_table(front: Sequence[TrialRecord], best: TrialRecord | None, knob_names: Sequence[str],
