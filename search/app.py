@@ -422,8 +422,8 @@ def _finish(cfg, space: SearchSpace, driver: StudyDriver, outcome: StudyOutcome,
         tracker.set_tags(tracker.parent_id, {"best_trial": str(best.number)})
         tracker.log_metrics(tracker.parent_id, {f"best_{k}": v for k, v in best.metrics.items()})
 
-    for line in summary_lines(outcome, history, driver.recovery.notes if driver.recovery else (), best,
-                              float(cfg["stable"]["max_cv"])):
+    for line in summary_lines(outcome, history, driver.recovery.notes if driver.recovery else (), best=best,
+                              max_cv=float(cfg["stable"]["max_cv"])):
         out.print(line, markup=False)
     if front:
         processes = int(cfg["revalidate"]["processes"])

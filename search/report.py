@@ -71,8 +71,8 @@ def trial_line(record: TrialRecord, done: int, total: int, front_size: int, elap
     return f"{head}{body} | front {front_size} | {_clock(elapsed_s)} elapsed, ETA {_clock(eta_s)}"
 
 
-def summary_lines(outcome, history: Sequence[TrialRecord], recovered: Sequence[str] = (),
-                  best: TrialRecord | None = None, max_cv: float = math.nan) -> list[str]:
+def summary_lines(outcome, history: Sequence[TrialRecord], recovered: Sequence[str] = (), *,
+                  best: TrialRecord | None, max_cv: float) -> list[str]:
     """How the invocation went: what was measured, rejected, reused or skipped, why it stopped,
     every fault by kind (oom, crash, timeout, error) with the trials it hit, and how many measured
     configurations were unstable (naming one surely faster than the recommendation ``best``)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import faulthandler
+import functools
 import gc
 import multiprocessing
 import multiprocessing.reduction
@@ -317,6 +318,7 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
+@functools.cache
 def worker_context() -> multiprocessing.context.BaseContext:
     """How trial workers start: forked from a fork server that has imported this module (and with
     it torch) once, so a fresh worker costs milliseconds, not the 2-3 s of importing torch again.
@@ -462,8 +464,8 @@ def _study_alive() -> bool:
         os.kill(study.pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # it exists, as another user's process
+        pass
     return True
 
 
