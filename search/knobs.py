@@ -169,8 +169,13 @@ class TrainStep:
             for batch in self._lane_batches[lane]:
                 batch = _map_tensors(lambda t: t.to(self.device, non_blocking=True), batch)
                 # Autocast is thread-local, so each lane enters it itself; backward runs outside it.
+                # Its cache of weights cast to low precision is not: one map for the whole process.
+                # A lane would take a cast another lane's stream has queued but not yet run, and
+                # read garbage (on an H100, bf16 with 2 lanes gave a NaN loss in 1 of 9 fidelity
+                # passes); with several lanes each casts its own weights.
                 with torch.autocast(self.device.type, dtype=self._autocast_dtype,
-                                    enabled=self._autocast_dtype is not None):
+                                    enabled=self._autocast_dtype is not None,
+                                    cache_enabled=self.knobs.streams == 1):
                     loss = self.workload.loss(self.model, batch) / self.knobs.n_micro_batches
                 scaled = loss if self._grad_scaler is None else self._grad_scaler.scale(loss)
                 scaled.backward()
