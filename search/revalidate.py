@@ -23,6 +23,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 from scipy import stats
 
+from search.gpu_telemetry import SLOWDOWN_NAMES
 from search.records import TrialRecord
 from search.runner import COMPLETE, TrialResult
 
@@ -103,7 +104,8 @@ def pool(results: Sequence[TrialResult], max_cv: float, confidence: float) -> Po
         e_half = float(stats.t.ppf(0.5 + confidence / 2, len(energies) - 1) * np.std(energies, ddof=1)
                        / math.sqrt(len(energies))) if len(energies) > 1 else math.inf
         metrics |= {"energy_per_item_j": e_mean, "energy_per_item_j_ci_high": e_mean + e_half}
-    throttled = [r.throttle_reasons for r in results if r.throttle_reasons]
+    throttled = [r.throttle_reasons for r in results
+                 if SLOWDOWN_NAMES.intersection(r.throttle_reasons.split(", "))]
     peaks = [r.peak_memory_mb for r in results if r.peak_memory_mb is not None]
     if peaks:
         metrics["peak_memory_mb"] = float(max(peaks))

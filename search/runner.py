@@ -179,6 +179,8 @@ class _MemoryLimit:
     (only in a worker that can be ended, i.e. with ``on_exceeded``)."""
 
     def __init__(self, device: torch.device, limit_mb: float | None, on_exceeded, started: float):
+        if device.type == "cuda" and device.index is None:  # the allocator's fraction needs an index
+            device = torch.device("cuda", torch.cuda.current_device())
         self.device, self.watchdog, self.capped = device, None, False
         if limit_mb is None:
             return
@@ -290,6 +292,8 @@ def telemetry_metrics(windows, items_per_window: int, confidence: float) -> dict
             out[key] = float(reduce(values))
     if any(hasattr(w, "throttled") for w in windows):
         out["throttled"] = float(any(getattr(w, "throttled", False) for w in windows))
+        # Holding the board's power limit is reported, not held against stability (gpu_telemetry).
+        out["power_capped"] = float(np.mean(["sw_power_cap" in getattr(w, "throttle_reasons", ()) for w in windows]))
     return out
 
 

@@ -261,7 +261,8 @@ def test_a_transient_nvml_error_drops_that_sample_only():
 @pytest.mark.parametrize(("bitmask", "names", "throttled"), [
     (0, (), False),
     (GPU_IDLE | APPLICATIONS_CLOCKS | DISPLAY_CLOCK, (), False),
-    (SW_POWER_CAP | GPU_IDLE, ("sw_power_cap",), True),
+    (SW_POWER_CAP | GPU_IDLE, ("sw_power_cap",), False),
+    (SW_POWER_CAP | SW_THERMAL, ("sw_power_cap", "sw_thermal"), True),
     (HW_SLOWDOWN | HW_THERMAL, ("hw_slowdown", "hw_thermal"), True),
     (SW_THERMAL, ("sw_thermal",), True),
     (HW_POWER_BRAKE, ("hw_power_brake",), True),

@@ -70,3 +70,9 @@ def test_every_candidate_is_measured_k_times_in_an_interleaved_order():
     assert sorted(order) == [1, 1, 1, 2, 2, 2, 3, 3, 3]
     assert order != sorted(order), "runs are interleaved, not grouped by candidate"
     assert {n: p.metrics["throughput"] for n, p in pooled.items()} == {1: 101.0, 2: 102.0, 3: 103.0}
+
+
+def test_a_power_capped_run_stays_stable():
+    # An H100 running a compute-bound configuration holds its power limit for good: not a slowdown.
+    capped = TrialResult(COMPLETE, run(100.0).measurement, 100.0, throttle_reasons="sw_power_cap, sync_boost")
+    assert pool([run(100.0), capped, run(100.0)], 0.05, 0.95).stable
