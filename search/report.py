@@ -33,8 +33,9 @@ def _clock(seconds: float) -> str:
     return f"{minutes}:{secs:02d}"
 
 
-LABELS = {"latency_p50_ms": ("p50", "ms"), "latency_p95_ms": ("p95", "ms"), "peak_memory_mb": ("mem", "MB")}
-"""Short labels and units of the figures shown beside throughput."""
+LABELS = {"latency_p50_ms": ("p50", "ms", ".1f"), "latency_p95_ms": ("p95", "ms", ".1f"),
+          "peak_memory_mb": ("mem", "MB", ".1f"), "energy_per_item_j": ("energy", "J/item", ".3g")}
+"""Short labels, units and number formats of the figures shown beside throughput."""
 
 
 def shown_metrics(objectives: Sequence[str]) -> list[str]:
@@ -61,10 +62,10 @@ def trial_line(record: TrialRecord, done: int, total: int, front_size: int, elap
     head = f"[{done}/{total}] #{record.number} {knobs_text(record.config, knob_names)} -> "
     if record.state == COMPLETE:
         m = record.metrics
-        figures = ", ".join(f"{LABELS[k][0]} {m.get(k, math.nan):.1f} {LABELS[k][1]}" for k in shown)
+        figures = ", ".join(f"{LABELS[k][0]} {m.get(k, math.nan):{LABELS[k][2]}} {LABELS[k][1]}" for k in shown)
         body = (f"{throughput_text(m, record.unit)} ({confidence:.0%} CI, {m['n_windows']:.0f} windows, "
                 f"{m['n_steps']:.0f} steps) cv {m['throughput_cv']:.1%}, {figures}, "
-                f"{'stable' if record.stable else 'UNSTABLE'}")
+                f"{'stable' if record.stable else 'UNSTABLE (throttled)' if m.get('throttled') else 'UNSTABLE'}")
     else:
         body = f"{record.state.upper()}: {record.failure}"
     eta_s = elapsed_s / done * (total - done)
@@ -132,7 +133,7 @@ def pareto_table(front: Sequence[TrialRecord], best: TrialRecord | None, knob_na
         m = r.metrics
         table.add_row(
             str(r.number), *(_value(r.config[k]) for k in knob_names), throughput_text(m, "").replace(" /s", ""),
-            f"{m['throughput_cv']:.1%}", *(f"{m.get(k, math.nan):.1f}" for k in shown),
+            f"{m['throughput_cv']:.1%}", *(f"{m.get(k, math.nan):{LABELS[k][2]}}" for k in shown),
             f"{m['n_windows']:.0f}", "best" if best is not None and r.number == best.number else "",
         )
     return table
