@@ -43,6 +43,11 @@ class Workload(abc.ABC):
         """How many items (``unit``) one sample holds: e.g. tokens per sequence. Default 1."""
         return 1
 
+    def flops_per_item(self) -> float | None:
+        """Model FLOPs of one training step per item (forward and backward, not counting what
+        ``recompute`` repeats), for model FLOP utilisation. Default None: not counted."""
+        return None
+
     def recompute_modules(self, model: nn.Module) -> list[nn.Module]:
         """Submodules whose activations may be recomputed in backward (the ``recompute`` knob).
 

@@ -100,6 +100,15 @@ class GPT(Workload):
     def items_per_sample(self) -> int:
         return self.config["seq_len"]
 
+    def flops_per_item(self) -> float:
+        """6 per weight of every matrix product (forward 2, backward 4) plus causal attention's
+        score and value products counted in full, 12 * layers * d_model * seq_len (PaLM's
+        convention, appendix B): per token of a training step."""
+        c = self.config
+        d, layers = c["d_model"], c["n_layers"]
+        matmul_weights = layers * (4 * d * d + 2 * d * c["d_ff"]) + c["vocab_size"] * d  # tied output head
+        return 6.0 * matmul_weights + 12.0 * layers * d * c["seq_len"]
+
     def recompute_modules(self, model: nn.Module) -> list[nn.Module]:
         return list(model.blocks)
 
