@@ -25,22 +25,33 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
-
 @pytest.fixture(scope="module")
 def runs_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("runs")
 
 
-def search(*args: str, runs_dir: Path, pythonpath: str = "", exit_code: int = 0) -> subprocess.CompletedProcess:
+def search(
+    *args: str, runs_dir: Path, pythonpath: str = "", exit_code: int = 0
+) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (pythonpath, str(REPO)) if p)}
-    result = subprocess.run([sys.executable, "-m", "search", *args, f"runs_dir={runs_dir}"], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == exit_code, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    result = subprocess.run(
+        [sys.executable, "-m", "search", *args, f"runs_dir={runs_dir}"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == exit_code, (
+        f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    )
     return result
 
 
 def measured(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    return [t for t in study.trials if "metrics" in t.user_attrs and "reused_from" not in t.user_attrs]
+    return [
+        t for t in study.trials if "metrics" in t.user_attrs and "reused_from" not in t.user_attrs
+    ]
 
 
 def runs_of(runs_dir: Path, experiment: str):
@@ -54,17 +65,26 @@ def runs_of(runs_dir: Path, experiment: str):
 
 
 def test_llm_study_end_to_end(runs_dir):
-    result = search("+space=llm", "study.n_trials=3", "stable.max_cv=1.0", *TINY, "revalidate.processes=2",
-                    "revalidate.max_candidates=2", runs_dir=runs_dir)
+    result = search(
+        "+space=llm",
+        "study.n_trials=3",
+        "stable.max_cv=1.0",
+        *TINY,
+        "revalidate.processes=2",
+        "revalidate.max_candidates=2",
+        runs_dir=runs_dir,
+    )
     assert "Pareto-optimal stable configurations" in result.stdout
     assert f"mlflow ui --backend-store-uri sqlite:///{runs_dir}/mlflow.db" in result.stdout
 
     study = optuna.load_study(study_name="llm-cpu", storage=f"sqlite:///{runs_dir}/optuna.db")
     trials = measured(study)
     assert len(trials) == 3
-    assert [o for o in study.directions] == [optuna.study.StudyDirection.MAXIMIZE,
-                                             optuna.study.StudyDirection.MINIMIZE,
-                                             optuna.study.StudyDirection.MINIMIZE]
+    assert [o for o in study.directions] == [
+        optuna.study.StudyDirection.MAXIMIZE,
+        optuna.study.StudyDirection.MINIMIZE,
+        optuna.study.StudyDirection.MINIMIZE,
+    ]
     for t in trials:
         assert t.user_attrs["state"] in ("complete", "failed", "infeasible")
         if t.state == optuna.trial.TrialState.COMPLETE:
@@ -82,11 +102,16 @@ def test_llm_study_end_to_end(runs_dir):
     for child in children:
         assert set(child.data.params) == KNOBS
         assert child.data.tags["throughput_unit"] == "tokens/s"
-        assert child.data.tags["pareto"] in ("true", "false") and child.data.tags["stable"] in ("true", "false")
+        assert child.data.tags["pareto"] in ("true", "false") and child.data.tags["stable"] in (
+            "true",
+            "false",
+        )
         if child.data.tags["state"] == "complete":
             assert CONTRACT_METRICS <= set(child.data.metrics)
     on_front = {c.info.run_id for c in children if c.data.tags["pareto"] == "true"}
-    assert on_front, "with stable.max_cv=1.0 every complete trial is stable, so the front is not empty"
+    assert on_front, (
+        "with stable.max_cv=1.0 every complete trial is stable, so the front is not empty"
+    )
     revalidated = {c.info.run_id for c in children if c.data.tags.get("revalidated") == "true"}
     assert 1 <= len(revalidated) <= 2 and on_front <= revalidated
     for child in children:
@@ -109,9 +134,14 @@ def test_llm_study_end_to_end(runs_dir):
 
 def test_small_space_is_exhausted_and_resumed_without_remeasuring(runs_dir):
     # batch 4, micro {2, 4}, streams <= 4 / micro, fp32 only, recompute on/off: 6 feasible configs.
-    tiny_space = ["study.name=tiny", "tracking.experiment=tiny", "space.params.batch_size.low=4",
-                  "space.params.batch_size.high=4", "space.params.micro_batch_size.low=2",
-                  "space.params.precision.choices=[fp32]"]
+    tiny_space = [
+        "study.name=tiny",
+        "tracking.experiment=tiny",
+        "space.params.batch_size.low=4",
+        "space.params.batch_size.high=4",
+        "space.params.micro_batch_size.low=2",
+        "space.params.precision.choices=[fp32]",
+    ]
     first = search("+space=llm", "study.n_trials=10", *TINY, *tiny_space, runs_dir=runs_dir)
     assert "stopped by exhausted" in first.stdout
     study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{runs_dir}/optuna.db")
@@ -129,27 +159,56 @@ def test_small_space_is_exhausted_and_resumed_without_remeasuring(runs_dir):
 
 def test_readme_user_workload_example(runs_dir):
     example = REPO / "examples" / "user_workload"
-    result = search("--config-dir", str(example), "+space=mlp", "study.n_trials=2", "measure.warmup_s=0.1",
-                    "measure.window_s=0.05", "measure.min_windows=3", "measure.max_time_s=1",
-                    runs_dir=runs_dir, pythonpath=str(example))
+    result = search(
+        "--config-dir",
+        str(example),
+        "+space=mlp",
+        "study.n_trials=2",
+        "measure.warmup_s=0.1",
+        "measure.window_s=0.05",
+        "measure.min_windows=3",
+        "measure.max_time_s=1",
+        runs_dir=runs_dir,
+        pythonpath=str(example),
+    )
     assert "study: mlp-" in result.stdout
     _, parents, children = runs_of(runs_dir, "mlp")
     assert len(parents) == 1 and len(children) == 2
     for child in children:
-        assert set(child.data.params) == {"batch_size", "micro_batch_size", "precision", "hidden", "recompute"}
+        assert set(child.data.params) == {
+            "batch_size",
+            "micro_batch_size",
+            "precision",
+            "hidden",
+            "recompute",
+        }
         assert child.data.tags["throughput_unit"] == "samples/s"
         assert child.data.tags["state"] == "complete", child.data.tags.get("failure")
 
 
 def test_ctrl_c_marks_the_trial_failed_and_the_parent_killed(runs_dir):
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
-    args = ["+space=llm", "study.n_trials=50", "study.name=interrupted", "tracking.experiment=interrupted", *TINY,
-            "measure.max_time_s=3", f"runs_dir={runs_dir}"]
+    args = [
+        "+space=llm",
+        "study.n_trials=50",
+        "study.name=interrupted",
+        "tracking.experiment=interrupted",
+        *TINY,
+        "measure.max_time_s=3",
+        f"runs_dir={runs_dir}",
+    ]
     # A new session, so that the signal goes to the study and its worker as a terminal's Ctrl-C would.
     # SIGINT back to its default: a shell starts background jobs (a CI runner, say) with it ignored.
-    proc = subprocess.Popen([sys.executable, "-m", "search", *args], cwd=REPO, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "search", *args],
+        cwd=REPO,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     for line in proc.stdout:
         if line.startswith("[1/50]"):
             break
@@ -161,24 +220,50 @@ def test_ctrl_c_marks_the_trial_failed_and_the_parent_killed(runs_dir):
 
     study = optuna.load_study(study_name="interrupted", storage=f"sqlite:///{runs_dir}/optuna.db")
     assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
-    assert [t.user_attrs.get("failure") for t in study.trials if t.state == optuna.trial.TrialState.FAIL] == \
-        ["interrupted"]
+    assert [
+        t.user_attrs.get("failure") for t in study.trials if t.state == optuna.trial.TrialState.FAIL
+    ] == ["interrupted"]
     client, parents, children = runs_of(runs_dir, "interrupted")
     assert [p.info.status for p in parents] == ["KILLED"]
     assert children and all(c.info.status == "FINISHED" for c in children)
 
 
 # tests/faults.py's workload, one configuration per fault (tests/fault_space/space/faults.yaml)
-FAULTS = ["--config-dir", str(REPO / "tests" / "fault_space"), "+space=faults", "device=cpu", "preset=cpu",
-          "measure.warmup_s=0.1", "measure.window_s=0.05", "measure.min_windows=3", "measure.max_time_s=1",
-          "revalidate.processes=0", "runner.timeout_s=6", "runner.memory_limit_mb=300"]
-EXPECTED_KIND = {"none": "complete", "oom": "oom", "segv": "crash", "abort": "crash", "exit": "crash",
-                 "error": "error", "hang": "timeout", "hostmem": "oom"}
+FAULTS = [
+    "--config-dir",
+    str(REPO / "tests" / "fault_space"),
+    "+space=faults",
+    "device=cpu",
+    "preset=cpu",
+    "measure.warmup_s=0.1",
+    "measure.window_s=0.05",
+    "measure.min_windows=3",
+    "measure.max_time_s=1",
+    "revalidate.processes=0",
+    "runner.timeout_s=6",
+    "runner.memory_limit_mb=300",
+]
+EXPECTED_KIND = {
+    "none": "complete",
+    "oom": "oom",
+    "segv": "crash",
+    "abort": "crash",
+    "exit": "crash",
+    "error": "error",
+    "hang": "timeout",
+    "hostmem": "oom",
+}
 
 
 def test_a_study_over_every_fault_finishes_and_records_each_kind(runs_dir):
-    result = search(*FAULTS, "study.n_trials=8", "study.max_failure_rate=1", "study.sampler=random",
-                    runs_dir=runs_dir, pythonpath=str(REPO / "tests"))
+    result = search(
+        *FAULTS,
+        "study.n_trials=8",
+        "study.max_failure_rate=1",
+        "study.sampler=random",
+        runs_dir=runs_dir,
+        pythonpath=str(REPO / "tests"),
+    )
     study = optuna.load_study(study_name="faults-cpu", storage=f"sqlite:///{runs_dir}/optuna.db")
     trials = {t.user_attrs["config"]["fault"]: t for t in measured(study)}
     assert set(trials) == set(EXPECTED_KIND), "every fault was tried once"
@@ -196,19 +281,34 @@ def test_a_study_over_every_fault_finishes_and_records_each_kind(runs_dir):
     _, parents, children = runs_of(runs_dir, "faults")
     assert [p.info.status for p in parents] == ["FINISHED"]
     by_fault = {c.data.params["fault"]: c for c in children}
-    assert by_fault["segv"].data.tags["failure"].startswith("crash: worker killed by signal SIGSEGV")
-    assert by_fault["segv"].info.status == "FAILED" and by_fault["none"].data.tags["state"] == "complete"
+    assert (
+        by_fault["segv"].data.tags["failure"].startswith("crash: worker killed by signal SIGSEGV")
+    )
+    assert (
+        by_fault["segv"].info.status == "FAILED"
+        and by_fault["none"].data.tags["state"] == "complete"
+    )
     assert "Segmentation fault" in by_fault["segv"].data.tags["stderr_tail"]
 
 
 def test_a_study_that_only_fails_stops_with_a_clear_message(runs_dir):
-    result = search(*FAULTS, "study.name=only-fails", "tracking.experiment=only-fails", "study.n_trials=8",
-                    "space.params.fault.choices=[error,exit,oom,segv,abort,hang]", "study.max_failure_rate=0.5",
-                    runs_dir=runs_dir, pythonpath=str(REPO / "tests"), exit_code=1)
+    result = search(
+        *FAULTS,
+        "study.name=only-fails",
+        "tracking.experiment=only-fails",
+        "study.n_trials=8",
+        "space.params.fault.choices=[error,exit,oom,segv,abort,hang]",
+        "study.max_failure_rate=0.5",
+        runs_dir=runs_dir,
+        pythonpath=str(REPO / "tests"),
+        exit_code=1,
+    )
     assert "stopped by failure rate" in result.stdout
     err = result.stderr.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("search: error: stopped early: 5 of 5 trials failed (100%, above "
-                                               "study.max_failure_rate = 0.5)"), result.stderr
+    assert len(err) == 1 and err[0].startswith(
+        "search: error: stopped early: 5 of 5 trials failed (100%, above "
+        "study.max_failure_rate = 0.5)"
+    ), result.stderr
     assert "raise study.max_failure_rate" in err[0]
     _, parents, children = runs_of(runs_dir, "only-fails")
     assert [p.info.status for p in parents] == ["FAILED"] and len(children) == 5
@@ -217,31 +317,56 @@ def test_a_study_that_only_fails_stops_with_a_clear_message(runs_dir):
 def _running(runs_dir: Path, study_name: str, experiment: str):
     study = optuna.load_study(study_name=study_name, storage=f"sqlite:///{runs_dir}/optuna.db")
     _, parents, children = runs_of(runs_dir, experiment)
-    return ([t.number for t in study.trials if t.state == optuna.trial.TrialState.RUNNING],
-            [r.info.run_id for r in parents + children if r.info.status == "RUNNING"])
+    return (
+        [t.number for t in study.trials if t.state == optuna.trial.TrialState.RUNNING],
+        [r.info.run_id for r in parents + children if r.info.status == "RUNNING"],
+    )
 
 
 def test_kill_9_loses_no_completed_trial_and_the_same_command_recovers(runs_dir, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp_path)}
-    args = ["+space=llm", "study.name=killed", "tracking.experiment=killed", *TINY, "measure.max_time_s=3",
-            "study.sampler=random"]
-    proc = subprocess.Popen([sys.executable, "-m", "search", *args, "study.n_trials=50", f"runs_dir={runs_dir}"],
-                            cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # Every trial measures for its whole 3 s budget (a target no interval meets), so that the kill
+    # 1.5 s into the third trial lands inside it however quiet the machine is.
+    args = [
+        "+space=llm",
+        "study.name=killed",
+        "tracking.experiment=killed",
+        *TINY,
+        "measure.max_time_s=3",
+        "measure.target_rel_ci=1e-9",
+        "measure.max_windows=10000",
+        "study.sampler=random",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "search", *args, "study.n_trials=50", f"runs_dir={runs_dir}"],
+        cwd=REPO,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     for line in proc.stdout:
         if line.startswith("[2/50]"):
             break
     time.sleep(1.5)  # inside the third trial
     proc.kill()
     proc.wait(timeout=30)
-    assert not list(tmp_path.glob("search-trial-*")), "the killed trial's worker left its stderr file behind"
+    assert not list(tmp_path.glob("search-trial-*")), (
+        "the killed trial's worker left its stderr file behind"
+    )
     study = optuna.load_study(study_name="killed", storage=f"sqlite:///{runs_dir}/optuna.db")
     before = {t.number: t.user_attrs["metrics"] for t in measured(study)}
     stale_trials, stale_runs = _running(runs_dir, "killed", "killed")
-    assert len(before) == 2 and len(stale_trials) == 1 and stale_runs, "the kill left a trial and a run RUNNING"
+    assert len(before) == 2 and len(stale_trials) == 1 and stale_runs, (
+        "the kill left a trial and a run RUNNING"
+    )
     stale_config = study.trials[stale_trials[0]].params
 
     result = search(*args, "study.n_trials=1", runs_dir=runs_dir)
-    assert f"recovered: trial #{stale_trials[0]} was left running (its process (pid {proc.pid}) is gone)" in result.stdout
+    assert (
+        f"recovered: trial #{stale_trials[0]} was left running (its process (pid {proc.pid}) is gone)"
+        in result.stdout
+    )
     assert "MLflow run" in result.stdout and "ended KILLED" in result.stdout
     assert _running(runs_dir, "killed", "killed") == ([], [])
     study = optuna.load_study(study_name="killed", storage=f"sqlite:///{runs_dir}/optuna.db")
@@ -250,19 +375,40 @@ def test_kill_9_loses_no_completed_trial_and_the_same_command_recovers(runs_dir,
     retried = [t for t in measured(study) if t.user_attrs.get("retry_of") == stale_trials[0]]
     assert len(retried) == 1 and retried[0].params == stale_config
     failed = study.trials[stale_trials[0]]
-    assert failed.state == optuna.trial.TrialState.FAIL and failed.user_attrs["failure"].startswith("crash: left running")
+    assert failed.state == optuna.trial.TrialState.FAIL and failed.user_attrs["failure"].startswith(
+        "crash: left running"
+    )
     _, parents, _ = runs_of(runs_dir, "killed")
     assert sorted(p.info.status for p in parents) == ["FINISHED", "KILLED"]
 
 
 def test_two_processes_on_one_study_share_it_without_losing_or_repeating_a_result(runs_dir):
     # batch 4, micro {2, 4}, streams <= 4 / micro, fp32 or bf16, recompute on/off: 12 configurations
-    args = ["+space=llm", "study.name=shared", "tracking.experiment=shared", *TINY, "study.n_trials=3",
-            "space.params.batch_size.low=4", "space.params.batch_size.high=4", "space.params.micro_batch_size.low=2",
-            "space.params.precision.choices=[fp32,bf16]", "study.sampler=random", f"runs_dir={runs_dir}"]
+    args = [
+        "+space=llm",
+        "study.name=shared",
+        "tracking.experiment=shared",
+        *TINY,
+        "study.n_trials=3",
+        "space.params.batch_size.low=4",
+        "space.params.batch_size.high=4",
+        "space.params.micro_batch_size.low=2",
+        "space.params.precision.choices=[fp32,bf16]",
+        "study.sampler=random",
+        f"runs_dir={runs_dir}",
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    procs = [subprocess.Popen([sys.executable, "-m", "search", *args], cwd=REPO, env=env, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "search", *args],
+            cwd=REPO,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=600) for p in procs]
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, out + err
@@ -274,4 +420,6 @@ def test_two_processes_on_one_study_share_it_without_losing_or_repeating_a_resul
     assert _running(runs_dir, "shared", "shared") == ([], [])
     _, parents, children = runs_of(runs_dir, "shared")
     assert len(parents) == 2 and all(p.info.status == "FINISHED" for p in parents)
-    assert sorted(int(c.data.tags["trial"]) for c in children) == sorted(t.number for t in measured(study))
+    assert sorted(int(c.data.tags["trial"]) for c in children) == sorted(
+        t.number for t in measured(study)
+    )
