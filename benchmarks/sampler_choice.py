@@ -332,7 +332,12 @@ def report(results: list[StudyResult], budgets: list[int], n_seeds: int) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     names = list(dict.fromkeys(r.sampler for r in results))
-    random_hv = {(r.seed, b): r.snapshots[b].hv_ratio for r in results if r.sampler == "Random" for b in budgets}
+    random_hv = {
+        (r.seed, b): r.snapshots[b].hv_ratio
+        for r in results
+        if r.sampler == "Random"
+        for b in budgets
+    }
     for name in names:
         rs = [r for r in results if r.sampler == name]
         for b in budgets:
@@ -364,7 +369,10 @@ def report(results: list[StudyResult], budgets: list[int], n_seeds: int) -> str:
             f"| {sum(r.torch_threads_changed for r in rs)} "
             f"| {np.mean([r.wall_s for r in rs]):.1f} |"
         )
-    lines += ["", f"(counts in the second table are per study, up to {max(budgets)} measured trials)"]
+    lines += [
+        "",
+        f"(counts in the second table are per study, up to {max(budgets)} measured trials)",
+    ]
     lines += ["", "Warnings (total count over all seeds):"]
     for name in names:
         counter: Counter = Counter()
@@ -381,19 +389,36 @@ def report(results: list[StudyResult], budgets: list[int], n_seeds: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=10, help="number of seeds (0..N-1)")
-    parser.add_argument("--budgets", type=int, nargs="+", default=[12, 24, 48],
-                        help="measured-trial budgets to score")
-    parser.add_argument("--samplers", nargs="+", default=list(SAMPLERS), choices=list(SAMPLERS),
-                        metavar="NAME", help=f"subset of: {', '.join(SAMPLERS)}")
-    parser.add_argument("--stall", type=int, default=25,
-                        help="consecutive duplicate proposals before the harness enqueues a random config")
+    parser.add_argument(
+        "--budgets",
+        type=int,
+        nargs="+",
+        default=[12, 24, 48],
+        help="measured-trial budgets to score",
+    )
+    parser.add_argument(
+        "--samplers",
+        nargs="+",
+        default=list(SAMPLERS),
+        choices=list(SAMPLERS),
+        metavar="NAME",
+        help=f"subset of: {', '.join(SAMPLERS)}",
+    )
+    parser.add_argument(
+        "--stall",
+        type=int,
+        default=25,
+        help="consecutive duplicate proposals before the harness enqueues a random config",
+    )
     parser.add_argument("--jobs", type=int, default=1, help="parallel processes")
     args = parser.parse_args(argv)
     budgets = sorted(set(args.budgets))
     if budgets[0] < 1 or budgets[-1] > len(FEASIBLE):
         parser.error(f"budgets must lie in [1, {len(FEASIBLE)}]")
 
-    tasks = [(name, seed, budgets, args.stall) for name in args.samplers for seed in range(args.seeds)]
+    tasks = [
+        (name, seed, budgets, args.stall) for name in args.samplers for seed in range(args.seeds)
+    ]
     t0 = time.perf_counter()
     if args.jobs > 1:
         with ProcessPoolExecutor(args.jobs) as pool:
@@ -402,11 +427,17 @@ def main(argv: list[str] | None = None) -> int:
         results = []
         for task in tasks:
             results.append(_run(task))
-            print(f"  {task[0]} seed {task[1]}: {results[-1].wall_s:.1f} s", file=sys.stderr, flush=True)
+            print(
+                f"  {task[0]} seed {task[1]}: {results[-1].wall_s:.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )
     wall = time.perf_counter() - t0
     print(report(results, budgets, args.seeds))
-    print(f"\noptuna {optuna.__version__}, numpy {np.__version__}, {os.cpu_count()} CPUs, "
-          f"total wall {wall:.0f} s")
+    print(
+        f"\noptuna {optuna.__version__}, numpy {np.__version__}, {os.cpu_count()} CPUs, "
+        f"total wall {wall:.0f} s"
+    )
     return 0
 
 

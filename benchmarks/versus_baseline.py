@@ -23,21 +23,23 @@ import json
 import math
 import random
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import yaml
 from scipy import stats
 
-from search.app import check_settings, load_space
-from search.config import compose_config, resolve, resolve_device
+from search.config import compose_config, load_settings, resolve_device
 from search.measure import MeasureSettings
+from search.prepare import load_space
 from search.runner import COMPLETE, TrialRequest, TrialResult, run_isolated, split_config
 from search.space import CategoricalParam, FixedParam
 
-
-PROBE = MeasureSettings(warmup_steps=1, warmup_s=0.0, window_s=0.05, min_windows=2, max_windows=2, max_time_s=1.0)
+PROBE = MeasureSettings(
+    warmup_steps=1, warmup_s=0.0, window_s=0.05, min_windows=2, max_windows=2, max_time_s=1.0
+)
 """Enough steps to learn whether a configuration fits in memory, no more."""
 
 
@@ -45,8 +47,11 @@ def baseline_candidates(space) -> list[dict[str, Any]]:
     """bf16, no recompute, one lane, the largest batch; micro-batches from the largest down."""
     params = space.params
     batch = max(params["batch_size"].values())
-    micro = sorted((m for m in params["micro_batch_size"].values() if batch % m == 0), reverse=True) \
-        if "micro_batch_size" in params else [batch]
+    micro = (
+        sorted((m for m in params["micro_batch_size"].values() if batch % m == 0), reverse=True)
+        if "micro_batch_size" in params
+        else [batch]
+    )
     fixed = {"precision": "bf16", "recompute": False, "streams": 1}
     base = {}
     for name, param in params.items():
@@ -80,7 +85,9 @@ def flops_per_item(workload: Mapping[str, Any], config: Mapping[str, Any]) -> fl
     from hydra.utils import instantiate
 
     _, settings = split_config(config)
-    count = getattr(instantiate(dict(workload), _convert_="all", **settings), "flops_per_item", None)
+    count = getattr(
+        instantiate(dict(workload), _convert_="all", **settings), "flops_per_item", None
+    )
     return count() if count else None
 
 
@@ -89,12 +96,16 @@ def summary(results: list[TrialResult], confidence: float) -> dict[str, float]:
     n = len(means)
     half = stats.t.ppf(0.5 + confidence / 2, n - 1) * means.std(ddof=1) / math.sqrt(n)
     energies = [r.telemetry.get("energy_per_item_j") for r in results]
-    out = {"throughput": float(means.mean()), "throughput_ci_low": float(means.mean() - half),
-           "throughput_ci_high": float(means.mean() + half),
-           "between_process_cv": float(means.std(ddof=1) / means.mean()),
-           "median_within_run_cv": float(np.median([r.measurement.throughput_cv for r in results])),
-           "peak_memory_mb": float(max(r.peak_memory_mb or 0.0 for r in results)), "processes": n,
-           "process_means": means.tolist()}
+    out = {
+        "throughput": float(means.mean()),
+        "throughput_ci_low": float(means.mean() - half),
+        "throughput_ci_high": float(means.mean() + half),
+        "between_process_cv": float(means.std(ddof=1) / means.mean()),
+        "median_within_run_cv": float(np.median([r.measurement.throughput_cv for r in results])),
+        "peak_memory_mb": float(max(r.peak_memory_mb or 0.0 for r in results)),
+        "processes": n,
+        "process_means": means.tolist(),
+    }
     if all(e is not None for e in energies):
         out["energy_per_item_j"] = float(np.mean(energies))
     for key in ("mean_power_w", "sm_clock_mhz", "gpu_util_pct"):
@@ -107,15 +118,17 @@ def summary(results: list[TrialResult], confidence: float) -> dict[str, float]:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tuned", required=True, type=Path, help="best.yaml written by a study")
-    parser.add_argument("--processes", type=int, default=3, help="fresh processes per configuration")
+    parser.add_argument(
+        "--processes", type=int, default=3, help="fresh processes per configuration"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seeds the interleaving order")
     parser.add_argument("--json", type=Path, help="write every figure here")
     args, overrides = parser.parse_known_args(argv)
 
-    cfg = resolve(compose_config(overrides))
-    device = resolve_device(str(cfg["device"]))
-    space, _ = load_space(cfg, device)
-    settings = check_settings(cfg)
+    chosen = load_settings(compose_config(overrides))
+    device = resolve_device(chosen.device)
+    space, _ = load_space(chosen.space, device)
+    settings = chosen.measure
     best = yaml.safe_load(args.tuned.read_text())["recommended"]
     if best is None:
         print(f"{args.tuned}: the study recommended nothing; nothing to compare", file=sys.stderr)
@@ -123,14 +136,24 @@ def main(argv: list[str]) -> int:
     tuned = dict(best["config"])
 
     def request(config: Mapping[str, Any], measure: MeasureSettings = settings) -> TrialRequest:
-        return TrialRequest(space.workload, config, str(device), int(cfg["seed"]), measure,
-                            timeout_s=cfg["runner"]["timeout_s"], memory_limit_mb=None)
+        return TrialRequest(
+            space.workload,
+            config,
+            str(device),
+            chosen.seed,
+            measure,
+            timeout_s=chosen.runner.timeout_s,
+            memory_limit_mb=None,
+        )
 
     baseline = None
     for candidate in baseline_candidates(space):
         probe = run_isolated(request(candidate, PROBE))
-        print(f"baseline probe micro_batch_size={candidate['micro_batch_size']}: "
-              f"{probe.state}{': ' + probe.failure if probe.failure else ''}", flush=True)
+        print(
+            f"baseline probe micro_batch_size={candidate['micro_batch_size']}: "
+            f"{probe.state}{': ' + probe.failure if probe.failure else ''}",
+            flush=True,
+        )
         if probe.state == COMPLETE:
             baseline = candidate
             break
@@ -151,14 +174,21 @@ def main(argv: list[str]) -> int:
             return 1
         results[name].append(result)
         m = result.measurement
-        print(f"[{i}/{len(schedule)}] {name}: {m.throughput:,.0f} {result.unit}/s, cv {m.throughput_cv:.1%}, "
-              f"{m.n_windows} windows", flush=True)
+        print(
+            f"[{i}/{len(schedule)}] {name}: {m.throughput:,.0f} {result.unit}/s, cv {m.throughput_cv:.1%}, "
+            f"{m.n_windows} windows",
+            flush=True,
+        )
 
     import torch
 
     peak = matmul_peak_tflops(str(device)) if device.type == "cuda" else None
-    report: dict[str, Any] = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                              "torch": torch.__version__, "matmul_bf16_tflops": peak, "configs": named}
+    report: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "matmul_bf16_tflops": peak,
+        "configs": named,
+    }
     for name, config in named.items():
         figures = summary(results[name], settings.confidence)
         flops = flops_per_item(space.workload, config)
@@ -166,28 +196,40 @@ def main(argv: list[str]) -> int:
             figures["model_tflops"] = figures["throughput"] * flops / 1e12
             figures["mfu_vs_measured_matmul"] = figures["model_tflops"] / peak
         report[name] = figures
-    log_t, log_b = np.log(report["tuned"]["process_means"]), np.log(report["baseline"]["process_means"])
+    log_t, log_b = (
+        np.log(report["tuned"]["process_means"]),
+        np.log(report["baseline"]["process_means"]),
+    )
     ci = stats.ttest_ind(log_t, log_b, equal_var=False).confidence_interval(settings.confidence)
-    report["ratio"] = {"tuned_over_baseline": float(math.exp(log_t.mean() - log_b.mean())),
-                       "ci_low": float(math.exp(ci.low)), "ci_high": float(math.exp(ci.high))}
+    report["ratio"] = {
+        "tuned_over_baseline": float(math.exp(log_t.mean() - log_b.mean())),
+        "ci_low": float(math.exp(ci.low)),
+        "ci_high": float(math.exp(ci.high)),
+    }
 
     unit = results["tuned"][0].unit
-    print(f"\ndevice: {report['device']}, torch {report['torch']}"
-          + (f", bf16 matmul peak measured {peak:.0f} TFLOP/s" if peak else ""))
+    print(
+        f"\ndevice: {report['device']}, torch {report['torch']}"
+        + (f", bf16 matmul peak measured {peak:.0f} TFLOP/s" if peak else "")
+    )
     for name in named:
         f = report[name]
-        line = (f"{name:9s} {named[name]}\n          {f['throughput']:,.0f} {unit}/s "
-                f"[{f['throughput_ci_low']:,.0f}, {f['throughput_ci_high']:,.0f}] ({args.processes} processes), "
-                f"between-process cv {f['between_process_cv']:.2%}, median within-run cv "
-                f"{f['median_within_run_cv']:.2%}, peak {f['peak_memory_mb']:,.0f} MB")
+        line = (
+            f"{name:9s} {named[name]}\n          {f['throughput']:,.0f} {unit}/s "
+            f"[{f['throughput_ci_low']:,.0f}, {f['throughput_ci_high']:,.0f}] ({args.processes} processes), "
+            f"between-process cv {f['between_process_cv']:.2%}, median within-run cv "
+            f"{f['median_within_run_cv']:.2%}, peak {f['peak_memory_mb']:,.0f} MB"
+        )
         if "energy_per_item_j" in f:
             line += f", {f['energy_per_item_j'] * 1e3:.3f} mJ/{unit[:-1] if unit.endswith('s') else unit}"
         if "model_tflops" in f:
             line += f", {f['model_tflops']:.0f} model TFLOP/s = {f['mfu_vs_measured_matmul']:.1%} of the matmul peak"
         print(line)
     r = report["ratio"]
-    print(f"tuned / baseline throughput: {r['tuned_over_baseline']:.3f} "
-          f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}] ({settings.confidence:.0%} CI, Welch on log process means)")
+    print(
+        f"tuned / baseline throughput: {r['tuned_over_baseline']:.3f} "
+        f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}] ({settings.confidence:.0%} CI, Welch on log process means)"
+    )
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
     return 0

@@ -48,10 +48,14 @@ def main() -> None:
         context = multiprocessing.get_context(method)
         if method == "forkserver":
             context.set_forkserver_preload(["search.runner"])
-            print(f"forkserver: the server's own start (once per study process): {_start_once(context):.2f} s")
+            print(
+                f"forkserver: the server's own start (once per study process): {_start_once(context):.2f} s"
+            )
         times = [_start_once(context) for _ in range(args.starts)]
-        print(f"{method}: median {statistics.median(times):.3f} s per worker "
-              f"(min {min(times):.3f}, max {max(times):.3f}, {args.starts} starts)")
+        print(
+            f"{method}: median {statistics.median(times):.3f} s per worker "
+            f"(min {min(times):.3f}, max {max(times):.3f}, {args.starts} starts)"
+        )
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ interrupted, 1 anything unexpected.
 from __future__ import annotations
 
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 USAGE = """usage: python -m search +space=NAME [key=value ...] [--config-dir DIR] [--cfg]
        python -m search sync +space=NAME [key=value ...] [--config-dir DIR]
@@ -27,7 +27,7 @@ until its variance is known, and logs every trial to MLflow.
   --config-dir DIR   add DIR to Hydra's search path (your own spaces in DIR/space/)
   --cfg              print the composed config and exit
   -h, --help         this text
-"""
+"""  # noqa: E501 (help-table rows: the printed text stays byte-for-byte as it is)
 
 
 def _parse(argv: Sequence[str]) -> tuple[list[str], list[str], bool]:

@@ -2,24 +2,42 @@
 
 The built-in spaces in ``spaces/`` are registered as Hydra config group ``space``; a user's own
 ``DIR/space/NAME.yaml`` joins the same group through ``--config-dir DIR`` (Hydra's search path).
+The composed config is then checked against ``search.settings.Settings``, the schema registered
+in Hydra's ConfigStore: types, unknown keys and every value's range (see ``load_settings``).
 Every failure to compose becomes a ``ConfigError`` whose message is one line saying what to fix.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import importlib.util
 import re
+import types
+import typing
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
+from omegaconf.errors import (
+    ConfigKeyError,
+    MissingMandatoryValue,
+    OmegaConfBaseException,
+    ValidationError,
+)
+
+from search.measure import MeasureSettings
+from search.settings import PRESETS, SLO_EXPECTED, Settings
+
 
 def _data_dir(name: str) -> Path:
-    """``conf/`` or ``spaces/``: package data ``search.NAME`` when installed, else the repository's own.
+    """``conf/`` or ``spaces/``: package data ``search.NAME`` when installed, else the repository's
+    own.
 
     A wheel installs them as data-only packages (see pyproject.toml); an editable install does not
     map them, so a source checkout finds them beside the package.
@@ -38,9 +56,6 @@ class ConfigError(ValueError):
     """Bad input on the command line or in a config file; the message says what to change."""
 
 
-PRESETS = ("auto", "cpu", "cuda")
-
-
 def device_type(root: DictConfig) -> str:
     """'cpu' or 'cuda': the type of the chosen ``device`` (names the study)."""
     device = str(root.get("device", "auto"))
@@ -50,7 +65,8 @@ def device_type(root: DictConfig) -> str:
 
 
 def preset(root: DictConfig) -> str:
-    """'cpu' or 'cuda': the explicit ``preset``, else the device type (picks ``${by_device:A,B}``)."""
+    """'cpu' or 'cuda': the explicit ``preset``, else the device type (picks
+    ``${by_device:A,B}``)."""
     chosen = str(root.get("preset", "auto"))
     if chosen not in PRESETS:
         raise ConfigError(f"preset must be one of {', '.join(PRESETS)}, but got {chosen!r}")
@@ -64,7 +80,9 @@ def redact(text: str) -> str:
 
 def _register_resolvers() -> None:
     if not OmegaConf.has_resolver("by_device"):
-        OmegaConf.register_new_resolver("by_device", lambda cpu, cuda, *, _root_: cpu if preset(_root_) == "cpu" else cuda)
+        OmegaConf.register_new_resolver(
+            "by_device", lambda cpu, cuda, *, _root_: cpu if preset(_root_) == "cpu" else cuda
+        )
         OmegaConf.register_new_resolver("device_type", lambda *, _root_: device_type(_root_))
 
 
@@ -79,7 +97,8 @@ def _register_builtin_spaces() -> None:
 
 
 def compose_config(overrides: Sequence[str], config_dirs: Sequence[str] = ()) -> DictConfig:
-    """Compose the run's config; ``config_dirs`` are extra Hydra search-path roots (``--config-dir``)."""
+    """Compose the run's config; ``config_dirs`` are extra Hydra search-path roots
+    (``--config-dir``)."""
     _register_resolvers()
     overrides = list(overrides)
     if config_dirs:
@@ -98,9 +117,10 @@ def compose_config(overrides: Sequence[str], config_dirs: Sequence[str] = ()) ->
     with open_dict(cfg):
         del cfg["hydra"]
     _check_space_chosen(cfg, space_name)
-    _check_no_added_keys(cfg)
     with open_dict(cfg):
         cfg.space.name = cfg.space.get("name") or space_name
+    cfg = _apply_schema(cfg)
+    load_settings(cfg)  # checked here, so that --cfg refuses what a run would refuse
     return cfg
 
 
@@ -110,45 +130,173 @@ def _check_space_chosen(cfg: DictConfig, space_name: str | None) -> None:
         raise ConfigError(f"no search space chosen: add +space=NAME (built-in: {available})")
     if not isinstance(cfg.space, DictConfig) or space_name is None:
         # Hydra turns `+space=X` into the plain string "X" when the group cannot be found.
-        raise ConfigError(f"unknown space {cfg.space!r}: built-in spaces are {available}; "
-                          "a space of your own goes in DIR/space/NAME.yaml with --config-dir DIR")
+        raise ConfigError(
+            f"unknown space {cfg.space!r}: built-in spaces are {available}; "
+            "a space of your own goes in DIR/space/NAME.yaml with --config-dir DIR"
+        )
 
 
-def _check_no_added_keys(cfg: DictConfig) -> None:
-    """``+study.n_trails=3`` would add a key nothing reads: refuse keys the defaults do not have.
+# ---------------------------------------------------------------------------------------------
+# The schema: search.settings, applied to the composed config
 
-    ``space`` (free-form) and ``slo`` (a mapping of limits) are open to additions.
+
+SCHEMA_NAME = "search_settings"
+"""``search.settings.Settings`` in Hydra's ConfigStore."""
+
+
+def load_settings(cfg: DictConfig) -> Settings:
+    """The typed settings of a composed config: interpolations resolved, every value checked.
+
+    Raises ConfigError with one line naming the key when a value has the wrong type, a key is
+    unknown, or a value is out of range (NaN and inf included).
     """
-    defaults = OmegaConf.load(CONF_DIR / "config.yaml")
+    _register_resolvers()
+    typed = cfg if OmegaConf.get_type(cfg) is Settings else _apply_schema(cfg)
+    preset(typed)  # a bad preset is named as such, not as a failed ${by_device:...}
+    try:
+        # Resolves first, then builds the dataclasses: their __post_init__ sees final values.
+        settings = OmegaConf.to_object(typed)
+    except OmegaConfBaseException as e:
+        raise ConfigError(_schema_message(e, e.full_key, typed)) from None
+    except ValueError as e:  # a __post_init__ check
+        raise ConfigError(" ".join(str(e).split())) from None
+    assert isinstance(settings, Settings)
+    return settings
+
+
+def _schema(cfg: DictConfig) -> DictConfig:
+    store = ConfigStore.instance()
+    store.store(name=SCHEMA_NAME, node=Settings)
+    schema = store.load(f"{SCHEMA_NAME}.yaml").node  # a copy of the stored node
+    if "measure" in cfg:
+        # OmegaConf makes the node of a frozen dataclass read-only, and merging into it fails;
+        # the frozen MeasureSettings is still what to_object builds.
+        measure = OmegaConf.structured(MeasureSettings)
+        OmegaConf.set_readonly(measure, False)
+        schema.measure = measure
+    return schema
+
+
+def _apply_schema(cfg: DictConfig) -> DictConfig:
+    """``cfg`` typed by the schema: closed to unknown keys, each value converted to its type.
+
+    Interpolations stay as they are; ``load_settings`` resolves them and checks the results.
+    """
+    schema = _schema(cfg)
+    try:
+        return OmegaConf.merge(schema, cfg)  # type: ignore[return-value]
+    except OmegaConfBaseException as e:
+        key = e.full_key or _failing_key(schema, cfg)
+        raise ConfigError(_schema_message(e, key, cfg)) from None
+
+
+def _failing_key(schema: DictConfig, cfg: DictConfig) -> str:
+    """The top-level key whose merge fails: OmegaConf names none when a list replaces a mapping."""
     for key in cfg:
-        if key in ("space", "slo"):
-            continue
-        if key not in defaults:
-            raise ConfigError(f"unknown config key '{key}': the keys are {', '.join(map(str, defaults))}")
-        if isinstance(cfg[key], DictConfig):
-            extra = set(cfg[key]) - set(defaults[key])
-            if extra:
-                raise ConfigError(f"unknown config key '{key}.{sorted(extra)[0]}': the keys under {key} are "
-                                  f"{', '.join(map(str, defaults[key]))}")
+        try:
+            OmegaConf.merge(schema, OmegaConf.masked_copy(cfg, [str(key)]))
+        except OmegaConfBaseException as e:
+            return str(e.full_key or key)
+    return ""
+
+
+def _schema_message(error: OmegaConfBaseException, key: Any, cfg: DictConfig) -> str:
+    key = str(key or "")
+    text = " ".join(str(getattr(error, "msg", None) or error).splitlines()[0].split())
+    if isinstance(error, ConfigKeyError) and " not in " in text:
+        return _unknown_key(key)
+    if isinstance(error, MissingMandatoryValue):
+        return f"{key} has no value: keep the default of conf/config.yaml, or set {key}=..."
+    if isinstance(error, ValidationError) and key:
+        return f"{key} must be {_expected(_field_type(key))}, but got {_received(text, key, cfg)}"
+    return f"cannot resolve {key}: {text}" if key else text
+
+
+def _unknown_key(key: str) -> str:
+    section, _, name = key.rpartition(".")
+    owner = _field_type(section) if section else Settings
+    known = [f.name for f in dataclasses.fields(owner)] if dataclasses.is_dataclass(owner) else []
+    where = f"the keys under {section} are" if section else "the keys are"
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f"; did you mean '{section + '.' if section else ''}{close[0]}'?" if close else ""
+    return f"unknown config key '{key}': {where} {', '.join(known)}{hint}"
+
+
+def _field_type(key: str) -> Any:
+    """The schema's type for a dotted key: ``study.n_trials`` -> int, ``slo.x`` -> float."""
+    kind: Any = Settings
+    for part in key.split(".") if key else []:
+        if dataclasses.is_dataclass(kind):
+            kind = typing.get_type_hints(kind).get(part, Any)
+        elif typing.get_origin(kind) is dict:
+            kind = typing.get_args(kind)[1]
+        else:
+            return Any
+    return kind
+
+
+def _expected(kind: Any) -> str:
+    """A field type as an error message says it."""
+    args = [a for a in typing.get_args(kind) if a is not type(None)]
+    if typing.get_origin(kind) in (typing.Union, types.UnionType) and len(args) == 1:
+        return f"{_expected(args[0])} or null"
+    if typing.get_origin(kind) is dict:
+        return SLO_EXPECTED
+    if dataclasses.is_dataclass(kind):
+        return f"a mapping of its settings ({', '.join(f.name for f in dataclasses.fields(kind))})"
+    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+    return names.get(kind, "a value of the schema's type")
+
+
+def _received(text: str, key: str, cfg: DictConfig) -> str:
+    """The offending value: OmegaConf's message quotes it; else it is read back from ``cfg``."""
+    quoted = re.search(r"[Vv]alue '(.*?)'(?: of type '(\w+)')?", text)
+    if quoted:
+        value, kind = quoted.groups()
+        spelled = {"None": "null", "True": "true", "False": "false"}  # as YAML and Hydra write them
+        return repr(value) if kind == "str" else spelled.get(value, value)
+    value = OmegaConf.select(cfg, key, throw_on_resolution_failure=False)
+    if isinstance(value, (DictConfig, ListConfig)):
+        value = OmegaConf.to_container(value)
+    return "null" if value is None else repr(value)
 
 
 def _one_line(error: Exception) -> str:
     text = str(error).strip()
     if "Could not find 'space/" in text:
         name = text.split("Could not find 'space/")[1].split("'")[0]
-        return (f"unknown space '{name}': built-in spaces are {', '.join(builtin_spaces())}; "
-                "a space of your own goes in DIR/space/NAME.yaml with --config-dir DIR")
+        return (
+            f"unknown space '{name}': built-in spaces are {', '.join(builtin_spaces())}; "
+            "a space of your own goes in DIR/space/NAME.yaml with --config-dir DIR"
+        )
     if text.startswith("Could not override '"):
         key = text.split("'")[1]
         if key.startswith("slo"):
             return f"SLO limits are added with a plus: +{key}=VALUE (e.g. +slo.latency_p95_ms=200)"
-        return f"unknown config key '{key}': check the spelling (python -m search --cfg +space=NAME prints every key), or add it with +{key}=..."
+        return (
+            f"unknown config key '{key}': check the spelling "
+            "(python -m search --cfg +space=NAME prints every key), "
+            f"or add it with +{key}=..."
+        )
+    cause = error.__cause__
+    if text.startswith("Error merging override ") and isinstance(cause, OmegaConfBaseException):
+        return _merge_override_message(text, cause)
     if type(error).__name__ == "OverrideParseException" or "LexerNoViableAltException" in text:
         bad = text.split(": ", 1)[-1].split(" ^")[0].strip()
-        return (f"cannot parse override {bad!r}: quote values that hold spaces or symbols, "
-                "e.g. \"space.constraints=['a < b']\" (Hydra override syntax)")
+        return (
+            f"cannot parse override {bad!r}: quote values that hold spaces or symbols, "
+            "e.g. \"space.constraints=['a < b']\" (Hydra override syntax)"
+        )
     first, *rest = [line.strip() for line in text.splitlines() if line.strip()]
     return " ".join([first, *rest[:2]]) if len(first) < 60 else first
+
+
+def _merge_override_message(text: str, cause: OmegaConfBaseException) -> str:
+    """``slo=[1]``: Hydra cannot merge a list into a mapping; say what the key must be instead."""
+    key, value = str(cause.full_key or ""), text.split("=", 1)[-1]
+    if key and _field_type(key) is not Any:
+        return f"{key} must be {_expected(_field_type(key))}, but got {value}"
+    return f"{text}: {str(cause).splitlines()[0]}"
 
 
 def resolve(cfg: DictConfig) -> dict[str, Any]:
@@ -173,7 +321,11 @@ def resolve_device(spec: str) -> torch.device:
     if device.type == "cuda":
         count = torch.cuda.device_count()
         if count == 0:
-            raise ConfigError(f"device={spec} but no CUDA device is visible here: use device=cpu (or auto)")
+            raise ConfigError(
+                f"device={spec} but no CUDA device is visible here: use device=cpu (or auto)"
+            )
         if (device.index or 0) >= count:
-            raise ConfigError(f"device={spec} but only {count} CUDA device(s) exist: use cuda:0..cuda:{count - 1}")
+            raise ConfigError(
+                f"device={spec} but only {count} CUDA device(s) exist: use cuda:0..cuda:{count - 1}"
+            )
     return device

@@ -27,59 +27,34 @@ class Tolerance:
     loss_rel: float
     """``|loss - reference| / |reference|`` of the batch's mean loss."""
     grad_norm_rel: float
-    """``|‖g‖ - ‖g_ref‖| / ‖g_ref‖`` of each parameter tensor's gradient (L2 norm), for every tensor."""
+    """``|‖g‖ - ‖g_ref‖| / ‖g_ref‖`` of each parameter tensor's gradient (L2 norm), for every
+    tensor."""
 
 
-_U_TF32_FP16 = 2.0 ** -11
+_U_TF32_FP16 = 2.0**-11
 """Unit roundoff of tf32 and fp16 (10 stored mantissa bits)."""
-_U_BF16 = 2.0 ** -8
+_U_BF16 = 2.0**-8
 """Unit roundoff of bf16 (7 stored mantissa bits)."""
 
-# Relative errors measured on the built-in GPT on a CPU: seeds 0-4 on the tiny model (batch 8) and on
-# the CPU preset (batch 16), seeds 0-2 on 6- and 12-layer variants (batch 4); plain, and with
+# Relative errors measured on the built-in GPT on a CPU: seeds 0-4 on the tiny model (batch 8) and
+# on the CPU preset (batch 16), seeds 0-2 on 6- and 12-layer variants (batch 4); plain, and with
 # micro-batches of a quarter of the batch, 2 lanes and recompute:
 #   fp32 (lanes, recompute): loss <= 1.2e-7, per-tensor gradient norm <= 2.4e-7 (a few fp32 ulps);
 #   bf16: loss <= 2.5e-5 (< 0.01 u), gradient norm <= 3.9e-3 (1.0 u);
 #   fp16: loss <= 2.2e-6 (< 0.01 u), gradient norm <= 5.6e-4 (1.15 u).
-# Reduced precisions get 2 u for the loss (at initialisation the logits are small and the loss barely
-# moves; a workload that starts from trained weights is more sensitive, as much as about u) and 8 u
-# for gradient norms (about 7x the largest spread measured). tf32 rounds the same 10-bit mantissa as
-# fp16, but only at matmul inputs and with fp32 outputs, so fp16's tolerance bounds it (no GPU was at
-# hand to measure it). fp32 configurations differ from the reference only in the order of their sums
-# and in recomputation (bit-identical), so they get fixed bounds far above their spread that still
-# sit >= 39x below every reduced precision's.
+# Reduced precisions get 2 u for the loss (at initialisation the logits are small and the loss
+# barely moves; a workload that starts from trained weights is more sensitive, as much as about u)
+# and 8 u for gradient norms (about 7x the largest spread measured). tf32 rounds the same 10-bit
+# mantissa as fp16, but only at matmul inputs and with fp32 outputs, so fp16's tolerance bounds it
+# (no GPU was at hand to measure it). fp32 configurations differ from the reference only in the
+# order of their sums and in recomputation (bit-identical), so they get fixed bounds far above their
+# spread that still sit >= 39x below every reduced precision's.
 TOLERANCES: dict[str, Tolerance] = {
     "fp32": Tolerance(loss_rel=1e-5, grad_norm_rel=1e-4),
     "tf32": Tolerance(loss_rel=2 * _U_TF32_FP16, grad_norm_rel=8 * _U_TF32_FP16),  # 0.098%, 0.39%
-    "bf16": Tolerance(loss_rel=2 * _U_BF16, grad_norm_rel=8 * _U_BF16),              # 0.78%, 3.1%
+    "bf16": Tolerance(loss_rel=2 * _U_BF16, grad_norm_rel=8 * _U_BF16),  # 0.78%, 3.1%
     "fp16": Tolerance(loss_rel=2 * _U_TF32_FP16, grad_norm_rel=8 * _U_TF32_FP16),  # 0.098%, 0.39%
 }
-
-
-@dataclass(frozen=True)
-class Reference:
-    """One pass of the fp32, single-lane, no-recompute step: what configurations are compared with.
-
-    It runs the same micro-batches as the configurations it serves: ``TrainStep`` draws micro-batches
-    one after another from the seeded generator, which equals one whole-batch draw only when the
-    workload's ``make_batch`` happens to split that way. Valid for every configuration of the same
-    workload with the same ``batch_size``, ``micro_batch_size``, seed and device, so a caller may keep
-    one per ``(knobs.batch_size, knobs.micro_samples, seed)`` and pass it to ``check_fidelity``; it holds
-    plain values and can be sent to another process.
-    """
-
-    batch_size: int
-    """Samples per optimizer step."""
-    micro_batch_size: int
-    """Samples per forward/backward (resolved: ``batch_size`` when the configuration says None)."""
-    seed: int
-    """Seed of the initial weights, the batch and any random layer."""
-    device: str
-    """The device it ran on, e.g. ``cpu`` or ``cuda:0``."""
-    loss: float
-    """The batch's mean loss, in the workload's loss units."""
-    grad_norms: dict[str, float]
-    """L2 norm of each parameter's gradient (fp32), by parameter name."""
 
 
 @dataclass(frozen=True)
@@ -104,34 +79,42 @@ class FidelityReport:
     """Largest relative error of a gradient's L2 norm, over every parameter tensor."""
 
 
-def fp32_reference(workload: Workload, knobs: Knobs, device: torch.device, seed: int = 0) -> Reference:
-    """Run the reference: one accumulation pass, fp32, single lane, over ``knobs``'s micro-batches."""
-    plain = Knobs(batch_size=knobs.batch_size, micro_batch_size=knobs.micro_samples)
-    loss, grad_norms = _one_pass(workload, plain, device, seed)
-    return Reference(knobs.batch_size, knobs.micro_samples, seed, str(device), loss, grad_norms)
+def check_fidelity(
+    workload: Workload, knobs: Knobs, device: torch.device, seed: int = 0
+) -> FidelityReport:
+    """Compare one pass of ``knobs`` with the fp32 reference on the same micro-batches and seed.
 
-
-def check_fidelity(workload: Workload, knobs: Knobs, device: torch.device, seed: int = 0,
-                   reference: Reference | None = None) -> FidelityReport:
-    """Compare one pass of ``knobs`` with the fp32 reference (computed here unless given).
-
-    Costs one accumulation pass (no optimizer step) on a freshly built model, plus one for the
-    reference when none is given, and none for a configuration that is the reference itself. Run it
-    while no other ``TrainStep`` of the workload holds device memory. Raises ``KnobError`` for knobs
-    the device cannot run, like ``TrainStep``; the global torch state is left as found.
+    Costs two accumulation passes (no optimizer step) on freshly built models, the configuration's
+    and the reference's, and one for a configuration that is the reference itself. Run it while no
+    other ``TrainStep`` of the workload holds device memory. Raises ``KnobError`` for knobs the
+    device cannot run, like ``TrainStep``; the global torch state is left as found.
     """
-    if reference is not None:
-        _require_serves(reference, knobs, device, seed)
-    if knobs.precision == "fp32" and knobs.streams == 1 and not knobs.recompute:  # the reference itself
-        reference = reference if reference is not None else fp32_reference(workload, knobs, device, seed)
-        return _compare(knobs, reference.loss, reference.grad_norms, reference)
-    loss, grad_norms = _one_pass(workload, knobs, device, seed)  # first: a KnobError costs no reference
-    reference = reference if reference is not None else fp32_reference(workload, knobs, device, seed)
-    return _compare(knobs, loss, grad_norms, reference)
+    if (
+        knobs.precision == "fp32" and knobs.streams == 1 and not knobs.recompute
+    ):  # the reference itself
+        loss, grad_norms = _fp32_pass(workload, knobs, device, seed)
+        return _compare(knobs, loss, grad_norms, loss, grad_norms)
+    # first: a KnobError costs no reference
+    loss, grad_norms = _one_pass(workload, knobs, device, seed)
+    return _compare(knobs, loss, grad_norms, *_fp32_pass(workload, knobs, device, seed))
 
 
-def _one_pass(workload: Workload, knobs: Knobs, device: torch.device,
-              seed: int) -> tuple[float, dict[str, float]]:
+def _fp32_pass(
+    workload: Workload, knobs: Knobs, device: torch.device, seed: int
+) -> tuple[float, dict[str, float]]:
+    """The reference: one pass, fp32, single lane, no recompute, over ``knobs``'s micro-batches.
+
+    It keeps the configuration's micro-batch size because ``TrainStep`` draws micro-batches one
+    after another from the seeded generator, which equals one whole-batch draw only when the
+    workload's ``make_batch`` happens to split that way.
+    """
+    plain = Knobs(batch_size=knobs.batch_size, micro_batch_size=knobs.micro_samples)
+    return _one_pass(workload, plain, device, seed)
+
+
+def _one_pass(
+    workload: Workload, knobs: Knobs, device: torch.device, seed: int
+) -> tuple[float, dict[str, float]]:
     with _seeded_rng(device, seed), TrainStep(workload, knobs, device, seed) as step:
         loss, grad_norms = _loss_and_grad_norms(step)
         return _backing_off_overflowing_scale(step, loss, grad_norms)
@@ -146,8 +129,9 @@ _MAX_SCALE_BACKOFFS = 16
 """GradScaler starts at 2**16; below a scale of 1 it is no longer the scale that overflows."""
 
 
-def _backing_off_overflowing_scale(step: TrainStep, loss: float,
-                                   grad_norms: dict[str, float]) -> tuple[float, dict[str, float]]:
+def _backing_off_overflowing_scale(
+    step: TrainStep, loss: float, grad_norms: dict[str, float]
+) -> tuple[float, dict[str, float]]:
     """Do what training does when fp16's scaled gradients overflow: lower the scale and try again.
 
     GradScaler skips such steps and backs off, so an overflow of the scaled gradients alone is no
@@ -155,7 +139,11 @@ def _backing_off_overflowing_scale(step: TrainStep, loss: float,
     """
     scaler = step._grad_scaler  # None unless fp16; TrainStep exposes no public handle on it
     for _ in range(_MAX_SCALE_BACKOFFS):
-        if scaler is None or not math.isfinite(loss) or all(map(math.isfinite, grad_norms.values())):
+        if (
+            scaler is None
+            or not math.isfinite(loss)
+            or all(map(math.isfinite, grad_norms.values()))
+        ):
             break
         scaler.update(new_scale=scaler.get_scale() * scaler.get_backoff_factor())
         loss, grad_norms = _loss_and_grad_norms(step)
@@ -164,10 +152,11 @@ def _backing_off_overflowing_scale(step: TrainStep, loss: float,
 
 @contextlib.contextmanager
 def _seeded_rng(device: torch.device, seed: int) -> Iterator[None]:
-    """Random layers (dropout) draw the same numbers in every pass; the global generators are restored.
+    """Random layers (dropout) draw the same numbers in every pass; the global generators are
+    restored.
 
-    Concurrent lanes share the global generator in no fixed order, so a workload with dropout differs
-    from the reference by its masks under ``streams > 1``.
+    Concurrent lanes share the global generator in no fixed order, so a workload with dropout
+    differs from the reference by its masks under ``streams > 1``.
     """
     cuda_devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda_devices):
@@ -178,50 +167,73 @@ def _seeded_rng(device: torch.device, seed: int) -> Iterator[None]:
         yield
 
 
-def _require_serves(reference: Reference, knobs: Knobs, device: torch.device, seed: int) -> None:
-    wanted = (knobs.batch_size, knobs.micro_samples, seed, str(device))
-    got = (reference.batch_size, reference.micro_batch_size, reference.seed, reference.device)
-    if got != wanted:
-        raise ValueError(
-            f"The reference must come from the configuration's (batch_size, micro_batch_size, seed, "
-            f"device)={wanted}, but got {got}; compute it with fp32_reference(workload, knobs, device, "
-            f"seed) for these knobs.")
-
-
-def _compare(knobs: Knobs, loss: float, grad_norms: dict[str, float],
-             reference: Reference) -> FidelityReport:
-    names = sorted(reference.grad_norms.keys() | grad_norms.keys())
+def _compare(
+    knobs: Knobs,
+    loss: float,
+    grad_norms: dict[str, float],
+    reference_loss: float,
+    reference_grad_norms: dict[str, float],
+) -> FidelityReport:
+    names = sorted(reference_grad_norms.keys() | grad_norms.keys())
     # A gradient missing on one side counts as zero there, so it fails against a non-zero one.
-    pairs = {name: (grad_norms.get(name, 0.0), reference.grad_norms.get(name, 0.0)) for name in names}
+    pairs = {
+        name: (grad_norms.get(name, 0.0), reference_grad_norms.get(name, 0.0)) for name in names
+    }
     errors = {name: _rel_error(*pair) for name, pair in pairs.items()}
     worst = max(errors, key=errors.__getitem__, default=None)
-    loss_error, grad_error = _rel_error(loss, reference.loss), errors.get(worst, 0.0)
-    reason = _reason(knobs, loss, reference.loss, loss_error, worst, pairs, grad_error)
-    return FidelityReport(ok=not reason, reason=reason, loss=loss, reference_loss=reference.loss,
-                          loss_rel_error=loss_error, grad_norm_rel_error=grad_error)
+    loss_error = _rel_error(loss, reference_loss)
+    grad_error = errors[worst] if worst is not None else 0.0
+    reason = _reason(knobs, loss, reference_loss, loss_error, worst, pairs, grad_error)
+    return FidelityReport(
+        ok=not reason,
+        reason=reason,
+        loss=loss,
+        reference_loss=reference_loss,
+        loss_rel_error=loss_error,
+        grad_norm_rel_error=grad_error,
+    )
 
 
-def _reason(knobs: Knobs, loss: float, reference_loss: float, loss_error: float, worst: str | None,
-            pairs: dict[str, tuple[float, float]], grad_error: float) -> str:
+def _reason(
+    knobs: Knobs,
+    loss: float,
+    reference_loss: float,
+    loss_error: float,
+    worst: str | None,
+    pairs: dict[str, tuple[float, float]],
+    grad_error: float,
+) -> str:
     """One line saying what failed, non-finite values first; empty when nothing did."""
     tolerance, config = TOLERANCES[knobs.precision], _describe(knobs)
-    if not all(math.isfinite(value) for value in (reference_loss, *(ref for _, ref in pairs.values()))):
-        return ("the fp32 reference's loss or gradients are not finite, so nothing can be checked "
-                "against them; the workload is not finite even in fp32")
+    if not all(
+        math.isfinite(value) for value in (reference_loss, *(ref for _, ref in pairs.values()))
+    ):
+        return (
+            "the fp32 reference's loss or gradients are not finite, so nothing can be checked "
+            "against them; the workload is not finite even in fp32"
+        )
     if not math.isfinite(loss):
-        return f"non-finite loss under {config}: {loss} (the fp32 reference is {reference_loss:.4g})"
+        return (
+            f"non-finite loss under {config}: {loss} (the fp32 reference is {reference_loss:.4g})"
+        )
     for name, (norm, reference_norm) in pairs.items():
         if not math.isfinite(norm):
-            return (f"non-finite gradient of {name} under {config}: norm {norm} (the fp32 "
-                    f"reference's is {reference_norm:.4g})")
+            return (
+                f"non-finite gradient of {name} under {config}: norm {norm} (the fp32 "
+                f"reference's is {reference_norm:.4g})"
+            )
     if loss_error > tolerance.loss_rel:
-        return (f"{config} loss {loss:.4g} differs from the fp32 reference {reference_loss:.4g} "
-                f"by {_percent(loss_error)} (tolerance {_percent(tolerance.loss_rel)})")
-    if grad_error > tolerance.grad_norm_rel:
+        return (
+            f"{config} loss {loss:.4g} differs from the fp32 reference {reference_loss:.4g} "
+            f"by {_percent(loss_error)} (tolerance {_percent(tolerance.loss_rel)})"
+        )
+    if worst is not None and grad_error > tolerance.grad_norm_rel:
         norm, reference_norm = pairs[worst]
-        return (f"{config} gradient norm of {worst} {norm:.4g} differs from the fp32 reference "
-                f"{reference_norm:.4g} by {_percent(grad_error)} "
-                f"(tolerance {_percent(tolerance.grad_norm_rel)})")
+        return (
+            f"{config} gradient norm of {worst} {norm:.4g} differs from the fp32 reference "
+            f"{reference_norm:.4g} by {_percent(grad_error)} "
+            f"(tolerance {_percent(tolerance.grad_norm_rel)})"
+        )
     return ""
 
 
@@ -236,7 +248,8 @@ def _rel_error(value: float, reference: float) -> float:
 def _describe(knobs: Knobs) -> str:
     """The precision, plus whatever else sets the configuration apart from the reference."""
     extras = ([f"{knobs.streams} lanes"] if knobs.streams > 1 else []) + (
-        ["recompute"] if knobs.recompute else [])
+        ["recompute"] if knobs.recompute else []
+    )
     return knobs.precision + (f" ({', '.join(extras)})" if extras else "")
 
 

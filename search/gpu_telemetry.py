@@ -1,12 +1,17 @@
-"""Energy, power, clocks, temperature and throttling over a measurement window (NVML on GPU, RAPL on CPU).
+"""Energy, power, clocks, temperature and throttling over a measurement window (NVML on GPU, RAPL on
+CPU).
 
-Windows follow Zeus: ``begin_window()`` ... ``end_window()`` returns a frozen dataclass whose docstring
-gives every unit. Energy comes from cumulative hardware counters (NVML's total-energy counter, RAPL's
-energy_uj), never from polled power, which sees only part of the runtime. A quantity the device cannot
-report is None, never 0; ``energy_unavailable_reason`` says in one line why energy is missing.
+Windows follow Zeus: ``begin_window()`` ... ``end_window()`` returns a frozen dataclass whose
+docstring gives every unit. Energy comes from cumulative hardware counters (NVML's total-energy
+counter, RAPL's energy_uj), never from polled power, which sees only part of the runtime. A quantity
+the device cannot report is None, never 0; ``energy_unavailable_reason`` says in one line why energy
+is missing.
 
 The caller synchronises the device before ``begin_window`` and before ``end_window`` (the timing
 protocol in measure.py already does), so the window covers the work and nothing else.
+
+``nvml_handle`` is the one way from a CUDA device index to its NVML device; telemetry.py uses it
+too, so that every NVML reading of a run describes the same GPU.
 """
 
 from __future__ import annotations
@@ -19,20 +24,23 @@ from typing import Any
 
 import torch
 
-_NO_OPEN_WINDOW = "end_window() needs an open window, but none was begun; call begin_window() first."
+_NO_OPEN_WINDOW = (
+    "end_window() needs an open window, but none was begun; call begin_window() first."
+)
 _WINDOW_OPEN = "begin_window() was called while a window is open; call end_window() first."
 
 SAMPLE_PERIOD_S = 0.1
 """Default polling period of clocks, temperature, utilisation and throttle reasons during a window:
-NVML refreshes these (and the energy counter) about every 100 ms, so polling faster reads repeats."""
+NVML refreshes these (and the energy counter) about every 100 ms, so polling faster reads
+repeats."""
 
 # nvmlClocksEventReason* bits of nvml.h (equal to pynvml's constants of those names; a test checks).
 # Reasons that mean "slowed down by heat or a hardware protection" make a window throttled: they
 # build up or strike over minutes, so a short measurement does not tell what a long run gets.
 _SLOWDOWN_REASONS = {
-    0x08: "hw_slowdown",     # nvmlClocksEventReasonHwSlowdown
-    0x20: "sw_thermal",      # nvmlClocksEventReasonSwThermalSlowdown
-    0x40: "hw_thermal",      # nvmlClocksEventReasonHwThermalSlowdown
+    0x08: "hw_slowdown",  # nvmlClocksEventReasonHwSlowdown
+    0x20: "sw_thermal",  # nvmlClocksEventReasonSwThermalSlowdown
+    0x40: "hw_thermal",  # nvmlClocksEventReasonHwThermalSlowdown
     0x80: "hw_power_brake",  # nvmlClocksEventReasonHwPowerBrakeSlowdown
 }
 SLOWDOWN_NAMES = frozenset(_SLOWDOWN_REASONS.values())
@@ -41,7 +49,10 @@ SLOWDOWN_NAMES = frozenset(_SLOWDOWN_REASONS.values())
 # group. sw_power_cap: the board holds its power limit, which is how a compute-bound configuration
 # runs for good on an H100 (seen at 683 W of 700 W with a window CV of 0.2%): the clocks it settles
 # at are the ones a long run gets, and the throughput CV says whether they hold still.
-_OTHER_REASONS = {0x04: "sw_power_cap", 0x10: "sync_boost"}  # nvmlClocksEventReason{SwPowerCap,SyncBoost}
+_OTHER_REASONS = {
+    0x04: "sw_power_cap",
+    0x10: "sync_boost",
+}  # nvmlClocksEventReason{SwPowerCap,SyncBoost}
 # Ignored, because they describe the setup rather than the run: GpuIdle (no work queued, as between
 # kernels or at a window's edges), ApplicationsClocksSetting (clocks capped by a deliberate
 # `nvidia-smi -ac` setting, recorded with the environment), DisplayClockSetting (display clock).
@@ -71,9 +82,10 @@ class GpuWindow:
     """What one GPU did during one window. None means the device could not report it, never zero.
 
     Attributes:
-        energy_j: Energy the whole board used, in joules: the difference of NVML's total-energy counter
-            (millijoules) between the window's ends. The counter updates about every 100 ms, so a
-            window shorter than a few seconds reads low and noisy; None also when it did not advance.
+        energy_j: Energy the whole board used, in joules: the difference of NVML's total-energy
+            counter (millijoules) between the window's ends. The counter updates about every 100 ms,
+            so a window shorter than a few seconds reads low and noisy; None also when it did not
+            advance.
         mean_power_w: Mean board power in watts, ``energy_j / duration_s``.
         duration_s: Wall-clock length of the window in seconds (``time.perf_counter``).
         sm_clock_mhz: Mean SM clock in MHz over samples taken at begin, every ``sample_period_s``
@@ -87,9 +99,9 @@ class GpuWindow:
             ``sync_boost`` or ``unknown_0x...``. Idle, applications-clocks and display-clock reasons
             are ignored. Empty when none was seen.
         throttled: True when a thermal or hardware slowdown reason (all of the above except
-            ``sw_power_cap``, ``sync_boost`` and unknown bits) was seen in any sample.
-        throttle_reported: False when the device could not report clock-event reasons at all; then
-            ``throttled`` False means "unknown", not "not throttled".
+            ``sw_power_cap``, ``sync_boost`` and unknown bits) was seen in any sample. A device that
+            cannot report clock-event reasons gives no reasons and False, which then means
+            "unknown", not "not throttled".
         samples: How many samples the clock, temperature and utilisation figures come from.
     """
 
@@ -102,7 +114,6 @@ class GpuWindow:
     gpu_util_pct: float | None
     throttle_reasons: tuple[str, ...]
     throttled: bool
-    throttle_reported: bool
     samples: int
 
 
@@ -130,7 +141,8 @@ def _mean(values: list[float | None]) -> float | None:
 
 
 def _cuda_uuid(device_index: int) -> str | None:
-    """The CUDA device's UUID as torch prints it (8-4-4-4-12 hex, no prefix), or None without CUDA."""
+    """The CUDA device's UUID as torch prints it (8-4-4-4-12 hex, no prefix), or None without
+    CUDA."""
     if not torch.cuda.is_available():
         return None
     try:
@@ -146,13 +158,32 @@ def _nvml_uuid_forms(cuda_uuid: str) -> list[str]:
     return [f"GPU-{cuda_uuid}", f"MIG-{cuda_uuid}"]
 
 
+def nvml_handle(nvml: Any, device_index: int) -> Any:
+    """NVML's handle on the CUDA device ``device_index`` (as in ``cuda:1``); NVML must be started.
+
+    NVML numbers devices in PCI order and ignores CUDA_VISIBLE_DEVICES, so the device is found by
+    the CUDA device's UUID. Without a UUID (no CUDA in this process), or one NVML does not know,
+    the index is used as is. Raises ``nvml.NVMLError`` when NVML has no such device either.
+
+    Args:
+        nvml: A module shaped like ``pynvml``, after ``nvmlInit()``.
+        device_index: The CUDA device index.
+    """
+    uuid = _cuda_uuid(device_index)
+    for candidate in _nvml_uuid_forms(uuid) if uuid else []:
+        try:
+            return nvml.nvmlDeviceGetHandleByUUID(candidate)
+        except nvml.NVMLError:
+            continue  # the other spelling (GPU- or MIG-), then the index
+    return nvml.nvmlDeviceGetHandleByIndex(device_index)
+
+
 class GpuMonitor:
     """Measures one CUDA device through NVML over ``begin_window`` / ``end_window`` pairs.
 
     Args:
-        device_index: The CUDA device index (as in ``cuda:1``). It is mapped to the NVML device through
-            the CUDA device's UUID, because NVML numbers devices in PCI order and ignores
-            CUDA_VISIBLE_DEVICES; without a UUID (no CUDA in this process) the index is used as is.
+        device_index: The CUDA device index (as in ``cuda:1``), mapped to the NVML device by
+            ``nvml_handle`` (through the CUDA device's UUID).
         nvml: A module shaped like ``pynvml``; default imports ``pynvml`` (nvidia-ml-py).
         sample_period_s: Polling period in seconds of a daemon thread that samples clocks,
             temperature, utilisation and throttle reasons while a window is open, so that throttling
@@ -163,11 +194,12 @@ class GpuMonitor:
     is NotSupported (MIG, vGPU, old boards) is not asked again, and its figure stays None.
     """
 
-    def __init__(self, device_index: int, nvml: Any = None, sample_period_s: float = SAMPLE_PERIOD_S):
+    def __init__(
+        self, device_index: int, nvml: Any = None, sample_period_s: float = SAMPLE_PERIOD_S
+    ):
         self.device_index = device_index
         self.sample_period_s = sample_period_s
         self.available = False
-        self.nvml_device: str | None = None  # how the NVML handle was found, for the environment record
         self._nvml = nvml
         self._inited = False
         self._handle: Any = None
@@ -192,21 +224,10 @@ class GpuMonitor:
         except nvml.NVMLError as error:
             return f"NVML cannot start ({error}): no NVIDIA driver usable on this host"
         self._inited = True
-        uuid = _cuda_uuid(self.device_index)
-        for candidate in _nvml_uuid_forms(uuid) if uuid else []:
-            try:
-                self._handle = nvml.nvmlDeviceGetHandleByUUID(candidate)
-            except nvml.NVMLError:
-                continue
-            self.nvml_device = f"{candidate} (by CUDA UUID)"
-            break
-        else:
-            try:
-                self._handle = nvml.nvmlDeviceGetHandleByIndex(self.device_index)
-            except nvml.NVMLError as error:
-                return f"NVML has no device {self.device_index} ({error})"
-            self.nvml_device = (f"index {self.device_index} "
-                                "(not by CUDA UUID; NVML order assumed to match CUDA's)")
+        try:
+            self._handle = nvml_handle(nvml, self.device_index)
+        except nvml.NVMLError as error:
+            return f"NVML has no device {self.device_index} ({error})"
         self.available = True
         return None
 
@@ -229,7 +250,8 @@ class GpuMonitor:
         return None
 
     def _first_provided(self, names: tuple[str, ...], *args):
-        """Call the first of NVML functions ``names`` that this nvidia-ml-py and driver both provide."""
+        """Call the first of NVML functions ``names`` that this nvidia-ml-py and driver both
+        provide."""
         missing: Exception = self._nvml.NVMLError_FunctionNotFound()
         for name in names:
             function = getattr(self._nvml, name, None)
@@ -248,16 +270,30 @@ class GpuMonitor:
         nvml, handle = self._nvml, self._handle
         utilization = self._read("utilization", lambda: nvml.nvmlDeviceGetUtilizationRates(handle))
         return _Sample(
-            sm_clock_mhz=self._read("sm_clock",
-                                    lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)),
-            mem_clock_mhz=self._read("mem_clock",
-                                     lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_MEM)),
+            sm_clock_mhz=self._read(
+                "sm_clock", lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)
+            ),
+            mem_clock_mhz=self._read(
+                "mem_clock", lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_MEM)
+            ),
             # nvmlDeviceGetTemperature is deprecated; drivers without the V form still need it.
-            temperature_c=self._read("temperature", lambda: self._first_provided(
-                ("nvmlDeviceGetTemperatureV", "nvmlDeviceGetTemperature"), nvml.NVML_TEMPERATURE_GPU)),
+            temperature_c=self._read(
+                "temperature",
+                lambda: self._first_provided(
+                    ("nvmlDeviceGetTemperatureV", "nvmlDeviceGetTemperature"),
+                    nvml.NVML_TEMPERATURE_GPU,
+                ),
+            ),
             gpu_util_pct=None if utilization is None else utilization.gpu,
-            reasons_bitmask=self._read("throttle", lambda: self._first_provided(
-                ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"))),
+            reasons_bitmask=self._read(
+                "throttle",
+                lambda: self._first_provided(
+                    (
+                        "nvmlDeviceGetCurrentClocksEventReasons",
+                        "nvmlDeviceGetCurrentClocksThrottleReasons",
+                    )
+                ),
+            ),
         )
 
     def _poll(self, samples: list[_Sample], stop: threading.Event) -> None:
@@ -271,7 +307,9 @@ class GpuMonitor:
             raise RuntimeError(_WINDOW_OPEN)
         samples: list[_Sample] = []
         stop = threading.Event()
-        poller = threading.Thread(target=self._poll, args=(samples, stop), name="gpu-telemetry", daemon=True)
+        poller = threading.Thread(
+            target=self._poll, args=(samples, stop), name="gpu-telemetry", daemon=True
+        )
         if self.available:
             samples.append(self._sample())
             poller.start()
@@ -306,17 +344,21 @@ class GpuMonitor:
             gpu_util_pct=_mean([s.gpu_util_pct for s in samples]),
             throttle_reasons=reasons,
             throttled=throttled,
-            throttle_reported=any(s.reasons_bitmask is not None for s in samples),
             samples=len(samples),
         )
 
-    def _energy_j(self, start_mj: int | None, end_mj: int | None, duration_s: float) -> float | None:
+    def _energy_j(
+        self, start_mj: int | None, end_mj: int | None, duration_s: float
+    ) -> float | None:
         if start_mj is None or end_mj is None:
             return None
         if end_mj <= start_mj:
-            # A powered GPU always draws power, so a counter that did not move was not refreshed yet.
-            self._energy_reason = (f"the NVML energy counter did not advance during a {duration_s:.3f} s "
-                                   "window (it updates about every 100 ms); windows must be longer")
+            # A powered GPU always draws power, so a counter that did not move was not refreshed
+            # yet.
+            self._energy_reason = (
+                f"the NVML energy counter did not advance during a {duration_s:.3f} s "
+                "window (it updates about every 100 ms); windows must be longer"
+            )
             return None
         self._energy_reason = None
         return (end_mj - start_mj) / 1000.0
@@ -327,14 +369,17 @@ class GpuMonitor:
         if not self.available:
             return self._init_reason
         if "energy" in self._unsupported:
-            return ("the GPU has no NVML total-energy counter (nvmlDeviceGetTotalEnergyConsumption is "
-                    "NotSupported: pre-Volta GPU, MIG instance or vGPU)")
+            return (
+                "the GPU has no NVML total-energy counter (nvmlDeviceGetTotalEnergyConsumption is "
+                "NotSupported: pre-Volta GPU, MIG instance or vGPU)"
+            )
         if "energy" in self._failures:
             return f"NVML energy query failed: {self._failures['energy']}"
         return self._energy_reason
 
     def close(self) -> None:
-        """Stop a window's polling thread if one is open, and release NVML if this monitor started it."""
+        """Stop a window's polling thread if one is open, and release NVML if this monitor started
+        it."""
         if self._window is not None:
             self._window.stop.set()
             if self._window.poller.is_alive():
@@ -372,12 +417,13 @@ class CpuEnergyWindow:
 
 
 class CpuEnergyMonitor:
-    """RAPL package energy over ``begin_window`` / ``end_window`` pairs, from the Linux powercap sysfs.
+    """RAPL package energy over ``begin_window`` / ``end_window`` pairs, from the Linux powercap
+    sysfs.
 
     Every top-level zone ``intel-rapl:N`` whose ``name`` starts with ``package`` is summed (AMD CPUs
     expose the same interface); sub-zones (core, dram) and ``psys`` are skipped because they overlap
-    the packages. Since Linux 5.10 ``energy_uj`` is readable by root only; then ``available`` is False
-    and ``energy_unavailable_reason`` says so.
+    the packages. Since Linux 5.10 ``energy_uj`` is readable by root only; then ``available`` is
+    False and ``energy_unavailable_reason`` says so.
     """
 
     def __init__(self, powercap_dir: Path = POWERCAP_DIR):
@@ -390,15 +436,19 @@ class CpuEnergyMonitor:
         zones = sorted(p for p in powercap_dir.glob("intel-rapl:*") if p.name.count(":") == 1)
         packages = [z for z in zones if _read_text(z / "name", "").startswith("package")]
         if not packages:
-            return (f"CPU device: no RAPL package counters under {powercap_dir} "
-                    "(this kernel, VM or container exposes none)")
+            return (
+                f"CPU device: no RAPL package counters under {powercap_dir} "
+                "(this kernel, VM or container exposes none)"
+            )
         for zone in packages:
             try:
                 int((zone / "energy_uj").read_text())
                 max_uj = int((zone / "max_energy_range_uj").read_text())
             except (OSError, ValueError) as error:
-                return (f"CPU device: RAPL counter {zone / 'energy_uj'} is not readable "
-                        f"({error}; root only since Linux 5.10)")
+                return (
+                    f"CPU device: RAPL counter {zone / 'energy_uj'} is not readable "
+                    f"({error}; root only since Linux 5.10)"
+                )
             self._zones.append((zone / "energy_uj", max_uj))
         return None
 
@@ -423,8 +473,10 @@ class CpuEnergyMonitor:
         end_uj = self._read_uj() if self.available else None
         energy_j = None
         if start_uj is not None and end_uj is not None:
-            delta_uj = sum(end - start if end >= start else end + max_uj - start
-                           for start, end, (_, max_uj) in zip(start_uj, end_uj, self._zones))
+            delta_uj = sum(
+                end - start if end >= start else end + max_uj - start
+                for start, end, (_, max_uj) in zip(start_uj, end_uj, self._zones, strict=True)
+            )
             # A counter that did not move measured nothing; zero would be a made-up figure.
             energy_j = delta_uj / 1e6 if delta_uj > 0 else None
         return CpuEnergyWindow(
@@ -441,12 +493,14 @@ def _read_text(path: Path, default: str) -> str:
         return default
 
 
-def energy_unavailable_reason(device: torch.device | str,
-                              monitor: GpuMonitor | CpuEnergyMonitor | None = None) -> str | None:
+def energy_unavailable_reason(
+    device: torch.device | str, monitor: GpuMonitor | CpuEnergyMonitor | None = None
+) -> str | None:
     """One line for the summary saying why energy is not measured on ``device``, or None when it is.
 
-    Pass the monitor that measured the windows, so that what it met (NotSupported, a counter that did
-    not advance) is reported; without one, a monitor is opened to probe the device and closed again.
+    Pass the monitor that measured the windows, so that what it met (NotSupported, a counter that
+    did not advance) is reported; without one, a monitor is opened to probe the device and closed
+    again.
     """
     device = torch.device(device)
     if monitor is not None:
@@ -454,7 +508,9 @@ def energy_unavailable_reason(device: torch.device | str,
     if device.type == "cpu":
         return CpuEnergyMonitor().energy_unavailable_reason
     if device.type != "cuda":
-        return f"energy is measured on CUDA (NVML) and CPU (RAPL) devices only, not on {device.type!r}"
+        return (
+            f"energy is measured on CUDA (NVML) and CPU (RAPL) devices only, not on {device.type!r}"
+        )
     if device.index is not None:
         index = device.index
     else:

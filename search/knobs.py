@@ -18,7 +18,13 @@ from torch.utils.checkpoint import checkpoint
 
 from search.workloads.base import Batch, Workload
 
-GENERIC_KNOBS: tuple[str, ...] = ("batch_size", "micro_batch_size", "precision", "streams", "recompute")
+GENERIC_KNOBS: tuple[str, ...] = (
+    "batch_size",
+    "micro_batch_size",
+    "precision",
+    "streams",
+    "recompute",
+)
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -37,13 +43,16 @@ class Knobs:
     batch_size: int
     """Samples per optimizer step."""
     micro_batch_size: int | None = None
-    """Samples per forward/backward; gradients accumulate over the micro-batches. None: ``batch_size``."""
+    """Samples per forward/backward; gradients accumulate over the micro-batches.
+    None: ``batch_size``."""
     precision: str = "fp32"
     """fp32 | tf32 (CUDA only) | bf16 | fp16 (bf16/fp16 via autocast; fp16 adds a GradScaler)."""
     streams: int = 1
-    """Lanes running micro-batches concurrently: a CUDA stream each on a GPU, a thread each on a CPU."""
+    """Lanes running micro-batches concurrently: a CUDA stream each on a GPU, a thread each on a
+    CPU."""
     recompute: bool = False
-    """Recompute the activations of ``workload.recompute_modules()`` in backward instead of keeping them."""
+    """Recompute the activations of ``workload.recompute_modules()`` in backward instead of keeping
+    them."""
 
     def __post_init__(self) -> None:
         if not (isinstance(self.batch_size, int) and self.batch_size >= 1):
@@ -51,15 +60,18 @@ class Knobs:
         if not 1 <= self.micro_samples <= self.batch_size or self.batch_size % self.micro_samples:
             divisors = [d for d in range(1, self.batch_size + 1) if self.batch_size % d == 0]
             raise KnobError(
-                f"`micro_batch_size` must divide `batch_size`, but got (batch_size={self.batch_size}, "
-                f"micro_batch_size={self.micro_batch_size}); pick one of {divisors}.")
+                "`micro_batch_size` must divide `batch_size`, but got "
+                f"(batch_size={self.batch_size}, micro_batch_size={self.micro_batch_size}); "
+                f"pick one of {divisors}."
+            )
         if self.precision not in PRECISIONS:
             raise KnobError(f"`precision` must be one of {PRECISIONS}, but got {self.precision!r}.")
         if not 1 <= self.streams <= self.n_micro_batches:
             raise KnobError(
                 f"`1 <= streams <= batch_size / micro_batch_size` must hold (every lane needs a "
                 f"micro-batch), but got (streams={self.streams}, batch_size={self.batch_size}, "
-                f"micro_batch_size={self.micro_batch_size}); lower streams or micro_batch_size.")
+                f"micro_batch_size={self.micro_batch_size}); lower streams or micro_batch_size."
+            )
 
     @property
     def micro_samples(self) -> int:
@@ -75,7 +87,8 @@ class Knobs:
 def unsupported_reason(knob: str, value: object, device: torch.device) -> str | None:
     """Why ``device`` cannot run ``knob=value``; None when it can or the knob does not depend on it.
 
-    Lets a study drop choices before it starts; ``TrainStep`` raises ``KnobError`` for the same reasons.
+    Lets a study drop choices before it starts; ``TrainStep`` raises ``KnobError`` for the same
+    reasons.
     """
     if knob != "precision":
         return None
@@ -85,22 +98,27 @@ def unsupported_reason(knob: str, value: object, device: torch.device) -> str | 
         return None
     # Asked of this device, not of the current one (cuda:1 may differ from cuda:0).
     if torch.cuda.get_device_capability(device) < (8, 0):
-        return f"{value} needs a GPU of compute capability 8.0 or newer (tf32 would silently run as fp32)"
+        return (
+            f"{value} needs a GPU of compute capability 8.0 or newer "
+            "(tf32 would silently run as fp32)"
+        )
     return None
 
 
 class TrainStep:
     """One optimizer step of ``workload`` on ``device``, executed as ``knobs`` say.
 
-    Model, optimizer, micro-batches and lanes are built once here. ``close()`` (or leaving a ``with``
-    block) restores the float32 matmul precision and stops the lane threads.
+    Model, optimizer, micro-batches and lanes are built once here. ``close()`` (or leaving a
+    ``with`` block) restores the float32 matmul precision and stops the lane threads.
     """
 
     def __init__(self, workload: Workload, knobs: Knobs, device: torch.device, seed: int = 0):
         reason = unsupported_reason("precision", knobs.precision, device)
         if reason:
-            raise KnobError(f"precision={knobs.precision!r} cannot run on {device}: {reason}; "
-                            f"pick another precision.")
+            raise KnobError(
+                f"precision={knobs.precision!r} cannot run on {device}: {reason}; "
+                f"pick another precision."
+            )
         self.workload, self.knobs, self.device = workload, knobs, device
         self.items_per_step: int = knobs.batch_size * workload.items_per_sample()
         self.model: nn.Module = _build_model(workload, device, seed)
@@ -108,7 +126,7 @@ class TrainStep:
             _checkpoint_forwards(_recompute_modules(workload, self.model))
         self._optimizer = workload.make_optimizer(self.model.parameters())
         micro_batches = _make_micro_batches(workload, knobs, device, seed)
-        self._lane_batches = [micro_batches[lane::knobs.streams] for lane in range(knobs.streams)]
+        self._lane_batches = [micro_batches[lane :: knobs.streams] for lane in range(knobs.streams)]
         self._autocast_dtype = _AUTOCAST_DTYPES.get(knobs.precision)  # None: autocast off
         self._grad_scaler = _make_grad_scaler(knobs.precision, device)
         self._streams = _make_streams(knobs.streams, device)
@@ -128,11 +146,15 @@ class TrainStep:
             self._grad_scaler.update()
 
     def loss_and_grads(self) -> tuple[float, dict[str, torch.Tensor]]:
-        """The batch's mean loss and every parameter's gradient (fp32, CPU), without an optimizer step."""
+        """The batch's mean loss and every parameter's gradient (fp32, CPU), without an optimizer
+        step."""
         losses = self._accumulate()
         scale = 1.0 if self._grad_scaler is None else self._grad_scaler.get_scale()
-        grads = {name: p.grad.to("cpu", torch.float32, copy=True).div_(scale)
-                 for name, p in self.model.named_parameters() if p.grad is not None}
+        grads = {
+            name: p.grad.to("cpu", torch.float32, copy=True).div_(scale)
+            for name, p in self.model.named_parameters()
+            if p.grad is not None
+        }
         return float(torch.stack(losses).sum()), grads
 
     def close(self) -> None:
@@ -147,22 +169,25 @@ class TrainStep:
         self.close()
 
     def _accumulate(self) -> list[torch.Tensor]:
-        """Zero the grads, run every micro-batch over the lanes; return each micro-batch's loss share."""
+        """Zero the grads, run every micro-batch over the lanes; return each micro-batch's loss
+        share."""
         torch.set_float32_matmul_precision(_MATMUL_PRECISIONS[self.knobs.precision])
         self._optimizer.zero_grad(set_to_none=True)
-        if self.device.type == "cuda":
+        streams = [s for s in self._streams if s is not None]  # CUDA only
+        if streams:
             main = torch.cuda.current_stream(self.device)
-            for stream in self._streams:
-                stream.wait_stream(main)  # the last optimizer step must finish before new grads land
+            for stream in streams:
+                stream.wait_stream(main)  # the last optimizer step must end before new grads land
         futures = [self._pool.submit(self._run_lane, lane) for lane in range(self.knobs.streams)]
         losses = [loss for future in futures for loss in future.result()]
-        if self.device.type == "cuda":
-            for stream in self._streams:
+        if streams:
+            for stream in streams:
                 main.wait_stream(stream)
         return losses
 
     def _run_lane(self, lane: int) -> list[torch.Tensor]:
-        """Forward and backward of this lane's micro-batches, on its own thread (and CUDA stream)."""
+        """Forward and backward of this lane's micro-batches, on its own thread (and CUDA
+        stream)."""
         stream = self._streams[lane]
         losses = []
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
@@ -173,9 +198,12 @@ class TrainStep:
                 # A lane would take a cast another lane's stream has queued but not yet run, and
                 # read garbage (on an H100, bf16 with 2 lanes gave a NaN loss in 1 of 9 fidelity
                 # passes); with several lanes each casts its own weights.
-                with torch.autocast(self.device.type, dtype=self._autocast_dtype,
-                                    enabled=self._autocast_dtype is not None,
-                                    cache_enabled=self.knobs.streams == 1):
+                with torch.autocast(
+                    self.device.type,
+                    dtype=self._autocast_dtype,
+                    enabled=self._autocast_dtype is not None,
+                    cache_enabled=self.knobs.streams == 1,
+                ):
                     loss = self.workload.loss(self.model, batch) / self.knobs.n_micro_batches
                 scaled = loss if self._grad_scaler is None else self._grad_scaler.scale(loss)
                 scaled.backward()
@@ -194,9 +222,11 @@ def _build_model(workload: Workload, device: torch.device, seed: int) -> nn.Modu
 def _recompute_modules(workload: Workload, model: nn.Module) -> list[nn.Module]:
     modules = workload.recompute_modules(model)
     if not modules:
-        raise KnobError(f"recompute=True needs modules to recompute, but "
-                        f"{type(workload).__name__}.recompute_modules() returns no modules; "
-                        f"set recompute=False or override recompute_modules().")
+        raise KnobError(
+            f"recompute=True needs modules to recompute, but "
+            f"{type(workload).__name__}.recompute_modules() returns no modules; "
+            f"set recompute=False or override recompute_modules()."
+        )
     return modules
 
 
@@ -208,12 +238,17 @@ def _checkpoint_forwards(modules: list[nn.Module]) -> None:
 def _checkpointed(forward: Callable) -> Callable:
     def run(*args, **kwargs):
         return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
     return run
 
 
-def _make_micro_batches(workload: Workload, knobs: Knobs, device: torch.device, seed: int) -> list[Batch]:
+def _make_micro_batches(
+    workload: Workload, knobs: Knobs, device: torch.device, seed: int
+) -> list[Batch]:
     generator = torch.Generator().manual_seed(seed)
-    batches = [workload.make_batch(knobs.micro_samples, generator) for _ in range(knobs.n_micro_batches)]
+    batches = [
+        workload.make_batch(knobs.micro_samples, generator) for _ in range(knobs.n_micro_batches)
+    ]
     if device.type == "cuda":
         # Pinned host memory lets each lane's host-to-device copy run asynchronously on its stream.
         batches = [_map_tensors(torch.Tensor.pin_memory, batch) for batch in batches]

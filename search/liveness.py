@@ -19,14 +19,18 @@ import socket
 import threading
 import time
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from search.records import FAILED
+
 HOST = socket.gethostname()
 GRACE_HEARTBEATS = 6
-"""A heartbeat older than this many intervals means its process is gone (allows for a busy store)."""
+"""A heartbeat older than this many intervals means its process is gone (allows for a busy
+store)."""
 
 
 def _read(path: str) -> str:
@@ -64,7 +68,11 @@ def owner() -> dict[str, Any]:
 def _dead_here(who: Any) -> bool:
     """Whether ``who`` (an ``owner()``) is a process of this machine and pid namespace that no
     longer runs. Anything else (another machine, an unknown start time) is left to heartbeats."""
-    if not isinstance(who, dict) or who.get("machine") != MACHINE or not isinstance(who.get("pid"), int):
+    if (
+        not isinstance(who, dict)
+        or who.get("machine") != MACHINE
+        or not isinstance(who.get("pid"), int)
+    ):
         return False
     if not who.get("started") or not MACHINE.split(":")[0]:
         return False
@@ -83,8 +91,12 @@ class Recovery:
         """The study's storage with Optuna heartbeats on, calling back here for each stale trial."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.storages.RDBStorage(url, heartbeat_interval=self.heartbeat_s, grace_period=self.grace_s,
-                                              heartbeat_stale_trial_callback=self._requeue_stale)
+            return optuna.storages.RDBStorage(
+                url,
+                heartbeat_interval=self.heartbeat_s,
+                grace_period=self.grace_s,
+                heartbeat_stale_trial_callback=self._requeue_stale,
+            )
 
     def check(self, study: optuna.Study) -> None:
         """Recover every stale trial of ``study`` now."""
@@ -94,16 +106,23 @@ class Recovery:
         now = datetime.datetime.now()
         for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             who = trial.user_attrs.get("owner")
-            never_beat = who is None and trial.datetime_start is not None and \
-                (now - trial.datetime_start).total_seconds() > self.grace_s
+            never_beat = (
+                who is None
+                and trial.datetime_start is not None
+                and (now - trial.datetime_start).total_seconds() > self.grace_s
+            )
             if _dead_here(who) or never_beat:
-                why = (f"its process (pid {who['pid']}) is gone" if who else "it never reported a heartbeat")
+                why = (
+                    f"its process (pid {who['pid']}) is gone"
+                    if who
+                    else "it never reported a heartbeat"
+                )
                 self._fail(study, trial, why)
 
     def _fail(self, study: optuna.Study, trial: FrozenTrial, why: str) -> None:
         storage = study._storage
         try:
-            storage.set_trial_user_attr(trial._trial_id, "state", "failed")
+            storage.set_trial_user_attr(trial._trial_id, "state", FAILED)
             storage.set_trial_user_attr(trial._trial_id, "failure", f"crash: left running: {why}")
             if not storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
                 return
@@ -117,8 +136,10 @@ class Recovery:
     def _requeue(self, study: optuna.Study, trial: FrozenTrial, why: str) -> None:
         if trial.params:
             study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
-        self.notes.append(f"trial #{trial.number} was left running ({why}): marked failed"
-                          + (", its configuration queued again" if trial.params else ""))
+        self.notes.append(
+            f"trial #{trial.number} was left running ({why}): marked failed"
+            + (", its configuration queued again" if trial.params else "")
+        )
 
 
 class Heartbeat:
@@ -131,8 +152,12 @@ class Heartbeat:
         self._trial_id: int | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._loop, args=(beat,), name=f"heartbeat-{beat.__name__}",
-                                          daemon=True) for beat in (self._beat_current, self._beat_parent)]
+        self._threads = [
+            threading.Thread(
+                target=self._loop, args=(beat,), name=f"heartbeat-{beat.__name__}", daemon=True
+            )
+            for beat in (self._beat_current, self._beat_parent)
+        ]
         for thread in self._threads:
             thread.start()
 
@@ -190,8 +215,14 @@ def duplicate_retry(study: optuna.Study, trial: Any) -> int | None:
     original = trial.user_attrs.get("retry_of")
     if original is None:
         return None
-    return next((t.number for t in study.get_trials(deepcopy=False)
-                 if t.number < trial.number and t.user_attrs.get("retry_of") == original), None)
+    return next(
+        (
+            t.number
+            for t in study.get_trials(deepcopy=False)
+            if t.number < trial.number and t.user_attrs.get("retry_of") == original
+        ),
+        None,
+    )
 
 
 def stale_runs(runs: list, grace_s: float, now_s: float | None = None) -> list:
@@ -202,7 +233,11 @@ def stale_runs(runs: list, grace_s: float, now_s: float | None = None) -> list:
     for run in runs:
         tags = run.data.tags
         try:
-            who = {"machine": tags.get("machine"), "pid": int(tags.get("pid", "")), "started": tags.get("started")}
+            who = {
+                "machine": tags.get("machine"),
+                "pid": int(tags.get("pid", "")),
+                "started": tags.get("started"),
+            }
         except ValueError:
             who = None
         last_s = float(tags["heartbeat"]) if "heartbeat" in tags else run.info.start_time / 1000

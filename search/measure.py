@@ -1,8 +1,8 @@
 """The timing protocol and its statistics: how one configuration's speed is measured.
 
 A measurement warms the step up, then times fixed-size windows of consecutive steps until the
-confidence interval of the throughput is tight enough, a window limit is hit, or the time budget runs
-out. Every raw sample is kept so that callers can pool measurements later (``summarize``).
+confidence interval of the throughput is tight enough, a window limit is hit, or the time budget
+runs out. Every raw sample is kept so that callers can pool measurements later (``summarize``).
 
 Device timers live here too; CUDA is touched only by ``CudaTimer``. No Optuna, no MLflow.
 """
@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Callable, Protocol, Sequence
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import torch
+from numpy.typing import ArrayLike
 from scipy import special
 
 STOP_TARGET_CI = "target_ci"
@@ -31,7 +33,8 @@ class MeasureSettings:
     """Untimed steps run first, at least this many ..."""
 
     warmup_s: float = 1.0
-    """... and for at least this long, s (compilation, autotuning, allocator growth). 0: steps only."""
+    """... and for at least this long, s (compilation, autotuning, allocator growth). 0: steps
+    only."""
 
     window_s: float = 0.5
     """Each timed window lasts at least this long, s (estimated from the warm-up step time)."""
@@ -43,7 +46,8 @@ class MeasureSettings:
     """Never more windows than this."""
 
     target_rel_ci: float = 0.03
-    """Stop once the CI half-width of the throughput divided by its mean is at most this (fraction)."""
+    """Stop once the CI half-width of the throughput divided by its mean is at most this
+    (fraction)."""
 
     max_time_s: float = 15.0
     """Budget for warm-up plus windows, s; no window starts that would not fit in what remains."""
@@ -52,14 +56,24 @@ class MeasureSettings:
     """Two-sided confidence level of the throughput interval (fraction)."""
 
     def __post_init__(self) -> None:
-        for name in ("warmup_steps", "window_s", "min_windows", "max_windows", "target_rel_ci",
-                     "max_time_s"):
+        for name in (
+            "warmup_steps",
+            "window_s",
+            "min_windows",
+            "max_windows",
+            "target_rel_ci",
+            "max_time_s",
+        ):
             _require(getattr(self, name) > 0, f"`{name} > 0`", **{name: getattr(self, name)})
         _require(self.warmup_s >= 0, "`warmup_s >= 0`", warmup_s=self.warmup_s)
         # One window has no spread, so no interval: the CI needs two.
         _require(self.min_windows >= 2, "`min_windows >= 2`", min_windows=self.min_windows)
-        _require(self.min_windows <= self.max_windows, "`min_windows <= max_windows`",
-                 min_windows=self.min_windows, max_windows=self.max_windows)
+        _require(
+            self.min_windows <= self.max_windows,
+            "`min_windows <= max_windows`",
+            min_windows=self.min_windows,
+            max_windows=self.max_windows,
+        )
         _require(0 < self.confidence < 1, "`0 < confidence < 1`", confidence=self.confidence)
 
 
@@ -101,7 +115,7 @@ class CpuTimer:
         self._marks_s.append(time.perf_counter())
 
     def end_window(self) -> list[float]:
-        return [end - start for start, end in zip(self._marks_s, self._marks_s[1:])]
+        return [end - start for start, end in zip(self._marks_s, self._marks_s[1:], strict=False)]
 
 
 class CudaTimer:
@@ -113,8 +127,10 @@ class CudaTimer:
 
     def __init__(self, device: torch.device) -> None:
         if not torch.cuda.is_available():
-            raise RuntimeError(f"CudaTimer needs CUDA, but torch.cuda.is_available() is False "
-                               f"(device={device}). Time CPU steps with CpuTimer.")
+            raise RuntimeError(
+                f"CudaTimer needs CUDA, but torch.cuda.is_available() is False "
+                f"(device={device}). Time CPU steps with CpuTimer."
+            )
         self._device = torch.device(device)
         self._events: list[torch.cuda.Event] = []
 
@@ -132,8 +148,10 @@ class CudaTimer:
     def end_window(self) -> list[float]:
         # One sync per window: syncing per step would stall the launch queue and time the host.
         torch.cuda.synchronize(self._device)
-        return [start.elapsed_time(end) / 1000.0  # elapsed_time is in ms
-                for start, end in zip(self._events, self._events[1:])]
+        return [
+            start.elapsed_time(end) / 1000.0  # elapsed_time is in ms
+            for start, end in zip(self._events, self._events[1:], strict=False)
+        ]
 
     def _record(self) -> torch.cuda.Event:
         event = torch.cuda.Event(enable_timing=True)
@@ -166,11 +184,6 @@ class Summary:
     latency_mean_ms: float
     outliers_mild: int
     outliers_severe: int
-
-    @property
-    def rel_ci_halfwidth(self) -> float:
-        """Half the CI width divided by the mean throughput (fraction)."""
-        return _rel_halfwidth(self.throughput, self.throughput_ci_low, self.throughput_ci_high)
 
 
 @dataclass(frozen=True)
@@ -221,14 +234,10 @@ class Measurement:
     window_throughputs: tuple[float, ...]
     step_latencies_ms: tuple[float, ...]
 
-    @property
-    def rel_ci_halfwidth(self) -> float:
-        """Half the CI width divided by the mean throughput (fraction)."""
-        return _rel_halfwidth(self.throughput, self.throughput_ci_low, self.throughput_ci_high)
 
-
-def summarize(window_throughputs: Sequence[float], step_latencies_ms: Sequence[float],
-              confidence: float) -> Summary:
+def summarize(
+    window_throughputs: Sequence[float], step_latencies_ms: Sequence[float], confidence: float
+) -> Summary:
     """Statistics of raw samples (throughput per window, items/s; latency per step, ms)."""
     if len(step_latencies_ms) == 0:
         raise ValueError("at least one step latency is needed, but got none.")
@@ -237,10 +246,16 @@ def summarize(window_throughputs: Sequence[float], step_latencies_ms: Sequence[f
     p50_ms, p95_ms = np.percentile(latencies_ms, [50, 95])
     mild, severe = _tukey_outliers(window_throughputs)
     return Summary(
-        throughput=mean, throughput_ci_low=low, throughput_ci_high=high,
-        throughput_cv=std / mean, throughput_median=float(np.median(window_throughputs)),
-        latency_p50_ms=float(p50_ms), latency_p95_ms=float(p95_ms),
-        latency_mean_ms=float(latencies_ms.mean()), outliers_mild=mild, outliers_severe=severe,
+        throughput=mean,
+        throughput_ci_low=low,
+        throughput_ci_high=high,
+        throughput_cv=std / mean,
+        throughput_median=float(np.median(window_throughputs)),
+        latency_p50_ms=float(p50_ms),
+        latency_p95_ms=float(p95_ms),
+        latency_mean_ms=float(latencies_ms.mean()),
+        outliers_mild=mild,
+        outliers_severe=severe,
     )
 
 
@@ -262,8 +277,33 @@ def _rel_halfwidth(mean: float, low: float, high: float) -> float:
     return (high - low) / 2 / mean
 
 
-def _interval(samples: Sequence[float], confidence: float) -> tuple[float, float, float, float]:
-    """(mean, CI low, CI high, sample std) of ``samples``: Student-t, widened where they are skewed.
+class Interval(NamedTuple):
+    """A mean with its two-sided confidence interval, and the samples' standard deviation."""
+
+    mean: float
+    low: float
+    high: float
+    std: float
+
+
+def t_interval(samples: ArrayLike, confidence: float) -> Interval:
+    """The Student-t interval of the mean of ``samples``: every interval of this package starts
+    here.
+
+    Identical samples give exactly zero spread (not rounding noise from the mean); fewer than two
+    samples give an unbounded interval.
+    """
+    values = np.asarray(samples, dtype=float)
+    mean = float(values.mean())
+    if values.size < 2:
+        return Interval(mean, -math.inf, math.inf, math.nan)
+    std = 0.0 if values.min() == values.max() else float(values.std(ddof=1))
+    half = _t_quantile(confidence, df=values.size - 1) * std / math.sqrt(values.size)
+    return Interval(mean, mean - half, mean + half, std)
+
+
+def _interval(samples: Sequence[float], confidence: float) -> Interval:
+    """The t-interval of ``samples`` (window throughputs), widened on the side they are skewed to.
 
     A stall now and then makes window throughputs skewed: a sample that happens to miss the slow
     tail has a high mean *and* a small spread, so a symmetric t-interval misses on that side more
@@ -275,17 +315,14 @@ def _interval(samples: Sequence[float], confidence: float) -> tuple[float, float
     values = np.asarray(samples, dtype=float)
     if values.size < 2:
         raise ValueError(f"a confidence interval needs at least 2 samples, but got {values.size}.")
-    mean = float(values.mean())
-    # Identical samples must give exactly zero spread, not rounding noise from the mean.
-    std = 0.0 if values.min() == values.max() else float(values.std(ddof=1))
-    t = _t_quantile(confidence, df=values.size - 1)
-    se = std / math.sqrt(values.size)
-    low, high = mean - t * se, mean + t * se
+    mean, low, high, std = t_interval(values, confidence)
     if std > 0 and values.size >= 3:  # skewness needs three samples
+        t = _t_quantile(confidence, df=values.size - 1)
+        se = std / math.sqrt(values.size)
         skew = _skewness(values)
         low = min(low, mean - se * _hall_inverse(t, skew, values.size))
         high = max(high, mean - se * _hall_inverse(-t, skew, values.size))
-    return mean, low, high, std
+    return Interval(mean, low, high, std)
 
 
 def _t_quantile(confidence: float, df: int) -> float:
@@ -330,14 +367,17 @@ def _steps_rel_halfwidth(step_latencies_ms: Sequence[float], confidence: float) 
     return t * cv / math.sqrt(latencies_ms.size)
 
 
-def measure(step: Callable[[], None], items_per_step: int, settings: MeasureSettings,
-            timer: Timer) -> Measurement:
+def measure(
+    step: Callable[[], None], items_per_step: int, settings: MeasureSettings, timer: Timer
+) -> Measurement:
     """Warm ``step`` up, then time windows of it until ``settings`` say the estimate is done.
 
     ``step`` runs one optimizer step processing ``items_per_step`` items.
     """
     if items_per_step <= 0:
-        raise ValueError(f"`items_per_step > 0` must hold, but got (items_per_step={items_per_step}).")
+        raise ValueError(
+            f"`items_per_step > 0` must hold, but got (items_per_step={items_per_step})."
+        )
     start_s = timer.now_s()
     warmup_durations_s = _warm_up(step, settings, timer)
     warmup_s = timer.now_s() - start_s
@@ -354,15 +394,22 @@ def measure(step: Callable[[], None], items_per_step: int, settings: MeasureSett
         throughputs.append(items_per_step * steps_per_window / math.fsum(durations_s))
         latencies_ms.extend(d * 1000.0 for d in durations_s)
         remaining_s = settings.max_time_s - (timer.now_s() - start_s)
-        stop_reason = _stop_reason(throughputs, latencies_ms, settings, remaining_s,
-                                   float(np.mean(window_wall_s)))
+        stop_reason = _stop_reason(
+            throughputs, latencies_ms, settings, remaining_s, float(np.mean(window_wall_s))
+        )
 
     summary = summarize(throughputs, latencies_ms, settings.confidence)
     return Measurement(
-        **asdict(summary), n_windows=len(throughputs), n_steps=len(latencies_ms),
-        steps_per_window=steps_per_window, warmup_steps=len(warmup_durations_s),
-        warmup_s=warmup_s, elapsed_s=timer.now_s() - start_s, stop_reason=stop_reason,
-        window_throughputs=tuple(throughputs), step_latencies_ms=tuple(latencies_ms),
+        **asdict(summary),
+        n_windows=len(throughputs),
+        n_steps=len(latencies_ms),
+        steps_per_window=steps_per_window,
+        warmup_steps=len(warmup_durations_s),
+        warmup_s=warmup_s,
+        elapsed_s=timer.now_s() - start_s,
+        stop_reason=stop_reason,
+        window_throughputs=tuple(throughputs),
+        step_latencies_ms=tuple(latencies_ms),
     )
 
 
@@ -382,10 +429,12 @@ def _steps_per_window(warmup_durations_s: list[float], window_s: float) -> int:
 
     The first steps carry compilation and autotuning; the later half is closest to steady state.
     """
-    step_s = float(np.median(warmup_durations_s[len(warmup_durations_s) // 2:]))
+    step_s = float(np.median(warmup_durations_s[len(warmup_durations_s) // 2 :]))
     if step_s <= 0:
-        raise RuntimeError(f"the timer reported a median warm-up step time of {step_s} s; "
-                           "step durations must be positive.")
+        raise RuntimeError(
+            f"the timer reported a median warm-up step time of {step_s} s; "
+            "step durations must be positive."
+        )
     # A ratio a rounding error above an integer must not add a whole step.
     return max(1, math.ceil(window_s / step_s - 1e-9))
 
@@ -397,13 +446,20 @@ def _run_window(step: Callable[[], None], n_steps: int, timer: Timer) -> list[fl
         timer.mark_step()
     durations_s = timer.end_window()
     if len(durations_s) != n_steps:
-        raise RuntimeError(f"the timer returned {len(durations_s)} step durations for a window "
-                           f"of {n_steps} steps; a Timer must return one per mark_step.")
+        raise RuntimeError(
+            f"the timer returned {len(durations_s)} step durations for a window "
+            f"of {n_steps} steps; a Timer must return one per mark_step."
+        )
     return durations_s
 
 
-def _stop_reason(throughputs: list[float], latencies_ms: list[float], settings: MeasureSettings,
-                 remaining_s: float, window_estimate_s: float) -> str | None:
+def _stop_reason(
+    throughputs: list[float],
+    latencies_ms: list[float],
+    settings: MeasureSettings,
+    remaining_s: float,
+    window_estimate_s: float,
+) -> str | None:
     """Why to stop after the windows so far, or None to run another.
 
     The target must hold for the windows' interval and for the one the steps imply. A handful of
@@ -417,8 +473,12 @@ def _stop_reason(throughputs: list[float], latencies_ms: list[float], settings: 
     if len(throughputs) < settings.min_windows:
         return None
     mean, low, high, _ = _interval(throughputs, settings.confidence)
-    if max(_rel_halfwidth(mean, low, high),
-           _steps_rel_halfwidth(latencies_ms, settings.confidence)) <= settings.target_rel_ci:
+    if (
+        max(
+            _rel_halfwidth(mean, low, high), _steps_rel_halfwidth(latencies_ms, settings.confidence)
+        )
+        <= settings.target_rel_ci
+    ):
         return STOP_TARGET_CI
     if len(throughputs) >= settings.max_windows:
         return STOP_MAX_WINDOWS

@@ -5,14 +5,16 @@ Pure functions over plain values: no Optuna, no MLflow.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
-from search.space import METRIC_DIRECTIONS
+from search.metrics import MAXIMIZE, METRICS
 
 
-def pareto_mask(values: np.ndarray, directions: Sequence[str]) -> np.ndarray:
+def pareto_mask(values: ArrayLike, directions: Sequence[str]) -> np.ndarray:
     """Which rows of ``values`` (n points x k objectives) no other row dominates.
 
     A row dominates another when it is at least as good in every objective and better in one.
@@ -31,25 +33,26 @@ def pareto_mask(values: np.ndarray, directions: Sequence[str]) -> np.ndarray:
 
 def is_stable(metrics: Mapping[str, float], max_cv: float) -> bool:
     """Search-time stability: the throughput CV across windows is at or below ``max_cv`` and the
-    device reported no power or thermal throttling during the windows (where it reports it)."""
+    device reported no thermal or hardware slowdown during the windows (where it reports it)."""
     cv = metrics.get("throughput_cv")
     return cv is not None and cv <= max_cv and not metrics.get("throttled", 0.0)
 
 
 def meets_slo(metrics: Mapping[str, float], slo: Mapping[str, float]) -> bool:
-    """Whether every SLO limit holds: an upper limit for minimised metrics, a lower one for throughput."""
+    """Whether every SLO limit holds: an upper limit for minimised metrics, a lower one for
+    throughput."""
     for metric, limit in slo.items():
         value = metrics.get(metric)
         if value is None:
             return False
-        if METRIC_DIRECTIONS[metric] == "maximize" and value < limit:
-            return False
-        if METRIC_DIRECTIONS[metric] == "minimize" and value > limit:
+        if (value < limit) if METRICS[metric].direction == MAXIMIZE else (value > limit):
             return False
     return True
 
 
-def recommend(front: Sequence[Mapping[str, Any]], slo: Mapping[str, float]) -> Mapping[str, Any] | None:
+def recommend(
+    front: Sequence[Mapping[str, Any]], slo: Mapping[str, float]
+) -> Mapping[str, Any] | None:
     """The highest-throughput entry of ``front`` whose ``metrics`` meet ``slo``; None if none does.
 
     Ranking by the lower bound of the throughput interval rather than the mean keeps a noisy
@@ -64,7 +67,7 @@ def recommend(front: Sequence[Mapping[str, Any]], slo: Mapping[str, float]) -> M
 def check_slo(slo: Mapping[str, Any]) -> None:
     """Raise ValueError naming the first SLO entry that is not a known metric with a number."""
     for metric, limit in slo.items():
-        if metric not in METRIC_DIRECTIONS:
-            raise ValueError(f"slo.{metric}: unknown metric; known: {', '.join(METRIC_DIRECTIONS)}")
+        if metric not in METRICS:
+            raise ValueError(f"slo.{metric}: unknown metric; known: {', '.join(METRICS)}")
         if not isinstance(limit, (int, float)) or isinstance(limit, bool):
             raise ValueError(f"slo.{metric} must be a number, but got {limit!r}")

@@ -1,9 +1,22 @@
-"""The plain value every stage hands on for one measured trial."""
+"""The plain values every stage hands on for one trial: its state and, once measured, its record."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
+
+COMPLETE, FAILED, INFEASIBLE = "complete", "failed", "infeasible"
+"""A trial's state: measured; a fault (see ``FAULT_KINDS``); never run or not a valid
+configuration."""
+FAULT_KINDS = ("oom", "crash", "timeout", "error")
+"""What a failed trial's ``failure`` starts with (``oom: ...``)."""
+
+
+def fault_kind(failure: str) -> str:
+    """The kind of a failure line: one of ``FAULT_KINDS``, or '' for anything else."""
+    kind = failure.split(":", 1)[0]
+    return kind if kind in FAULT_KINDS else ""
 
 
 @dataclass(frozen=True)
@@ -15,9 +28,10 @@ class TrialRecord:
     config: Mapping[str, Any]
     """Knob values under their space names."""
     state: str
-    """complete | failed | infeasible"""
+    """``COMPLETE``, ``FAILED`` or ``INFEASIBLE``."""
     metrics: Mapping[str, float]
-    """Measured figures, units in their names (see ``search.study.metrics_of``); empty unless complete."""
+    """Measured figures, units in their names (see ``search.metrics.trial_metrics``); empty unless
+    complete."""
     stable: bool
     failure: str = ""
     """One line: why the trial failed or is infeasible."""

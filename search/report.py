@@ -10,15 +10,16 @@ from __future__ import annotations
 import csv
 import math
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import yaml
 from rich.console import Console
 from rich.table import Table
 
-from search.runner import COMPLETE, FAILED, FAULT_KINDS, INFEASIBLE, fault_kind
-from search.records import TrialRecord
+from search.metrics import METRICS
+from search.records import COMPLETE, FAILED, FAULT_KINDS, INFEASIBLE, TrialRecord, fault_kind
 
 
 def si(value: float) -> str:
@@ -33,14 +34,18 @@ def _clock(seconds: float) -> str:
     return f"{minutes}:{secs:02d}"
 
 
-LABELS = {"latency_p50_ms": ("p50", "ms", ".1f"), "latency_p95_ms": ("p95", "ms", ".1f"),
-          "peak_memory_mb": ("mem", "MB", ".1f"), "energy_per_item_j": ("energy", "J/item", ".3g")}
-"""Short labels, units and number formats of the figures shown beside throughput."""
-
-
 def shown_metrics(objectives: Sequence[str]) -> list[str]:
     """The figures beside throughput: every other objective first, then p95 latency and memory."""
-    return list(dict.fromkeys([m for m in objectives if m != "throughput"] + ["latency_p95_ms", "peak_memory_mb"]))
+    return list(
+        dict.fromkeys(
+            [m for m in objectives if m != "throughput"] + ["latency_p95_ms", "peak_memory_mb"]
+        )
+    )
+
+
+def _figure(metrics: Mapping[str, float], name: str) -> str:
+    """A registered metric's value as the terminal shows it (``nan`` where it was not measured)."""
+    return f"{metrics.get(name, math.nan):{METRICS[name].fmt}}"
 
 
 def _value(value: Any) -> str:
@@ -52,89 +57,161 @@ def knobs_text(config: Mapping[str, Any], names: Sequence[str]) -> str:
 
 
 def throughput_text(metrics: Mapping[str, float], unit: str) -> str:
-    mean, low, high = metrics["throughput"], metrics["throughput_ci_low"], metrics["throughput_ci_high"]
+    mean, low, high = (
+        metrics["throughput"],
+        metrics["throughput_ci_low"],
+        metrics["throughput_ci_high"],
+    )
     return f"{si(mean)} {unit}/s [{si(low)}, {si(high)}]"
 
 
-def trial_line(record: TrialRecord, done: int, total: int, front_size: int, elapsed_s: float,
-               knob_names: Sequence[str], confidence: float, shown: Sequence[str]) -> str:
-    """``[3/10] #4 batch_size=8 ... -> 41.2k tokens/s [40.1k, 42.3k] ... | front 2 | 0:42, ETA 1:30``."""
+def trial_line(
+    record: TrialRecord,
+    done: int,
+    total: int,
+    front_size: int,
+    elapsed_s: float,
+    knob_names: Sequence[str],
+    confidence: float,
+    shown: Sequence[str],
+) -> str:
+    """``[3/10] #4 batch_size=8 ... -> 41.2k tokens/s [40.1k, 42.3k] ... | front 2 | 0:42,
+    ETA 1:30``."""
     head = f"[{done}/{total}] #{record.number} {knobs_text(record.config, knob_names)} -> "
     if record.state == COMPLETE:
         m = record.metrics
-        figures = ", ".join(f"{LABELS[k][0]} {m.get(k, math.nan):{LABELS[k][2]}} {LABELS[k][1]}" for k in shown)
-        body = (f"{throughput_text(m, record.unit)} ({confidence:.0%} CI, {m['n_windows']:.0f} windows, "
-                f"{m['n_steps']:.0f} steps) cv {m['throughput_cv']:.1%}, {figures}, "
-                f"{'stable' if record.stable else 'UNSTABLE (throttled)' if m.get('throttled') else 'UNSTABLE'}")
+        figures = ", ".join(f"{METRICS[k].label} {_figure(m, k)} {METRICS[k].unit}" for k in shown)
+        verdict = (
+            "stable"
+            if record.stable
+            else "UNSTABLE (throttled)"
+            if m.get("throttled")
+            else "UNSTABLE"
+        )
+        body = (
+            f"{throughput_text(m, record.unit)} ({confidence:.0%} CI, "
+            f"{m['n_windows']:.0f} windows, {m['n_steps']:.0f} steps) "
+            f"cv {m['throughput_cv']:.1%}, {figures}, {verdict}"
+        )
     else:
         body = f"{record.state.upper()}: {record.failure}"
     eta_s = elapsed_s / done * (total - done)
     return f"{head}{body} | front {front_size} | {_clock(elapsed_s)} elapsed, ETA {_clock(eta_s)}"
 
 
-def summary_lines(outcome, history: Sequence[TrialRecord], recovered: Sequence[str] = (), *,
-                  best: TrialRecord | None, max_cv: float) -> list[str]:
+def summary_lines(
+    outcome,
+    history: Sequence[TrialRecord],
+    recovered: Sequence[str] = (),
+    *,
+    best: TrialRecord | None,
+    max_cv: float,
+) -> list[str]:
     """How the invocation went: what was measured, rejected, reused or skipped, why it stopped,
     every fault by kind (oom, crash, timeout, error) with the trials it hit, and how many measured
     configurations were unstable (naming one surely faster than the recommendation ``best``)."""
     states = [r.state for r in outcome.records]
     counts = ", ".join(f"{states.count(s)} {s}" for s in sorted(set(states))) or "none"
-    lines = [f"\nthis run: {len(outcome.records)} measured ({counts}); proposals that broke a constraint: "
-             f"{outcome.rejected}, that repeated an earlier measurement (reused, not re-run): {outcome.reused}, "
-             f"certain to run out of memory (not run): {outcome.skipped_oom}"
-             + (f", measured by another process at the time: {outcome.in_flight}" if outcome.in_flight else "")
-             + f"; stopped by {outcome.stop_reason}. Study total: {len(history)} measured."]
+    lines = [
+        f"\nthis run: {len(outcome.records)} measured ({counts}); "
+        f"proposals that broke a constraint: {outcome.rejected}, "
+        f"that repeated an earlier measurement (reused, not re-run): {outcome.reused}, "
+        f"certain to run out of memory (not run): {outcome.skipped_oom}"
+        + (
+            f", measured by another process at the time: {outcome.in_flight}"
+            if outcome.in_flight
+            else ""
+        )
+        + f"; stopped by {outcome.stop_reason}. Study total: {len(history)} measured."
+    ]
     lines += [f"recovered: {note}" for note in recovered]
     if outcome.lost_to_recovery:
-        lines.append(f"trial(s) {', '.join(f'#{n}' for n in outcome.lost_to_recovery)} were taken for stale by "
-                     "another process while measured here (heartbeat silent past the grace period; raise "
-                     "study.heartbeat_s on a busy store): queued again, the figures kept in MLflow only")
+        lines.append(
+            f"trial(s) {', '.join(f'#{n}' for n in outcome.lost_to_recovery)} were taken for stale "
+            "by another process while measured here (heartbeat silent past the grace period; "
+            "raise study.heartbeat_s on a busy store): queued again, "
+            "the figures kept in MLflow only"
+        )
     failed = [r for r in outcome.records if r.state == FAILED]
     if failed:
         kinds = [fault_kind(r.failure) or "other" for r in failed]
-        lines.append("faults: " + ", ".join(f"{kinds.count(k)} {k}" for k in (*FAULT_KINDS, "other") if k in kinds))
+        lines.append(
+            "faults: "
+            + ", ".join(f"{kinds.count(k)} {k}" for k in (*FAULT_KINDS, "other") if k in kinds)
+        )
         lines += [f"  #{r.number} {r.failure}" for r in failed]
     infeasible = [r for r in outcome.records if r.state == INFEASIBLE]
     lines += [f"  #{r.number} infeasible: {r.failure}" for r in infeasible]
     unstable = [r for r in history if r.state == COMPLETE and not r.stable]
     if unstable:
-        lines.append(f"{len(unstable)} measured configuration(s) were unstable (throughput CV above the bound) "
-                     "and are left off the front.")
+        lines.append(
+            f"{len(unstable)} measured configuration(s) were unstable "
+            "(throughput CV above the bound) and are left off the front."
+        )
         lines += faster_unstable_lines(unstable, best, max_cv)
     return lines
 
 
-def faster_unstable_lines(unstable: Sequence[TrialRecord], best: TrialRecord | None, max_cv: float) -> list[str]:
+def faster_unstable_lines(
+    unstable: Sequence[TrialRecord], best: TrialRecord | None, max_cv: float
+) -> list[str]:
     """Name the fastest unstable configuration when it is surely faster than the recommendation
     (its throughput interval lies above the recommendation's) or there is no recommendation: on a
     noisy machine the stability bound may cost more speed than a user would give up for it."""
     fastest = max(unstable, key=lambda r: r.metrics["throughput_ci_low"])
-    if best is not None and fastest.metrics["throughput_ci_low"] <= best.metrics["throughput_ci_high"]:
+    if (
+        best is not None
+        and fastest.metrics["throughput_ci_low"] <= best.metrics["throughput_ci_high"]
+    ):
         return []
-    fastest_text = (f"#{fastest.number} ({throughput_text(fastest.metrics, fastest.unit)}, "
-                    f"cv {fastest.metrics['throughput_cv']:.1%})")
+    fastest_text = (
+        f"#{fastest.number} ({throughput_text(fastest.metrics, fastest.unit)}, "
+        f"cv {fastest.metrics['throughput_cv']:.1%})"
+    )
     if best is None:
         head = f"  nothing is recommended; the fastest of them is {fastest_text}"
     else:
         ratio = fastest.metrics["throughput_ci_low"] / best.metrics["throughput_ci_high"]
-        head = (f"  the fastest of them, {fastest_text}, is {ratio:.1f}x as fast as the recommendation "
-                f"(#{best.number}), comparing the near ends of the intervals")
-    return [f"{head}; if throughput varying that much is acceptable, re-run with a larger stable.max_cv "
-            f"(now {max_cv:.0%}): stored measurements are judged again, not repeated."]
+        head = (
+            f"  the fastest of them, {fastest_text}, is {ratio:.1f}x as fast as the recommendation "
+            f"(#{best.number}), comparing the near ends of the intervals"
+        )
+    return [
+        f"{head}; if throughput varying that much is acceptable, re-run with a larger "
+        f"stable.max_cv (now {max_cv:.0%}): stored measurements are judged again, not repeated."
+    ]
 
 
-def pareto_table(front: Sequence[TrialRecord], best: TrialRecord | None, knob_names: Sequence[str],
-                 unit: str, confidence: float, shown: Sequence[str], title: str) -> Table:
+def pareto_table(
+    front: Sequence[TrialRecord],
+    best: TrialRecord | None,
+    knob_names: Sequence[str],
+    unit: str,
+    confidence: float,
+    shown: Sequence[str],
+    title: str,
+) -> Table:
     table = Table(title=title, title_justify="left")
-    for column in ("trial", *knob_names, f"throughput ({unit}/s, {confidence:.0%} CI)", "cv",
-                   *(f"{LABELS[k][0]} {LABELS[k][1]}" for k in shown), "windows", ""):
+    for column in (
+        "trial",
+        *knob_names,
+        f"throughput ({unit}/s, {confidence:.0%} CI)",
+        "cv",
+        *(f"{METRICS[k].label} {METRICS[k].unit}" for k in shown),
+        "windows",
+        "",
+    ):
         table.add_column(column, justify="right" if column not in knob_names else "left")
     for r in sorted(front, key=lambda r: -r.metrics["throughput"]):
         m = r.metrics
         table.add_row(
-            str(r.number), *(_value(r.config[k]) for k in knob_names), throughput_text(m, "").replace(" /s", ""),
-            f"{m['throughput_cv']:.1%}", *(f"{m.get(k, math.nan):{LABELS[k][2]}}" for k in shown),
-            f"{m['n_windows']:.0f}", "best" if best is not None and r.number == best.number else "",
+            str(r.number),
+            *(_value(r.config[k]) for k in knob_names),
+            throughput_text(m, "").replace(" /s", ""),
+            f"{m['throughput_cv']:.1%}",
+            *(_figure(m, k) for k in shown),
+            f"{m['n_windows']:.0f}",
+            "best" if best is not None and r.number == best.number else "",
         )
     return table
 
@@ -145,13 +222,27 @@ def write_csv(path: Path, front: Sequence[TrialRecord], knob_names: Sequence[str
         writer = csv.writer(f)
         writer.writerow(["trial", "mlflow_run_id", *knob_names, *metric_names])
         for r in sorted(front, key=lambda r: -r.metrics["throughput"]):
-            writer.writerow([r.number, r.run_id or "", *(r.config[k] for k in knob_names),
-                             *(r.metrics.get(k, "") for k in metric_names)])
+            writer.writerow(
+                [
+                    r.number,
+                    r.run_id or "",
+                    *(r.config[k] for k in knob_names),
+                    *(r.metrics.get(k, "") for k in metric_names),
+                ]
+            )
 
 
-def write_plot(path: Path, history: Sequence[TrialRecord], front: Sequence[TrialRecord], best: TrialRecord | None,
-               x_metric: str, confidence: float, title: str) -> None:
-    """Throughput (with its interval) against ``x_metric``, the space's first minimised objective."""
+def write_plot(
+    path: Path,
+    history: Sequence[TrialRecord],
+    front: Sequence[TrialRecord],
+    best: TrialRecord | None,
+    x_metric: str,
+    confidence: float,
+    title: str,
+) -> None:
+    """Throughput (with its interval) against ``x_metric``, the space's first minimised
+    objective."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -169,15 +260,27 @@ def write_plot(path: Path, history: Sequence[TrialRecord], front: Sequence[Trial
             continue
         x = [r.metrics.get(x_metric, math.nan) for r in rows]
         y = [r.metrics["throughput"] for r in rows]
-        err = [[r.metrics["throughput"] - r.metrics["throughput_ci_low"] for r in rows],
-               [r.metrics["throughput_ci_high"] - r.metrics["throughput"] for r in rows]]
+        err = [
+            [r.metrics["throughput"] - r.metrics["throughput_ci_low"] for r in rows],
+            [r.metrics["throughput_ci_high"] - r.metrics["throughput"] for r in rows],
+        ]
         ax.errorbar(x, y, yerr=err, fmt=marker, color=color, label=label, capsize=3, alpha=0.85)
         if label.startswith("Pareto"):
-            for r, xi, yi in zip(rows, x, y):
-                ax.annotate(f"#{r.number}", (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=8)
+            for r, xi, yi in zip(rows, x, y, strict=True):
+                ax.annotate(
+                    f"#{r.number}", (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=8
+                )
     if best is not None:
-        ax.plot([best.metrics.get(x_metric, math.nan)], [best.metrics["throughput"]], marker="*", markersize=16,
-                color="gold", markeredgecolor="black", linestyle="none", label=f"recommended (#{best.number})")
+        ax.plot(
+            [best.metrics.get(x_metric, math.nan)],
+            [best.metrics["throughput"]],
+            marker="*",
+            markersize=16,
+            color="gold",
+            markeredgecolor="black",
+            linestyle="none",
+            label=f"recommended (#{best.number})",
+        )
     ax.set_xlabel(x_metric)
     unit = history[0].unit if history else "items"
     ax.set_ylabel(f"throughput ({unit}/s), {confidence:.0%} CI")
@@ -195,7 +298,11 @@ def write_best(path: Path, best: TrialRecord | None, context: Mapping[str, Any])
         payload: dict[str, Any] = {"recommended": None, **context}
     else:
         payload = {
-            "recommended": {"trial": best.number, "mlflow_run_id": best.run_id, "config": dict(best.config)},
+            "recommended": {
+                "trial": best.number,
+                "mlflow_run_id": best.run_id,
+                "config": dict(best.config),
+            },
             "metrics": {k: float(v) for k, v in best.metrics.items()},
             "throughput_unit": f"{best.unit}/s",
             **context,

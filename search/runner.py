@@ -26,33 +26,25 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import torch
 from hydra.utils import instantiate
-from scipy import stats
 
 from search.fidelity import check_fidelity
 from search.gpu_telemetry import CpuEnergyMonitor, GpuMonitor
 from search.knobs import GENERIC_KNOBS, KnobError, Knobs, TrainStep
-from search.measure import Measurement, MeasureSettings, make_timer, measure
+from search.measure import Measurement, MeasureSettings, make_timer, measure, t_interval
+from search.records import COMPLETE, FAILED, INFEASIBLE
 from search.telemetry import MemoryProbe, rss_bytes
 
-COMPLETE, FAILED, INFEASIBLE = "complete", "failed", "infeasible"
-FAULT_KINDS = ("oom", "crash", "timeout", "error")
-"""What a failed trial's ``failure`` starts with (``oom: ...``)."""
 STDERR_TAIL_LINES = 20
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 MEMORY_POLL_S = 0.02
 """How often the CPU memory watchdog reads the worker's resident set (only with a memory limit)."""
-
-
-def fault_kind(failure: str) -> str:
-    """The kind of a failure line: one of ``FAULT_KINDS``, or '' for anything else."""
-    kind = failure.split(":", 1)[0]
-    return kind if kind in FAULT_KINDS else ""
 
 
 @dataclass(frozen=True)
@@ -65,10 +57,11 @@ class TrialRequest:
     seed: int
     measure: MeasureSettings
     timeout_s: float | None = None
-    """Wall-clock limit of the isolated worker (start-up, build, warm-up, windows, fidelity check)."""
+    """Wall-clock limit of the isolated worker (start-up, build, warm-up, windows, fidelity
+    check)."""
     memory_limit_mb: float | None = None
-    """Cap on the trial's peak memory (the ``peak_memory_mb`` figure): above it the trial is ``oom``.
-    CUDA: the allocator's per-process fraction; CPU: a watchdog on the resident set."""
+    """Cap on the trial's peak memory (the ``peak_memory_mb`` figure): above it the trial is
+    ``oom``. CUDA: the allocator's per-process fraction; CPU: a watchdog on the resident set."""
 
 
 @dataclass(frozen=True)
@@ -83,14 +76,16 @@ class TrialResult:
     unit: str = "items"
     duration_s: float = 0.0
     telemetry: Mapping[str, float] = field(default_factory=dict)
-    """Device readings over the timed windows (see ``telemetry_metrics``); empty where none exist."""
+    """Device readings over the timed windows (see ``telemetry_metrics``); empty where none
+    exist."""
     throttle_reasons: str = ""
     """Clock-event reasons seen during the timed windows, comma-separated ('' when none)."""
     fidelity: Mapping[str, float] = field(default_factory=dict)
     """Relative errors against the fp32 single-lane reference (``fidelity_loss_rel_error``,
     ``fidelity_grad_norm_rel_error``); empty for the reference configuration itself."""
     stderr_tail: str = ""
-    """The last lines the isolated worker wrote to stderr (a traceback, a fault dump), for faults."""
+    """The last lines the isolated worker wrote to stderr (a traceback, a fault dump), for
+    faults."""
 
 
 def split_config(config: Mapping[str, Any]) -> tuple[Knobs, dict[str, Any]]:
@@ -128,28 +123,60 @@ def run_trial(request: TrialRequest, on_memory_exceeded=None) -> TrialResult:
         finally:
             timer.close()
         peak_mb = probe.peak_mb()
-        limit.release()  # the fidelity check's fp32 reference may need more than the configuration did
-        if request.memory_limit_mb is not None and peak_mb is not None and peak_mb > request.memory_limit_mb:
-            return TrialResult(FAILED, peak_memory_mb=peak_mb, unit=unit, duration_s=time.perf_counter() - started,
-                               failure=f"oom: peak memory {peak_mb:.0f} MB is above runner.memory_limit_mb = "
-                                       f"{request.memory_limit_mb:g} MB")
-        timed = timer.windows[-measurement.n_windows:]
-        readings = telemetry_metrics(timed, step.items_per_step * measurement.steps_per_window,
-                                     request.measure.confidence)
-        throttles = ", ".join(sorted({r for w in timed for r in getattr(w, "throttle_reasons", ())}))
+        # the fidelity check's fp32 reference may need more than the configuration did
+        limit.release()
+        if (
+            request.memory_limit_mb is not None
+            and peak_mb is not None
+            and peak_mb > request.memory_limit_mb
+        ):
+            return TrialResult(
+                FAILED,
+                peak_memory_mb=peak_mb,
+                unit=unit,
+                duration_s=time.perf_counter() - started,
+                failure=f"oom: peak memory {peak_mb:.0f} MB is above runner.memory_limit_mb = "
+                f"{request.memory_limit_mb:g} MB",
+            )
+        timed = timer.windows[-measurement.n_windows :]
+        readings = telemetry_metrics(
+            timed, step.items_per_step * measurement.steps_per_window, request.measure.confidence
+        )
+        throttles = ", ".join(
+            sorted({r for w in timed for r in getattr(w, "throttle_reasons", ())})
+        )
         # After the measurement and its memory reading: the check's own models must not count.
         report = check_fidelity(workload, knobs, device, seed=request.seed)
-        errors = {"fidelity_loss_rel_error": report.loss_rel_error,
-                  "fidelity_grad_norm_rel_error": report.grad_norm_rel_error} if _changes_numerics(knobs) else {}
+        errors = (
+            {
+                "fidelity_loss_rel_error": report.loss_rel_error,
+                "fidelity_grad_norm_rel_error": report.grad_norm_rel_error,
+            }
+            if _changes_numerics(knobs)
+            else {}
+        )
         duration_s = time.perf_counter() - started
         state, failure = (COMPLETE, "") if report.ok else (INFEASIBLE, f"fidelity: {report.reason}")
-        return TrialResult(state, measurement, peak_mb, failure=failure, unit=unit, duration_s=duration_s,
-                           telemetry=readings, throttle_reasons=throttles, fidelity=errors)
+        return TrialResult(
+            state,
+            measurement,
+            peak_mb,
+            failure=failure,
+            unit=unit,
+            duration_s=duration_s,
+            telemetry=readings,
+            throttle_reasons=throttles,
+            fidelity=errors,
+        )
     except KnobError as e:
-        return TrialResult(INFEASIBLE, failure=str(e), unit=unit, duration_s=time.perf_counter() - started)
+        return TrialResult(
+            INFEASIBLE, failure=str(e), unit=unit, duration_s=time.perf_counter() - started
+        )
     except Exception as e:  # a fault of this configuration, not of the study
         traceback.print_exc()  # into the worker's stderr: its tail is kept with the failure
-        return TrialResult(FAILED, failure=classify(e), unit=unit, duration_s=time.perf_counter() - started)
+        return TrialResult(
+            FAILED, failure=classify(e), unit=unit, duration_s=time.perf_counter() - started
+        )
     finally:
         if limit is not None:
             limit.release()
@@ -165,8 +192,9 @@ def classify(error: BaseException) -> str:
     """The failure line of an exception raised by a trial: ``oom``, ``crash`` (the CUDA context is
     lost: nothing after it in this process can be trusted) or ``error``."""
     cause = _root_cause(error)
-    if isinstance(cause, (torch.OutOfMemoryError, MemoryError)) or \
-            (isinstance(cause, RuntimeError) and _CPU_OOM.search(str(cause))):
+    if isinstance(cause, (torch.OutOfMemoryError, MemoryError)) or (
+        isinstance(cause, RuntimeError) and _CPU_OOM.search(str(cause))
+    ):
         return f"oom: {_first_line(cause)}"
     if isinstance(cause, torch.AcceleratorError) or str(cause).startswith("CUDA error"):
         return f"crash: {_first_line(cause)}"
@@ -179,7 +207,9 @@ class _MemoryLimit:
     (only in a worker that can be ended, i.e. with ``on_exceeded``)."""
 
     def __init__(self, device: torch.device, limit_mb: float | None, on_exceeded, started: float):
-        if device.type == "cuda" and device.index is None:  # the allocator's fraction needs an index
+        if (
+            device.type == "cuda" and device.index is None
+        ):  # the allocator's fraction needs an index
             device = torch.device("cuda", torch.cuda.current_device())
         self.device, self.watchdog, self.capped = device, None, False
         if limit_mb is None:
@@ -217,9 +247,17 @@ class _MemoryWatchdog:
         while not self._stop.wait(MEMORY_POLL_S):
             used_mb = ((rss_bytes() or 0) - self.baseline_bytes) / 1e6
             if used_mb > self.limit_mb:
-                self.on_exceeded(TrialResult(
-                    FAILED, peak_memory_mb=used_mb, duration_s=time.perf_counter() - self.started,
-                    failure=f"oom: host memory {used_mb:.0f} MB is above runner.memory_limit_mb = {self.limit_mb:g} MB"))
+                self.on_exceeded(
+                    TrialResult(
+                        FAILED,
+                        peak_memory_mb=used_mb,
+                        duration_s=time.perf_counter() - self.started,
+                        failure=(
+                            f"oom: host memory {used_mb:.0f} MB is above "
+                            f"runner.memory_limit_mb = {self.limit_mb:g} MB"
+                        ),
+                    )
+                )
                 return
 
     def stop(self) -> None:
@@ -279,26 +317,38 @@ def telemetry_metrics(windows, items_per_window: int, confidence: float) -> dict
     out: dict[str, float] = {}
     energies = [w.energy_j for w in windows]
     if all(e is not None for e in energies):
-        per_item = np.array(energies) / items_per_window
-        mean = float(per_item.mean())
-        half = float(stats.t.ppf(0.5 + confidence / 2, len(per_item) - 1) * per_item.std(ddof=1)
-                     / np.sqrt(len(per_item))) if len(per_item) > 1 else 0.0
-        out |= {"energy_per_item_j": mean, "energy_per_item_j_ci_high": mean + half,
-                "mean_power_w": float(sum(energies) / sum(w.duration_s for w in windows))}
-    for key, reduce in (("sm_clock_mhz", np.mean), ("mem_clock_mhz", np.mean), ("gpu_util_pct", np.mean),
-                        ("temperature_c", np.max)):
+        energy = t_interval(np.array(energies) / items_per_window, confidence)
+        out |= {
+            "energy_per_item_j": energy.mean,
+            "energy_per_item_j_ci_high": energy.high,
+            "mean_power_w": float(sum(energies) / sum(w.duration_s for w in windows)),
+        }
+    for key, reduce in (
+        ("sm_clock_mhz", np.mean),
+        ("mem_clock_mhz", np.mean),
+        ("gpu_util_pct", np.mean),
+        ("temperature_c", np.max),
+    ):
         values = [getattr(w, key, None) for w in windows]
-        if values and all(v is not None for v in values):
-            out[key] = float(reduce(values))
+        known = [v for v in values if v is not None]
+        if known and len(known) == len(values):  # a reading from every window, or none at all
+            out[key] = float(reduce(known))
     if any(hasattr(w, "throttled") for w in windows):
         out["throttled"] = float(any(getattr(w, "throttled", False) for w in windows))
         # Holding the board's power limit is reported, not held against stability (gpu_telemetry).
-        out["power_capped"] = float(np.mean(["sw_power_cap" in getattr(w, "throttle_reasons", ()) for w in windows]))
+        out["power_capped"] = float(
+            np.mean(["sw_power_cap" in getattr(w, "throttle_reasons", ()) for w in windows])
+        )
     return out
 
 
 def _changes_numerics(knobs: Knobs) -> bool:
-    return knobs.precision != "fp32" or knobs.streams > 1 or knobs.recompute or knobs.n_micro_batches > 1
+    return (
+        knobs.precision != "fp32"
+        or knobs.streams > 1
+        or knobs.recompute
+        or knobs.n_micro_batches > 1
+    )
 
 
 def _prime(device: torch.device) -> None:
@@ -323,7 +373,9 @@ def _first_line(error: BaseException) -> str:
 
 
 @functools.cache
-def worker_context() -> multiprocessing.context.BaseContext:
+def worker_context() -> (
+    multiprocessing.context.ForkServerContext | multiprocessing.context.SpawnContext
+):
     """How trial workers start: forked from a fork server that has imported this module (and with
     it torch) once, so a fresh worker costs milliseconds, not the 2-3 s of importing torch again.
     The server itself is started from a clean ``exec`` and runs no torch code (no threads, no CUDA),
@@ -332,7 +384,8 @@ def worker_context() -> multiprocessing.context.BaseContext:
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["search._fork_server"])  # read when the server starts (the first worker)
+    # read when the server starts (the first worker)
+    context.set_forkserver_preload(["search._fork_server"])
     return context
 
 
@@ -340,7 +393,8 @@ def run_isolated(request: TrialRequest) -> TrialResult:
     """``run_trial`` in a fresh process (``worker_context``), in a process group of its own.
 
     A worker that dies is a ``crash`` (with its signal or exit code and the tail of its stderr); one
-    still running after ``request.timeout_s`` is a ``timeout``, killed with every process it started.
+    still running after ``request.timeout_s`` is a ``timeout``, killed with every process it
+    started.
     """
     started = time.perf_counter()
     context = worker_context()
@@ -349,12 +403,14 @@ def run_isolated(request: TrialRequest) -> TrialResult:
     # even when the study is killed with kill -9.
     log = tempfile.TemporaryFile(prefix="search-trial-", suffix=".stderr")
     stderr_fd = log.fileno()
-    worker = context.Process(target=_worker, args=(request, send, _InheritedFd(stderr_fd)), daemon=True)
+    worker = context.Process(
+        target=_worker, args=(request, send, _InheritedFd(stderr_fd)), daemon=True
+    )
     reaped = False
     try:
-        # Ctrl-C is the study's to handle (it ends the worker itself). SIGINT is blocked, not ignored,
-        # while the worker starts: a Ctrl-C in that moment is held and raised right after, not lost;
-        # the worker starts with it blocked and then ignores it.
+        # Ctrl-C is the study's to handle (it ends the worker itself). SIGINT is blocked, not
+        # ignored, while the worker starts: a Ctrl-C in that moment is held and raised right after,
+        # not lost; the worker starts with it blocked and then ignores it.
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             worker.start()
@@ -363,9 +419,13 @@ def run_isolated(request: TrialRequest) -> TrialResult:
         send.close()
         if not receive.poll(request.timeout_s):
             _kill_group(worker)
-            return TrialResult(FAILED, duration_s=time.perf_counter() - started, stderr_tail=_tail(stderr_fd),
-                               failure=f"timeout: still running after runner.timeout_s = {request.timeout_s:g} s; "
-                                       "killed with the processes it started")
+            return TrialResult(
+                FAILED,
+                duration_s=time.perf_counter() - started,
+                stderr_tail=_tail(stderr_fd),
+                failure=f"timeout: still running after runner.timeout_s = {request.timeout_s:g} s; "
+                "killed with the processes it started",
+            )
         result = receive.recv()
         return replace(result, stderr_tail=_tail(stderr_fd)) if result.state == FAILED else result
     except EOFError:  # the worker died before it could answer
@@ -374,8 +434,13 @@ def run_isolated(request: TrialRequest) -> TrialResult:
         reaped = True
         tail = _tail(stderr_fd)
         said = _headline(tail)
-        return TrialResult(FAILED, failure=f"crash: worker {_exit_text(worker.exitcode)}" + (f"; stderr: {said}" if said else ""),
-                           stderr_tail=tail, duration_s=time.perf_counter() - started)
+        return TrialResult(
+            FAILED,
+            failure=f"crash: worker {_exit_text(worker.exitcode)}"
+            + (f"; stderr: {said}" if said else ""),
+            stderr_tail=tail,
+            duration_s=time.perf_counter() - started,
+        )
     except BaseException:
         if worker.pid is not None:
             _kill_group(worker)
@@ -428,7 +493,11 @@ def _tail(fd: int) -> str:
     except OSError:
         return ""
     # faulthandler's list of loaded extension modules is one very long line that says nothing here
-    lines = [line.rstrip() for line in text.splitlines() if line.strip() and not line.startswith("Extension modules:")]
+    lines = [
+        line.rstrip()
+        for line in text.splitlines()
+        if line.strip() and not line.startswith("Extension modules:")
+    ]
     return "\n".join(lines[-STDERR_TAIL_LINES:])
 
 
@@ -439,7 +508,9 @@ def _headline(tail: str) -> str:
     fatal = next((i for i, line in enumerate(lines) if line.startswith("Fatal Python error")), None)
     if fatal is None:
         return lines[-1][:300] if lines else ""
-    current = next((i for i in range(fatal, len(lines)) if lines[i].startswith("Current thread")), fatal)
+    current = next(
+        (i for i in range(fatal, len(lines)) if lines[i].startswith("Current thread")), fatal
+    )
     frame = next((line.strip() for line in lines[current:] if line.strip().startswith("File ")), "")
     return f"{lines[fatal]}" + (f" ({frame})" if frame else "")
 
@@ -462,7 +533,7 @@ def _study_alive() -> bool:
     Its pid, not ``parent_process().is_alive()``: that reads the pipe the fork server's child was
     handed its task through, which is at its end once the task is read."""
     study = multiprocessing.parent_process()
-    if study is None:
+    if study is None or study.pid is None:
         return True
     try:
         os.kill(study.pid, 0)
@@ -482,7 +553,8 @@ def _worker(request: TrialRequest, send, stderr_fd: int) -> None:
     os.close(stderr_fd)
     sys.stderr = open(2, "w", buffering=1, closefd=False)
     faulthandler.enable()  # a segfault or abort leaves a Python traceback in that tail
-    lock, sent = threading.Lock(), []
+    lock = threading.Lock()
+    sent: list[bool] = []
 
     def answer(result: TrialResult, then_exit: bool = False) -> None:
         with lock:

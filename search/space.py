@@ -24,20 +24,19 @@ import itertools
 import math
 import operator
 import random
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping
+from typing import Any
 
-METRIC_DIRECTIONS: dict[str, str] = {
-    "throughput": "maximize",
-    "latency_p50_ms": "minimize",
-    "latency_p95_ms": "minimize",
-    "peak_memory_mb": "minimize",
-    "energy_per_item_j": "minimize",
-}
-"""Metrics a space may name as objectives, with the direction that makes sense for each."""
+from search.metrics import directions
+
+METRIC_DIRECTIONS: dict[str, str] = directions()
+"""Metrics a space may name as objectives, with the direction that makes sense for each (from the
+registry, ``search.metrics``)."""
 
 ENUMERATION_LIMIT = 100_000
-"""Discrete spaces up to this many configurations are enumerated exactly; larger ones are sampled."""
+"""Discrete spaces up to this many configurations are enumerated exactly; larger ones are
+sampled."""
 
 
 class SpaceError(ValueError):
@@ -55,7 +54,8 @@ class IntParam:
 
     def values(self) -> list[int]:
         if self.pow2:
-            power = 1 << max(self.low - 1, 0).bit_length()  # the smallest power of two >= low, exactly
+            # the smallest power of two >= low, exactly
+            power = 1 << max(self.low - 1, 0).bit_length()
             powers = []
             while power <= self.high:
                 powers.append(power)
@@ -111,7 +111,9 @@ class Constraint:
         except ZeroDivisionError:
             return False  # undefined for this configuration, so it cannot satisfy the constraint
         except TypeError as e:
-            raise SpaceError(f"constraint {self.text!r} cannot be evaluated for {dict(config)}: {e}") from None
+            raise SpaceError(
+                f"constraint {self.text!r} cannot be evaluated for {dict(config)}: {e}"
+            ) from None
 
 
 @dataclass(frozen=True)
@@ -127,14 +129,17 @@ class SearchSpace:
     after an out-of-memory trial, every configuration at or above it on these knobs is skipped."""
 
     def certain_oom(self, config: Mapping[str, Any], ran_out: Mapping[str, Any]) -> bool:
-        """Whether ``config`` needs at least the memory of ``ran_out``, a configuration that ran out.
+        """Whether ``config`` needs at least the memory of ``ran_out``, a configuration that ran
+        out.
 
         Only with ``memory_grows_with``: every other knob equal, and each of those at or above.
         """
         if not self.memory_grows_with or set(config) != set(ran_out):
             return False
-        return all(config[k] >= ran_out[k] if k in self.memory_grows_with else config[k] == ran_out[k]
-                   for k in config)
+        return all(
+            config[k] >= ran_out[k] if k in self.memory_grows_with else config[k] == ran_out[k]
+            for k in config
+        )
 
     @property
     def searched(self) -> dict[str, Param]:
@@ -163,11 +168,16 @@ class SearchSpace:
 
     def feasible_configs(self) -> list[dict[str, Any]] | None:
         """Every feasible configuration, or None when the space is continuous or too large."""
-        value_lists = [p.values() for p in self.params.values()]
-        if any(v is None for v in value_lists) or math.prod(map(len, value_lists)) > ENUMERATION_LIMIT:
-            return None
+        value_lists = [v for v in (p.values() for p in self.params.values()) if v is not None]
+        if (
+            len(value_lists) < len(self.params)
+            or math.prod(map(len, value_lists)) > ENUMERATION_LIMIT
+        ):
+            return None  # a float range, or too many to enumerate
         names = list(self.params)
-        configs = (dict(zip(names, combo)) for combo in itertools.product(*value_lists))
+        configs = (
+            dict(zip(names, combo, strict=True)) for combo in itertools.product(*value_lists)
+        )
         return [c for c in configs if not self.violations(c)]
 
     def random_feasible(self, rng: random.Random, tries: int = 10_000) -> dict[str, Any] | None:
@@ -178,7 +188,9 @@ class SearchSpace:
                 return config
         return None
 
-    def without_choices(self, reject: Callable[[str, Any], str | None]) -> tuple["SearchSpace", list[str]]:
+    def without_choices(
+        self, reject: Callable[[str, Any], str | None]
+    ) -> tuple[SearchSpace, list[str]]:
         """Drop categorical choices that ``reject(name, value)`` gives a reason against.
 
         Returns the narrowed space and one note per dropped choice.
@@ -196,7 +208,9 @@ class SearchSpace:
                     kept.append(value)
             if not kept:
                 reasons = "; ".join(f"{name}={v} dropped: {reject(name, v)}" for v in param.choices)
-                raise SpaceError(f"space '{self.name}': params.{name}: every choice is unusable here ({reasons})")
+                raise SpaceError(
+                    f"space '{self.name}': params.{name}: every choice is unusable here ({reasons})"
+                )
             params[name] = CategoricalParam(tuple(kept))
         return replace(self, params=params), notes
 
@@ -219,19 +233,35 @@ def parse_space(name: str, raw: Mapping[str, Any]) -> SearchSpace:
     """Turn a space file's resolved mapping into a SearchSpace, or raise SpaceError."""
     where = f"space '{name}'"
     if not isinstance(raw, Mapping):
-        raise SpaceError(f"{where}: expected a mapping with workload, params and objectives, but got {raw!r}")
-    unknown = set(raw) - {"name", "description", "workload", "params", "constraints", "objectives", "memory_grows_with"}
+        raise SpaceError(
+            f"{where}: expected a mapping with workload, params and objectives, but got {raw!r}"
+        )
+    unknown = set(raw) - {
+        "name",
+        "description",
+        "workload",
+        "params",
+        "constraints",
+        "objectives",
+        "memory_grows_with",
+    }
     if unknown:
-        raise SpaceError(f"{where}: unknown top-level key(s) {sorted(unknown)}; allowed: workload, params, "
-                         "constraints, objectives, memory_grows_with, description")
+        raise SpaceError(
+            f"{where}: unknown top-level key(s) {sorted(unknown)}; allowed: workload, params, "
+            "constraints, objectives, memory_grows_with, description"
+        )
     workload = raw.get("workload")
     if not isinstance(workload, Mapping) or not isinstance(workload.get("_target_"), str):
-        raise SpaceError(f"{where}: workload._target_ must name the workload class (e.g. search.workloads.GPT)")
+        raise SpaceError(
+            f"{where}: workload._target_ must name the workload class (e.g. search.workloads.GPT)"
+        )
     params_raw = raw.get("params")
     if not isinstance(params_raw, Mapping) or not params_raw:
         raise SpaceError(f"{where}: params must map at least one knob name to its range")
     params = {str(k): _parse_param(f"{where}: params.{k}", v) for k, v in params_raw.items()}
-    constraints = tuple(_parse_constraint(f"{where}: constraints", c, params) for c in raw.get("constraints") or [])
+    constraints = tuple(
+        _parse_constraint(f"{where}: constraints", c, params) for c in raw.get("constraints") or []
+    )
     objectives = _parse_objectives(where, raw.get("objectives"))
     grows = _parse_memory_grows_with(where, raw.get("memory_grows_with"), params)
     return SearchSpace(name, dict(workload), params, constraints, objectives, grows)
@@ -241,11 +271,16 @@ def _parse_memory_grows_with(where: str, raw: Any, params: Mapping[str, Param]) 
     if raw is None:
         return ()
     if not isinstance(raw, (list, tuple)) or not all(isinstance(k, str) for k in raw):
-        raise SpaceError(f"{where}: memory_grows_with must be a list of knob names, but got {raw!r}")
+        raise SpaceError(
+            f"{where}: memory_grows_with must be a list of knob names, but got {raw!r}"
+        )
     for name in raw:
         if not isinstance(params.get(name), (IntParam, FloatParam)):
-            raise SpaceError(f"{where}: memory_grows_with names {name!r}, which is not an int or float knob in "
-                             f"params ({', '.join(k for k, p in params.items() if isinstance(p, (IntParam, FloatParam)))})")
+            numeric = (k for k, p in params.items() if isinstance(p, (IntParam, FloatParam)))
+            raise SpaceError(
+                f"{where}: memory_grows_with names {name!r}, which is not an int or float knob in "
+                f"params ({', '.join(numeric)})"
+            )
     return tuple(raw)
 
 
@@ -260,10 +295,15 @@ def _parse_param(where: str, spec: Any) -> Param:
         "bool": {"type"},
     }
     if kind not in allowed:
-        raise SpaceError(f"{where}: type must be one of int, float, categorical, bool, but got {kind!r}")
+        raise SpaceError(
+            f"{where}: type must be one of int, float, categorical, bool, but got {kind!r}"
+        )
     extra = set(spec) - allowed[kind]
     if extra:
-        raise SpaceError(f"{where}: unknown key(s) {sorted(extra)} for type {kind}; allowed: {sorted(allowed[kind])}")
+        raise SpaceError(
+            f"{where}: unknown key(s) {sorted(extra)} for type {kind}; "
+            f"allowed: {sorted(allowed[kind])}"
+        )
     if kind == "bool":
         return CategoricalParam((False, True))
     if kind == "categorical":
@@ -278,10 +318,14 @@ def _parse_param(where: str, spec: Any) -> Param:
 
 def _parse_range(where: str, kind: str, spec: Mapping[str, Any]) -> Param:
     number = int if kind == "int" else (int, float)
-    low, high = spec.get("low"), spec.get("high")
+    low: Any = spec.get("low")
+    high: Any = spec.get("high")
     for key, value in (("low", low), ("high", high)):
         if not isinstance(value, number) or isinstance(value, bool):
-            raise SpaceError(f"{where}: {key} must be a{'n int' if kind == 'int' else ' number'}, but got {value!r}")
+            raise SpaceError(
+                f"{where}: {key} must be a{'n int' if kind == 'int' else ' number'}, "
+                f"but got {value!r}"
+            )
     if low > high:
         raise SpaceError(f"{where}: `low <= high` must hold, but got (low={low}, high={high})")
     log, pow2 = spec.get("log", False), spec.get("pow2", False)
@@ -292,9 +336,13 @@ def _parse_range(where: str, kind: str, spec: Mapping[str, Any]) -> Param:
         raise SpaceError(f"{where}: log scale needs `low > 0`, but got low={low}")
     if kind == "float":
         step = spec.get("step")
-        if step is not None and (not isinstance(step, (int, float)) or isinstance(step, bool) or step <= 0 or log):
-            raise SpaceError(f"{where}: step must be a positive number and cannot be combined with log, "
-                             f"but got step={step!r}, log={log}")
+        if step is not None and (
+            not isinstance(step, (int, float)) or isinstance(step, bool) or step <= 0 or log
+        ):
+            raise SpaceError(
+                f"{where}: step must be a positive number and cannot be combined with log, "
+                f"but got step={step!r}, log={log}"
+            )
         return FloatParam(float(low), float(high), log, None if step is None else float(step))
     step = spec.get("step", 1)
     if not isinstance(step, int) or isinstance(step, bool) or step < 1:
@@ -302,7 +350,10 @@ def _parse_range(where: str, kind: str, spec: Mapping[str, Any]) -> Param:
     if log and step != 1:
         raise SpaceError(f"{where}: log scale needs step 1, but got step={step}")
     if pow2 and (low < 1 or step != 1 or log):
-        raise SpaceError(f"{where}: pow2 needs low >= 1 and no step or log, but got low={low}, step={step}, log={log}")
+        raise SpaceError(
+            f"{where}: pow2 needs low >= 1 and no step or log, "
+            f"but got low={low}, step={step}, log={log}"
+        )
     param = IntParam(low, high, step, log, pow2)
     if not param.values():
         raise SpaceError(f"{where}: no power of two lies in [{low}, {high}]")
@@ -311,15 +362,26 @@ def _parse_range(where: str, kind: str, spec: Mapping[str, Any]) -> Param:
 
 def _parse_objectives(where: str, raw: Any) -> tuple[Objective, ...]:
     if not isinstance(raw, Mapping) or not raw:
-        raise SpaceError(f"{where}: objectives must map metric names to maximize/minimize, e.g. {{throughput: maximize}}")
+        raise SpaceError(
+            f"{where}: objectives must map metric names to maximize/minimize, "
+            "e.g. {throughput: maximize}"
+        )
     objectives = []
     for metric, direction in raw.items():
         if metric not in METRIC_DIRECTIONS:
-            raise SpaceError(f"{where}: objectives: unknown metric {metric!r}; known: {', '.join(METRIC_DIRECTIONS)}")
+            raise SpaceError(
+                f"{where}: objectives: unknown metric {metric!r}; "
+                f"known: {', '.join(METRIC_DIRECTIONS)}"
+            )
         if direction not in ("maximize", "minimize"):
-            raise SpaceError(f"{where}: objectives.{metric} must be maximize or minimize, but got {direction!r}")
+            raise SpaceError(
+                f"{where}: objectives.{metric} must be maximize or minimize, but got {direction!r}"
+            )
         if direction != METRIC_DIRECTIONS[metric]:
-            raise SpaceError(f"{where}: objectives.{metric} should be {METRIC_DIRECTIONS[metric]}, but got {direction}")
+            raise SpaceError(
+                f"{where}: objectives.{metric} should be {METRIC_DIRECTIONS[metric]}, "
+                f"but got {direction}"
+            )
         objectives.append(Objective(str(metric), direction))
     return tuple(objectives)
 
@@ -328,15 +390,27 @@ def _parse_objectives(where: str, raw: Any) -> tuple[Objective, ...]:
 # Constraint expressions
 
 
-_BINARY = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
+_BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
 }  # no ** : a huge power could hang the evaluator
-_COMPARE = {
-    ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
-    ast.Gt: operator.gt, ast.GtE: operator.ge,
+_COMPARE: dict[type[ast.cmpop], Callable[[Any, Any], Any]] = {
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
 }
-_UNARY = {ast.Not: operator.not_, ast.USub: operator.neg, ast.UAdd: operator.pos}
+_UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {
+    ast.Not: operator.not_,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+}
 
 
 def _parse_constraint(where: str, text: Any, params: Mapping[str, Param]) -> Constraint:
@@ -348,7 +422,9 @@ def _parse_constraint(where: str, text: Any, params: Mapping[str, Param]) -> Con
         raise SpaceError(f"{where}: cannot parse {text!r}: {e.msg}") from None
     for node in ast.walk(tree.body):
         if isinstance(node, ast.Name) and node.id not in params:
-            raise SpaceError(f"{where}: {text!r} names unknown knob {node.id!r}; knobs: {', '.join(params)}")
+            raise SpaceError(
+                f"{where}: {text!r} names unknown knob {node.id!r}; knobs: {', '.join(params)}"
+            )
         if not isinstance(node, _ALLOWED_NODES):
             raise SpaceError(
                 f"{where}: {text!r} uses {type(node).__name__}, which constraints do not allow; "
@@ -358,15 +434,27 @@ def _parse_constraint(where: str, text: Any, params: Mapping[str, Param]) -> Con
 
 
 _ALLOWED_NODES = (
-    ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.BinOp, ast.Compare, ast.Name, ast.Load, ast.Constant,
-    *_BINARY, *_COMPARE, *_UNARY,
+    ast.BoolOp,
+    ast.And,
+    ast.Or,
+    ast.UnaryOp,
+    ast.BinOp,
+    ast.Compare,
+    ast.Name,
+    ast.Load,
+    ast.Constant,
+    *_BINARY,
+    *_COMPARE,
+    *_UNARY,
 )
 
 
 def _evaluate(node: ast.AST, config: Mapping[str, Any]) -> Any:
     if isinstance(node, ast.Constant):
         if not isinstance(node.value, (int, float, str)):
-            raise TypeError(f"constants must be numbers, strings or booleans, but got {node.value!r}")
+            raise TypeError(
+                f"constants must be numbers, strings or booleans, but got {node.value!r}"
+            )
         return node.value
     if isinstance(node, ast.Name):
         return config[node.id]
@@ -380,8 +468,10 @@ def _evaluate(node: ast.AST, config: Mapping[str, Any]) -> Any:
     if isinstance(node, ast.BoolOp):
         values = (_evaluate(v, config) for v in node.values)
         return all(values) if isinstance(node.op, ast.And) else any(values)
+    if not isinstance(node, ast.Compare):  # _parse_constraint lets no other node through
+        raise TypeError(f"constraints cannot hold {type(node).__name__}")
     left = _evaluate(node.left, config)
-    for op, comparator in zip(node.ops, node.comparators):
+    for op, comparator in zip(node.ops, node.comparators, strict=True):
         right = _evaluate(comparator, config)
         if not _COMPARE[type(op)](left, right):
             return False

@@ -14,35 +14,34 @@ from __future__ import annotations
 import shutil
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
-from typing import Any, Mapping
 
 from omegaconf import DictConfig
 
-from search.app import _open_stores, _quiet_libraries, check_settings, fingerprint, load_space, stable_front
-from search.config import ConfigError, redact, resolve, resolve_device
+from search import results
+from search.config import ConfigError, load_settings, redact, resolve_device
+from search.prepare import fingerprint, load_space
 from search.records import TrialRecord
 from search.report import console, knobs_text
-from search.revalidate import Pooled
+from search.settings import Settings
 from search.space import SearchSpace
-from search.study import SYNCED_RUN_PREFIX, study_history, study_revalidations
+from search.stores import open_stores, quiet_libraries
 from search.telemetry import environment
 from search.tracking import Tracker
+from search.trial_store import record_synced_run, study_history, study_revalidations
 
 
 def run_sync(cfg_node: DictConfig) -> int:
     """Copy the study's missing trials to MLflow and set the pareto tags; 0 when done."""
-    _quiet_libraries()
-    cfg = resolve(cfg_node)
-    device = resolve_device(str(cfg["device"]))
-    space, _ = load_space(cfg, device)
-    check_settings(cfg)
-    study_name, uri = cfg["study"]["name"], cfg["tracking"]["uri"]
-    _require_study(study_name, cfg["study"]["storage"])  # before _open_stores, which would create it
-    runs_dir = Path(cfg["runs_dir"])
+    quiet_libraries()
+    settings = load_settings(cfg_node)
+    device = resolve_device(settings.device)
+    space, _ = load_space(settings.space, device)
+    study_name, uri = settings.study.name, settings.tracking.uri
+    _require_study(study_name, settings.study.storage)  # before open_stores, which would create it
+    runs_dir = Path(settings.runs_dir)
     created = not runs_dir.exists()
-    study, tracker = _open_stores(cfg, space)
+    study, tracker = open_stores(settings, space)
     try:
         _require_online(tracker, uri)
     except ConfigError:
@@ -52,7 +51,7 @@ def run_sync(cfg_node: DictConfig) -> int:
 
     env = environment(device)
     print_fn = fingerprint(space, env)
-    history = study_history(study, print_fn, space, float(cfg["stable"]["max_cv"]))
+    history = study_history(study, print_fn, space, settings.stable.max_cv)
     present, cut_off = tracker.trial_runs(study_name)
     _require_online(tracker, uri)
     out = console()
@@ -60,72 +59,113 @@ def run_sync(cfg_node: DictConfig) -> int:
     missing = [r for r in history if r.number not in present]
     for record in history:  # a crash between logging and recording leaves the study without the id
         if record.number in present and record.run_id is None:
-            study.set_user_attr(f"{SYNCED_RUN_PREFIX}{record.number}", present[record.number])
+            record_synced_run(study, record.number, present[record.number])
 
-    copied = _copy(cfg, space, study, tracker, print_fn, env["device_name"], missing, out) if missing else {}
+    copied = (
+        _copy(settings, space, study, tracker, print_fn, env["device_name"], missing, out)
+        if missing
+        else {}
+    )
     run_ids = {**present, **copied}
     stale = [run_id for number, run_id in cut_off if number in run_ids]
     for run_id in stale:
         tracker.delete_run(run_id)
-    front = _front(cfg, space, history, study_revalidations(study, print_fn))
-    tracker.mark_pareto(study_name, {run_ids[r.number] for r in front if r.number in run_ids})
+    front = results.final_front(history, study_revalidations(study, print_fn), settings, space)
+    results.mark_front(tracker, study_name, front, run_ids)
     _require_online(tracker, uri, f"after copying {len(copied)} of {len(missing)} trial(s)")
 
     if stale:
-        out.print(f"removed {len(stale)} run(s) whose logging was cut off (left RUNNING or ended KILLED); "
-                  "each of their trials now has a complete run", markup=False)
+        out.print(
+            f"removed {len(stale)} run(s) whose logging was cut off "
+            "(left RUNNING or ended KILLED); each of their trials now has a complete run",
+            markup=False,
+        )
     out.print(f"pareto: {len(front)} run(s) on the front of study {study_name}", markup=False)
-    out.print(f"sync: copied {len(copied)} trial(s) of study {study_name} to MLflow at {redact(uri)} "
-              f"({len(history) - len(missing)} already there)", markup=False)
+    out.print(
+        f"sync: copied {len(copied)} trial(s) of study {study_name} to MLflow at {redact(uri)} "
+        f"({len(history) - len(missing)} already there)",
+        markup=False,
+    )
     return 0
 
 
 def _require_study(name: str, storage: str) -> None:
-    """Sync copies an existing study; opening a missing one would create an empty study (and file)."""
+    """Sync copies an existing study; opening a missing one would create an empty study (and
+    file)."""
     import optuna  # only to list the storage's studies; the study itself is opened by search.study
 
     if storage.startswith("sqlite:///"):
-        path = storage[len("sqlite:///"):].split("?")[0]
+        path = storage[len("sqlite:///") :].split("?")[0]
         if path and path != ":memory:" and not Path(path).exists():
-            raise ConfigError(f"no study '{name}' in {redact(storage)} (no such file); run the tuning first, "
-                              "or set study.storage to where it ran")
+            raise ConfigError(
+                f"no study '{name}' in {redact(storage)} (no such file); run the tuning first, "
+                "or set study.storage to where it ran"
+            )
     try:
         names = optuna.study.get_all_study_names(storage)
     except Exception as e:  # sqlalchemy, driver and connection errors alike: all about the URL
-        raise ConfigError(f"cannot open study.storage {redact(storage)!r}: {type(e).__name__}: "
-                          f"{str(e).splitlines()[0] if str(e) else ''}") from None
+        raise ConfigError(
+            f"cannot open study.storage {redact(storage)!r}: {type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}"
+        ) from None
     if name not in names:
-        raise ConfigError(f"no study '{name}' in {redact(storage)}; run the tuning first "
-                          f"(studies there: {', '.join(sorted(names)) or 'none'})")
+        raise ConfigError(
+            f"no study '{name}' in {redact(storage)}; run the tuning first "
+            f"(studies there: {', '.join(sorted(names)) or 'none'})"
+        )
 
 
 def _require_online(tracker: Tracker, uri: str, progress: str = "") -> None:
     """Sync exists to reach MLflow: an offline tracker is an error, never a silent no-op."""
     reason = getattr(tracker, "offline_reason", None)
     if reason:
-        raise ConfigError(f"cannot reach tracking.uri {redact(uri)!r} ({reason}){' ' + progress if progress else ''}; "
-                          "start the server or fix tracking.uri, then run sync again")
+        raise ConfigError(
+            f"cannot reach tracking.uri {redact(uri)!r} ({reason})"
+            f"{' ' + progress if progress else ''}; "
+            "start the server or fix tracking.uri, then run sync again"
+        )
 
 
 def _note_left_out(study, history: list[TrialRecord], out) -> None:
-    """Trials measured elsewhere (other device, torch or workload code) cannot be told apart here."""
+    """Trials measured elsewhere (other device, torch or workload code) cannot be told apart
+    here."""
     ours = {r.number for r in history}
-    others = [t for t in study.get_trials(deepcopy=False) if "metrics" in t.user_attrs
-              and "reused_from" not in t.user_attrs and t.number not in ours]
+    others = [
+        t
+        for t in study.get_trials(deepcopy=False)
+        if "metrics" in t.user_attrs and "reused_from" not in t.user_attrs and t.number not in ours
+    ]
     if others:
-        out.print(f"note: {len(others)} measured trial(s) of this study belong to another fingerprint (workload, "
-                  "device or torch) or lie outside the space: not copied; run sync where they were measured",
-                  markup=False)
+        out.print(
+            f"note: {len(others)} measured trial(s) of this study belong to another fingerprint "
+            "(workload, device or torch) or lie outside the space: not copied; "
+            "run sync where they were measured",
+            markup=False,
+        )
 
 
-def _copy(cfg: Mapping[str, Any], space: SearchSpace, study, tracker: Tracker, print_fn: str, device_name: str,
-          missing: list[TrialRecord], out) -> dict[int, str]:
+def _copy(
+    settings: Settings,
+    space: SearchSpace,
+    study,
+    tracker: Tracker,
+    print_fn: str,
+    device_name: str,
+    missing: list[TrialRecord],
+    out,
+) -> dict[int, str]:
     """Log ``missing`` under one new parent run; ``{trial number: run id}`` of those logged."""
-    study_name = cfg["study"]["name"]
+    study_name = settings.study.name
     tracker.start_parent(
-        f"{study_name} sync {time.strftime('%Y-%m-%d %H:%M:%S')}", params={},
-        tags={"sync": "true", "study": study_name, "space": space.name, "workload_fingerprint": print_fn,
-              "command": redact(" ".join(["python -m search", *sys.argv[1:]]))},
+        f"{study_name} sync {time.strftime('%Y-%m-%d %H:%M:%S')}",
+        params={},
+        tags={
+            "sync": "true",
+            "study": study_name,
+            "space": space.name,
+            "workload_fingerprint": print_fn,
+            "command": redact(" ".join(["python -m search", *sys.argv[1:]])),
+        },
     )
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
     revalidated = study_revalidations(study, print_fn)
@@ -138,12 +178,15 @@ def _copy(cfg: Mapping[str, Any], space: SearchSpace, study, tracker: Tracker, p
             run_id = tracker.log_trial(record, duration_s, tags, end_ms=end_ms)
             if run_id is None:
                 break  # the server went away: run_sync reports it
-            study.set_user_attr(f"{SYNCED_RUN_PREFIX}{record.number}", run_id)
+            record_synced_run(study, record.number, run_id)
             copied[record.number] = run_id
             if record.number in revalidated:
-                _log_revalidation(tracker, run_id, revalidated[record.number])
-            out.print(f"copied #{record.number} {knobs_text(record.config, list(space.searched))} "
-                      f"({record.state}{', stable' if record.stable else ''}) -> run {run_id}", markup=False)
+                results.log_revalidation(tracker, run_id, revalidated[record.number])
+            out.print(
+                f"copied #{record.number} {knobs_text(record.config, list(space.searched))} "
+                f"({record.state}{', stable' if record.stable else ''}) -> run {run_id}",
+                markup=False,
+            )
         status = "FINISHED" if tracker.offline_reason is None else "FAILED"
     except KeyboardInterrupt:
         status = "KILLED"
@@ -158,30 +201,9 @@ def _times(trial, record: TrialRecord) -> tuple[float, int]:
     start, end = trial.datetime_start, trial.datetime_complete
     if end is None:
         return float(record.metrics.get("trial_time_s", 0.0)), int(time.time() * 1000)
-    duration_s = (end - start).total_seconds() if start is not None else float(record.metrics.get("trial_time_s", 0.0))
+    duration_s = (
+        (end - start).total_seconds()
+        if start is not None
+        else float(record.metrics.get("trial_time_s", 0.0))
+    )
     return duration_s, int(end.timestamp() * 1000)
-
-
-def _log_revalidation(tracker: Tracker, run_id: str, pooled: Pooled) -> None:
-    """What the tuning run logs on a re-validated child (see app._revalidated_front)."""
-    tracker.log_metrics(run_id, {f"revalidated_{k}": v for k, v in pooled.metrics.items()})
-    tracker.set_tags(run_id, {"revalidated": "true", "stable": str(pooled.stable).lower(),
-                              **({"revalidation_failure": pooled.reason} if pooled.reason else {})})
-
-
-def _front(cfg: Mapping[str, Any], space: SearchSpace, history: list[TrialRecord],
-           done: Mapping[int, Pooled]) -> list[TrialRecord]:
-    """The front the tuning run's end would tag, from stored figures only.
-
-    As ``app._revalidated_front``: with re-validation on, the candidates (the search-time front, at
-    most ``revalidate.max_candidates``, highest lower throughput bound first) carry their pooled
-    figures where they were re-validated, and the front is taken among them. Nothing is re-measured.
-    """
-    front = stable_front(history, space)
-    processes, limit = int(cfg["revalidate"]["processes"]), int(cfg["revalidate"]["max_candidates"])
-    if processes == 0 or not front:
-        return front
-    candidates = sorted(front, key=lambda r: -r.metrics["throughput_ci_low"])[:limit]
-    pooled = [replace(c, metrics={**c.metrics, **done[c.number].metrics}, stable=done[c.number].stable)
-              if c.number in done else c for c in candidates]
-    return stable_front(pooled, space)

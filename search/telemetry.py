@@ -1,7 +1,8 @@
 """What the device and host report: peak memory of a trial, and the environment of a run.
 
-CUDA and NVML are touched only here (and in the CUDA timer). Every NVML query tolerates a missing
-driver or an unsupported query: the value is left out, never invented.
+NVML finds the device through ``gpu_telemetry.nvml_handle``, as the energy windows do, so these
+readings describe the GPU that runs the trials even under CUDA_VISIBLE_DEVICES. Every NVML query
+tolerates a missing driver or an unsupported query: the value is left out, never invented.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import subprocess
 from pathlib import Path
 
 import torch
+
+from search.gpu_telemetry import nvml_handle
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -81,8 +84,12 @@ def _cpu_model() -> str:
 
 def _git_commit(where: Path) -> str | None:
     try:
-        out = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=5)
+        out = subprocess.run(
+            ["git", "-C", str(where), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
@@ -101,13 +108,18 @@ def contention(device: torch.device) -> list[str]:
     cores = os.cpu_count() or 1
     load = os.getloadavg()[0]
     if load > 0.5 * cores:
-        warnings.append(f"the CPU is busy (1-minute load average {load:.1f} on {cores} cores): "
-                        "measurements will be noisier and slower than on an idle machine")
+        warnings.append(
+            f"the CPU is busy (1-minute load average {load:.1f} on {cores} cores): "
+            "measurements will be noisier and slower than on an idle machine"
+        )
     if device.type == "cuda":
         others = _gpu_processes(device.index or 0)
         if others:
-            warnings.append(f"the GPU is shared with {len(others)} other process(es) (pids {', '.join(others)}): "
-                            "throughput, memory and energy figures include their interference")
+            warnings.append(
+                f"the GPU is shared with {len(others)} other process(es) "
+                f"(pids {', '.join(others)}): "
+                "throughput, memory and energy figures include their interference"
+            )
     return warnings
 
 
@@ -119,7 +131,7 @@ def _gpu_processes(device_index: int) -> list[str]:
     except Exception:
         return []
     try:
-        handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
+        handle = nvml_handle(pynvml, device_index)
         processes = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
         return [str(p.pid) for p in processes if p.pid != os.getpid()]
     except pynvml.NVMLError:
@@ -140,11 +152,15 @@ def _nvml(device_index: int) -> dict[str, str]:
         return {}
     try:
         info["gpu_driver"] = str(pynvml.nvmlSystemGetDriverVersion())
-        handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
+        handle = nvml_handle(pynvml, device_index)
         info["gpu_name"] = str(pynvml.nvmlDeviceGetName(handle))
-        info["gpu_sm_clock_max_mhz"] = str(pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM))
+        info["gpu_sm_clock_max_mhz"] = str(
+            pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM)
+        )
         info["gpu_sm_clock_mhz"] = str(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
-        info["gpu_mem_clock_mhz"] = str(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM))
+        info["gpu_mem_clock_mhz"] = str(
+            pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM)
+        )
     except pynvml.NVMLError:
         pass
     finally:
@@ -179,7 +195,10 @@ def environment(device: torch.device) -> dict[str, str]:
     governor = _governor()
     if governor:
         env["cpu_governor"] = governor
-    for key, where in (("search_git_commit", Path(__file__).parent), ("workdir_git_commit", Path.cwd())):
+    for key, where in (
+        ("search_git_commit", Path(__file__).parent),
+        ("workdir_git_commit", Path.cwd()),
+    ):
         commit = _git_commit(where)
         if commit:
             env[key] = commit

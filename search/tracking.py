@@ -14,8 +14,9 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 import requests
@@ -24,9 +25,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from search.config import redact
-from search.records import TrialRecord
-
-_BATCH = 100  # MLflow accepts at most 100 params or tags per log_batch call
+from search.records import FAILED, TrialRecord
 
 NETWORK_LIMITS = {
     # MLflow's defaults (120 s timeout, 7 retries with backoff factor 2) wait about 4 minutes before
@@ -56,7 +55,7 @@ def _check_http_uri(uri: str) -> None:
     """A malformed server address is bad input, not an unreachable server."""
     try:
         parts = urlsplit(uri)
-        parts.port  # raises ValueError for a port that is not a number in 0-65535
+        _ = parts.port  # raises ValueError for a port that is not a number in 0-65535
     except ValueError as e:
         raise ValueError(f"malformed tracking URI {redact(uri)!r}: {e}") from None
     if not parts.hostname:
@@ -66,9 +65,10 @@ def _check_http_uri(uri: str) -> None:
 def _chain(error: BaseException) -> list[BaseException]:
     """``error`` and the exceptions it was raised from or while handling, outermost first."""
     seen: list[BaseException] = []
-    while error is not None and error not in seen:
-        seen.append(error)
-        error = error.__cause__ or error.__context__
+    current: BaseException | None = error
+    while current is not None and current not in seen:
+        seen.append(current)
+        current = current.__cause__ or current.__context__
     return seen
 
 
@@ -82,14 +82,21 @@ def unreachable(error: BaseException) -> bool:
     for e in _chain(error):
         if isinstance(e, requests.exceptions.SSLError):
             return False
-        if isinstance(e, (requests.exceptions.ConnectionError, requests.exceptions.Timeout,
-                          requests.exceptions.RetryError)):
+        if isinstance(
+            e,
+            (
+                requests.exceptions.ConnectionError,
+                requests.exceptions.Timeout,
+                requests.exceptions.RetryError,
+            ),
+        ):
             return True
     return bool(re.search(r"failed with error code 5\d\d\b", str(error)))
 
 
 def _cause(error: BaseException) -> str:
-    """The innermost reason, on one line (``ConnectionRefusedError: [Errno 111] Connection refused``)."""
+    """The innermost reason, on one line
+    (``ConnectionRefusedError: [Errno 111] Connection refused``)."""
     innermost = _chain(error)[-1]
     text = str(innermost).strip().splitlines()[0] if str(innermost).strip() else ""
     text = re.sub(r"^<[^>]*>: ", "", text)  # urllib3 prefixes the connection object
@@ -107,7 +114,8 @@ class Tracker:
     offline_reason: str | None = None
     """Why nothing is logged (one line naming the URI); None while logging works."""
     unlogged_trials: int = 0
-    """Trials passed to ``log_trial`` whose child run was not logged because the tracker was offline."""
+    """Trials passed to ``log_trial`` whose child run was not logged because the tracker was
+    offline."""
 
     def __init__(self, uri: str, experiment: str, artifact_root: Path):
         self.uri = uri
@@ -121,8 +129,9 @@ class Tracker:
         self.experiment_id: str | None = self._experiment(experiment, artifact_root)
 
     @classmethod
-    def open(cls, uri: str, experiment: str, artifact_root: Path) -> "Tracker":
-        """A working tracker, or an offline one when the tracking server at ``uri`` cannot be reached.
+    def open(cls, uri: str, experiment: str, artifact_root: Path) -> Tracker:
+        """A working tracker, or an offline one when the tracking server at ``uri`` cannot be
+        reached.
 
         Bad input (unsupported scheme, malformed URI, a store that cannot be created, a server that
         refuses the request) still raises: only an outage is worth carrying on without MLflow.
@@ -135,24 +144,41 @@ class Tracker:
             return cls.offline(uri, f"MLflow server {redact(uri)} unreachable: {_cause(e)}")
 
     @classmethod
-    def offline(cls, uri: str, reason: str) -> "Tracker":
+    def offline(cls, uri: str, reason: str) -> Tracker:
         """A tracker that logs nothing: every method is a no-op; ``reason`` says why."""
         tracker = cls.__new__(cls)
-        tracker.uri, tracker.client, tracker.experiment_id, tracker.parent_id = uri, None, None, None
+        tracker.uri, tracker.client, tracker.experiment_id, tracker.parent_id = (
+            uri,
+            None,
+            None,
+            None,
+        )
         tracker.offline_reason, tracker.unlogged_trials = reason, 0
         return tracker
 
+    @property
+    def _client(self) -> MlflowClient:
+        """The MLflow client; reached only while online (every caller checks first, see
+        ``_guard``)."""
+        assert self.client is not None, "the tracker is offline: it has no MLflow client"
+        return self.client
+
+    @property
+    def _experiment_id(self) -> str:
+        assert self.experiment_id is not None, "the tracker is offline: it has no experiment"
+        return self.experiment_id
+
     def _experiment(self, name: str, artifact_root: Path) -> str:
-        found = self.client.get_experiment_by_name(name)
+        found = self._client.get_experiment_by_name(name)
         if found is not None:
             return found.experiment_id
         location = artifact_root.resolve().as_uri() if _is_local(self.uri) else None
         try:
-            return self.client.create_experiment(name, artifact_location=location)
+            return self._client.create_experiment(name, artifact_location=location)
         except MlflowException as e:  # another process created it first
             if unreachable(e):
                 raise
-            found = self.client.get_experiment_by_name(name)
+            found = self._client.get_experiment_by_name(name)
             if found is None:
                 raise
             return found.experiment_id
@@ -164,11 +190,14 @@ class Tracker:
         if not (isinstance(error, Exception) and unreachable(error)):
             return False
         if self.offline_reason is None:
-            self.offline_reason = f"MLflow server {redact(self.uri)} became unreachable: {_cause(error)}"
+            self.offline_reason = (
+                f"MLflow server {redact(self.uri)} became unreachable: {_cause(error)}"
+            )
         return True
 
     def _guard(self, call: Callable[[], Any]) -> Any:
-        """``call()``, or None without calling it when offline or when the server goes away during it."""
+        """``call()``, or None without calling it when offline or when the server goes away during
+        it."""
         if self.offline_reason is not None:
             return None
         try:
@@ -180,10 +209,13 @@ class Tracker:
 
     # -- runs ----------------------------------------------------------------------------------
 
-    def start_parent(self, run_name: str, params: Mapping[str, Any], tags: Mapping[str, str]) -> str | None:
+    def start_parent(
+        self, run_name: str, params: Mapping[str, Any], tags: Mapping[str, str]
+    ) -> str | None:
         """The parent run of this invocation; None when offline."""
+
         def start() -> str:
-            run = self.client.create_run(self.experiment_id, run_name=run_name, tags=dict(tags))
+            run = self._client.create_run(self._experiment_id, run_name=run_name, tags=dict(tags))
             self.parent_id = run.info.run_id
             self._log(self.parent_id, params=params)
             return self.parent_id
@@ -191,51 +223,73 @@ class Tracker:
         run_id = self._guard(start)
         return run_id if self.offline_reason is None else None
 
-    def log_trial(self, record: TrialRecord, duration_s: float, tags: Mapping[str, str],
-                  end_ms: int | None = None) -> str | None:
-        """One finished trial as a child of the parent run, with the contract's tags; returns its id.
+    def log_trial(
+        self,
+        record: TrialRecord,
+        duration_s: float,
+        tags: Mapping[str, str],
+        end_ms: int | None = None,
+    ) -> str | None:
+        """One finished trial as a child of the parent run, with the contract's tags; returns its
+        id.
 
-        ``tags`` adds context (study, device, stop reason, ...) to ``state``, ``stable``, ``pareto``,
-        ``trial``, ``throughput_unit`` and ``failure``. The run ends at ``end_ms`` (ms since the
-        epoch; default now) and starts ``duration_s`` before. Offline, or when the server goes away
-        while logging, nothing is logged: returns None and counts the trial in ``unlogged_trials``.
+        ``tags`` adds context (study, device, stop reason, ...) to ``state``, ``stable``,
+        ``pareto``, ``trial``, ``throughput_unit`` and ``failure``. The run ends at ``end_ms`` (ms
+        since the epoch; default now) and starts ``duration_s`` before. Offline, or when the server
+        goes away while logging, nothing is logged: returns None and counts the trial in
+        ``unlogged_trials``.
         """
         if self.offline_reason is not None:
             self.unlogged_trials += 1
             return None
         assert self.parent_id is not None, "start_parent() first"
         try:
-            return self._log_trial(record, duration_s, tags, int(time.time() * 1000) if end_ms is None else end_ms)
+            return self._log_trial(
+                record, duration_s, tags, int(time.time() * 1000) if end_ms is None else end_ms
+            )
         except Exception as e:
             if not self._lost(e):
                 raise
             self.unlogged_trials += 1
             return None
 
-    def _log_trial(self, record: TrialRecord, duration_s: float, tags: Mapping[str, str], end_ms: int) -> str:
-        contract = {"state": record.state, "stable": str(record.stable).lower(), "pareto": "false",
-                    "trial": str(record.number), "throughput_unit": f"{record.unit}/s"}
+    def _log_trial(
+        self, record: TrialRecord, duration_s: float, tags: Mapping[str, str], end_ms: int
+    ) -> str:
+        contract = {
+            "state": record.state,
+            "stable": str(record.stable).lower(),
+            "pareto": "false",
+            "trial": str(record.number),
+            "throughput_unit": f"{record.unit}/s",
+        }
         if record.failure:
             contract["failure"] = record.failure
-        run = self.client.create_run(
-            self.experiment_id, run_name=f"trial-{record.number}", start_time=end_ms - int(duration_s * 1000),
+        run = self._client.create_run(
+            self._experiment_id,
+            run_name=f"trial-{record.number}",
+            start_time=end_ms - int(duration_s * 1000),
             tags={"mlflow.parentRunId": self.parent_id, **tags, **contract},
         )
         run_id = run.info.run_id
         try:
             self._log(run_id, params=record.config, metrics=record.metrics)
         except BaseException as e:
-            if not (isinstance(e, Exception) and self._lost(e)):  # no point ending it on a dead server
-                self.client.set_terminated(run_id, status="FAILED", end_time=end_ms)
+            if not (
+                isinstance(e, Exception) and self._lost(e)
+            ):  # no point ending it on a dead server
+                self._client.set_terminated(run_id, status="FAILED", end_time=end_ms)
             raise
-        self.client.set_terminated(run_id, status="FAILED" if record.state == "failed" else "FINISHED",
-                                   end_time=end_ms)
+        self._client.set_terminated(
+            run_id, status="FAILED" if record.state == FAILED else "FINISHED", end_time=end_ms
+        )
         return run_id
 
     def trial_runs(self, study: str) -> tuple[dict[int, str], list[tuple[int, str]]]:
-        """The study's child runs in this experiment: ``{trial number: run id}`` of the complete ones
-        (ended FINISHED or FAILED by ``log_trial``), and ``(trial number, run id)`` of runs whose
-        logging was cut off (still RUNNING, or ended KILLED by the recovery of a stopped process).
+        """The study's child runs in this experiment: ``{trial number: run id}`` of the complete
+        ones (ended FINISHED or FAILED by ``log_trial``), and ``(trial number, run id)`` of runs
+        whose logging was cut off (still RUNNING, or ended KILLED by the recovery of a stopped
+        process).
 
         ``sync`` decides from these which trials are missing; both are empty when offline.
         """
@@ -254,11 +308,17 @@ class Tracker:
     def find_runs(self, filter_string: str) -> list:
         """Every active run of the experiment that matches ``filter_string`` (MLflow search syntax),
         page by page; empty when offline."""
+
         def search() -> list:
-            runs, token = [], None
+            runs: list = []
+            token = None
             while True:
-                page = self.client.search_runs([self.experiment_id], filter_string=filter_string,
-                                               max_results=1000, page_token=token)
+                page = self._client.search_runs(
+                    [self._experiment_id],
+                    filter_string=filter_string,
+                    max_results=1000,
+                    page_token=token,
+                )
                 runs.extend(page)
                 token = page.token
                 if not token:
@@ -268,16 +328,21 @@ class Tracker:
 
     def end_run(self, run_id: str, status: str) -> None:
         """End a run (e.g. one a stopped process left RUNNING) with ``status``."""
-        self._guard(lambda: self.client.set_terminated(run_id, status=status))
+        self._guard(lambda: self._client.set_terminated(run_id, status=status))
 
     def delete_run(self, run_id: str) -> None:
-        self._guard(lambda: self.client.delete_run(run_id))
+        self._guard(lambda: self._client.delete_run(run_id))
 
     def mark_pareto(self, study: str, front_run_ids: set[str]) -> None:
-        """Set ``pareto`` to true on exactly the runs of ``front_run_ids`` among the study's children."""
-        tagged = self._guard(lambda: self.client.search_runs(
-            [self.experiment_id], max_results=10_000,
-            filter_string=f"tags.study = '{study}' and tags.pareto = 'true'"))
+        """Set ``pareto`` to true on exactly the runs of ``front_run_ids`` among the study's
+        children."""
+        tagged = self._guard(
+            lambda: self._client.search_runs(
+                [self._experiment_id],
+                max_results=10_000,
+                filter_string=f"tags.study = '{study}' and tags.pareto = 'true'",
+            )
+        )
         if tagged is None:
             return
         for run in tagged:
@@ -289,45 +354,58 @@ class Tracker:
             except MlflowException:
                 pass  # the run was deleted in MLflow (or lives in another store): nothing to tag
 
-    def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
-        self._guard(lambda: self._log(run_id, tags=tags))
+    def set_tags(self, run_id: str | None, tags: Mapping[str, str]) -> None:
+        """Tags on run ``run_id``; nothing for None (a parent run that was never started)."""
+        if run_id is not None:
+            self._guard(lambda: self._log(run_id, tags=tags))
 
-    def log_metrics(self, run_id: str, metrics: Mapping[str, float]) -> None:
-        self._guard(lambda: self._log(run_id, metrics=metrics))
+    def log_metrics(self, run_id: str | None, metrics: Mapping[str, float]) -> None:
+        """Metrics on run ``run_id``; nothing for None (a parent run that was never started)."""
+        if run_id is not None:
+            self._guard(lambda: self._log(run_id, metrics=metrics))
 
     def log_text(self, text: str, artifact_file: str) -> None:
         """``text`` as artifact ``artifact_file`` of the parent run."""
-        if self.parent_id is not None:
-            self._guard(lambda: self.client.log_text(self.parent_id, text, artifact_file))
+        parent_id = self.parent_id
+        if parent_id is not None:
+            self._guard(lambda: self._client.log_text(parent_id, text, artifact_file))
 
     def log_artifact(self, path: Path) -> None:
         if self.offline_reason is not None:
             return
-        assert self.parent_id is not None
-        self._guard(lambda: self.client.log_artifact(self.parent_id, str(path)))
+        parent_id = self.parent_id
+        assert parent_id is not None, "start_parent() first"
+        self._guard(lambda: self._client.log_artifact(parent_id, str(path)))
 
     def end_parent(self, status: str = "FINISHED") -> None:
-        if self.parent_id is not None:
-            self._guard(lambda: self.client.set_terminated(self.parent_id, status=status))
+        parent_id = self.parent_id
+        if parent_id is not None:
+            self._guard(lambda: self._client.set_terminated(parent_id, status=status))
 
     def ui_command(self) -> str:
         if self.uri.startswith("sqlite:///") and not self.uri.startswith("sqlite:////"):
             # A relative path works only from this directory: print the absolute one.
-            return f"mlflow ui --backend-store-uri sqlite:///{Path(self.uri[len('sqlite:///'):]).resolve()}"
+            return (
+                "mlflow ui --backend-store-uri sqlite:///"
+                f"{Path(self.uri[len('sqlite:///') :]).resolve()}"
+            )
         if _is_local(self.uri):
             return f"mlflow ui --backend-store-uri {self.uri}"
         return f"open {self.uri}"
 
-    def _log(self, run_id: str, params: Mapping[str, Any] = {}, metrics: Mapping[str, float] = {},
-             tags: Mapping[str, str] = {}) -> None:
+    def _log(
+        self,
+        run_id: str,
+        params: Mapping[str, Any] = {},
+        metrics: Mapping[str, float] = {},
+        tags: Mapping[str, str] = {},
+    ) -> None:
         now_ms = int(time.time() * 1000)
-        param_list = [Param(k, str(v)) for k, v in params.items()]
-        tag_list = [RunTag(k, str(v)) for k, v in tags.items()]
-        metric_list = [Metric(k, float(v), now_ms, 0) for k, v in metrics.items()]
-        for start in range(0, max(len(param_list), len(tag_list), 1), _BATCH):
-            self.client.log_batch(
-                run_id,
-                metrics=metric_list if start == 0 else [],
-                params=param_list[start:start + _BATCH],
-                tags=tag_list[start:start + _BATCH],
-            )
+        # One call: MlflowClient.log_batch splits into requests within the server's per-request
+        # limits (100 params or tags, 1000 metrics) itself.
+        self._client.log_batch(
+            run_id,
+            metrics=[Metric(k, float(v), now_ms, 0) for k, v in metrics.items()],
+            params=[Param(k, str(v)) for k, v in params.items()],
+            tags=[RunTag(k, str(v)) for k, v in tags.items()],
+        )

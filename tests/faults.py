@@ -32,7 +32,9 @@ class Faulty(Workload):
     def build_model(self):
         fault = self.fault
         if fault == "oom":
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (injected)")
+            raise torch.OutOfMemoryError(
+                "CUDA out of memory. Tried to allocate 20.00 GiB (injected)"
+            )
         if fault == "segv":
             os.kill(os.getpid(), signal.SIGSEGV)
         if fault == "abort":

@@ -19,36 +19,84 @@ BAD_INPUT = {
     "unknown space": (["+space=nope"], "built-in spaces are llm"),
     "unknown key": (["+space=llm", "study.n_trails=3"], "unknown config key 'study.n_trails'"),
     "unknown option": (["+space=llm", "--frobnicate"], "unknown option"),
-    "negative trials": (["+space=llm", "study.n_trials=-1"], "study.n_trials must be a positive integer"),
+    "negative trials": (
+        ["+space=llm", "study.n_trials=-1"],
+        "study.n_trials must be a positive integer",
+    ),
     "unknown device": (["+space=llm", "device=tpu"], "unknown device 'tpu'"),
     "unknown sampler": (["+space=llm", "study.sampler=magic"], "study.sampler must be one of"),
     "low > high": (["+space=llm", "space.params.batch_size.low=64"], "`low <= high` must hold"),
-    "empty choices": (["+space=llm", "space.params.precision.choices=[]"], "choices must be a non-empty list"),
-    "unknown objective": (["+space=llm", "+space.objectives.speed=maximize"], "unknown metric 'speed'"),
-    "impossible constraint": (["+space=llm", "space.constraints=['batch_size < 0']"], "no configuration satisfies"),
-    "constraint on unknown knob": (["+space=llm", "space.constraints=['foo > 1']"], "unknown knob 'foo'"),
-    "target does not import": (["+space=llm", "space.workload._target_=nowhere.Model"], "does not import"),
+    "empty choices": (
+        ["+space=llm", "space.params.precision.choices=[]"],
+        "choices must be a non-empty list",
+    ),
+    "unknown objective": (
+        ["+space=llm", "+space.objectives.speed=maximize"],
+        "unknown metric 'speed'",
+    ),
+    "impossible constraint": (
+        ["+space=llm", "space.constraints=['batch_size < 0']"],
+        "no configuration satisfies",
+    ),
+    "constraint on unknown knob": (
+        ["+space=llm", "space.constraints=['foo > 1']"],
+        "unknown knob 'foo'",
+    ),
+    "target does not import": (
+        ["+space=llm", "space.workload._target_=nowhere.Model"],
+        "does not import",
+    ),
     "bad measure setting": (["+space=llm", "measure.min_windows=1"], "min_windows"),
     "unquoted override": (["+space=llm", "space.constraints=[a < b]"], "quote values"),
     "unknown slo metric": (["+space=llm", "+slo.speed=3"], "slo.speed: unknown metric"),
     "unknown preset": (["+space=llm", "preset=gpu"], "preset must be one of auto, cpu, cuda"),
     "seed not an integer": (["+space=llm", "seed=abc"], "seed must be an integer"),
-    "knob the workload does not take": (["+space=llm", "+space.params.dropuot=0.1"],
-                                        "knob 'dropuot' is neither a generic knob"),
-    "unknown precision": (["+space=llm", "space.params.precision.choices=[fp32,fp8]"],
-                          "params.precision must be one of fp32, tf32, bf16, fp16, but got ['fp8']"),
-    "no batch_size": (["+space=llm", "~space.params.batch_size", "space.constraints=[]", "space.memory_grows_with=[]"],
-                      "must set batch_size"),
-    "memory_grows_with a categorical knob": (["+space=llm", "space.memory_grows_with=[precision]"],
-                                             "memory_grows_with names 'precision', which is not an int or float knob"),
-    "timeout shorter than a measurement": (["+space=llm", "runner.timeout_s=5"],
-                                           "runner.timeout_s (5 s) must exceed measure.max_time_s"),
-    "negative memory limit": (["+space=llm", "runner.memory_limit_mb=-1"], "runner.memory_limit_mb must be a positive"),
-    "failure rate above 1": (["+space=llm", "study.max_failure_rate=2"], "study.max_failure_rate must be a fraction"),
-    "key added with + that nothing reads": (["+space=llm", "+study.n_trails=3"], "the keys under study are"),
+    "knob the workload does not take": (
+        ["+space=llm", "+space.params.dropuot=0.1"],
+        "knob 'dropuot' is neither a generic knob",
+    ),
+    "unknown precision": (
+        ["+space=llm", "space.params.precision.choices=[fp32,fp8]"],
+        "params.precision must be one of fp32, tf32, bf16, fp16, but got ['fp8']",
+    ),
+    "no batch_size": (
+        [
+            "+space=llm",
+            "~space.params.batch_size",
+            "space.constraints=[]",
+            "space.memory_grows_with=[]",
+        ],
+        "must set batch_size",
+    ),
+    "memory_grows_with a categorical knob": (
+        ["+space=llm", "space.memory_grows_with=[precision]"],
+        "memory_grows_with names 'precision', which is not an int or float knob",
+    ),
+    "timeout shorter than a measurement": (
+        ["+space=llm", "runner.timeout_s=5"],
+        "runner.timeout_s (5 s) must exceed measure.max_time_s",
+    ),
+    "negative memory limit": (
+        ["+space=llm", "runner.memory_limit_mb=-1"],
+        "runner.memory_limit_mb must be a positive",
+    ),
+    "failure rate above 1": (
+        ["+space=llm", "study.max_failure_rate=2"],
+        "study.max_failure_rate must be a fraction",
+    ),
+    "key added with + that nothing reads": (
+        ["+space=llm", "+study.n_trails=3"],
+        "the keys under study are",
+    ),
     "slo without a plus": (["+space=llm", "slo.latency_p95_ms=200"], "+slo.latency_p95_ms=VALUE"),
-    "storage that cannot be opened": (["+space=llm", "study.storage=notaurl"], "cannot open study.storage 'notaurl'"),
-    "tracking uri that cannot be opened": (["+space=llm", "tracking.uri=foo://bar"], "cannot open tracking.uri"),
+    "storage that cannot be opened": (
+        ["+space=llm", "study.storage=notaurl"],
+        "cannot open study.storage 'notaurl'",
+    ),
+    "tracking uri that cannot be opened": (
+        ["+space=llm", "tracking.uri=foo://bar"],
+        "cannot open tracking.uri",
+    ),
 }
 
 
@@ -64,9 +112,21 @@ def test_bad_input_exits_2_with_one_line(argv, expected, tmp_path, capsys):
 
 def test_bad_input_from_the_shell_has_no_traceback(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    result = subprocess.run([sys.executable, "-m", "search", "+space=llm", "space.params.streams.type=integer",
-                             f"runs_dir={tmp_path / 'runs'}"], cwd=REPO, env=env, capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "search",
+            "+space=llm",
+            "space.params.streams.type=integer",
+            f"runs_dir={tmp_path / 'runs'}",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
     assert "type must be one of int, float, categorical, bool" in result.stderr
@@ -82,9 +142,16 @@ def test_resuming_with_other_objectives_exits_2_and_names_them(tmp_path, capsys)
     import optuna
 
     storage = f"sqlite:///{tmp_path}/optuna.db"
-    optuna.create_study(study_name="llm-cpu", storage=storage, directions=["maximize", "minimize", "minimize"])
-    argv = ["+space=llm", "device=cpu", f"runs_dir={tmp_path}", f"study.storage={storage}",
-            "~space.objectives.peak_memory_mb"]
+    optuna.create_study(
+        study_name="llm-cpu", storage=storage, directions=["maximize", "minimize", "minimize"]
+    )
+    argv = [
+        "+space=llm",
+        "device=cpu",
+        f"runs_dir={tmp_path}",
+        f"study.storage={storage}",
+        "~space.objectives.peak_memory_mb",
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "choose a new study.name" in err
@@ -101,7 +168,12 @@ def test_runs_dir_that_cannot_be_made_exits_2(tmp_path, capsys):
 
 @pytest.mark.skipif(CpuEnergyMonitor().available, reason="this host's RAPL counters are readable")
 def test_energy_objective_where_energy_is_not_measurable_exits_2(tmp_path, capsys):
-    argv = ["+space=llm", "device=cpu", "+space.objectives.energy_per_item_j=minimize", f"runs_dir={tmp_path / 'r'}"]
+    argv = [
+        "+space=llm",
+        "device=cpu",
+        "+space.objectives.energy_per_item_j=minimize",
+        f"runs_dir={tmp_path / 'r'}",
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "energy_per_item_j cannot be measured here" in err
@@ -111,7 +183,8 @@ def test_energy_objective_where_energy_is_not_measurable_exits_2(tmp_path, capsy
 def test_malformed_space_yaml_exits_2_naming_the_file_and_line(tmp_path, capsys):
     (tmp_path / "space").mkdir()
     (tmp_path / "space" / "broken.yaml").write_text(
-        "workload:\n  _target_: search.workloads.GPT\nparams: [unclosed\n  batch_size: 4\n")
+        "workload:\n  _target_: search.workloads.GPT\nparams: [unclosed\n  batch_size: 4\n"
+    )
     runs_dir = tmp_path / "runs"
     assert main(["--config-dir", str(tmp_path), "+space=broken", f"runs_dir={runs_dir}"]) == 2
     err = capsys.readouterr().err
@@ -124,11 +197,18 @@ def test_a_process_with_another_heartbeat_interval_than_the_study_exits_2(tmp_pa
     runs_dir.mkdir()
     import optuna
 
-    study = optuna.create_study(study_name="llm-cpu", storage=f"sqlite:///{runs_dir}/optuna.db",
-                                directions=["maximize", "minimize", "minimize"])
+    study = optuna.create_study(
+        study_name="llm-cpu",
+        storage=f"sqlite:///{runs_dir}/optuna.db",
+        directions=["maximize", "minimize", "minimize"],
+    )
     study.set_user_attr("heartbeat_s", 30)
     capsys.readouterr()  # Optuna's own line about creating the study
     assert main(["+space=llm", "device=cpu", "study.heartbeat_s=10", f"runs_dir={runs_dir}"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "keeps heartbeats every 30 s" in err and "study.heartbeat_s=30" in err
+    assert (
+        err.count("\n") == 1
+        and "keeps heartbeats every 30 s" in err
+        and "study.heartbeat_s=30" in err
+    )
     assert not (runs_dir / "mlflow.db").exists()

@@ -45,8 +45,11 @@ def _get(node, path):
 # Every built-in space, under both presets
 
 
-@pytest.fixture(scope="module", params=[(n, p) for n in SPACE_NAMES for p in ("cpu", "cuda")],
-                ids=[f"{n}-{p}" for n in SPACE_NAMES for p in ("cpu", "cuda")])
+@pytest.fixture(
+    scope="module",
+    params=[(n, p) for n in SPACE_NAMES for p in ("cpu", "cuda")],
+    ids=[f"{n}-{p}" for n in SPACE_NAMES for p in ("cpu", "cuda")],
+)
 def composed(request):
     name, preset = request.param
     cfg = compose_config([f"+space={name}", f"preset={preset}"])
@@ -167,7 +170,9 @@ def test_storage_and_tracking_follow_runs_dir():
 
 
 def test_overrides_reach_the_config():
-    resolved = resolve(compose_config(["+space=llm", "preset=cpu", "study.n_trials=3", "+slo.latency_p95_ms=200"]))
+    resolved = resolve(
+        compose_config(["+space=llm", "preset=cpu", "study.n_trials=3", "+slo.latency_p95_ms=200"])
+    )
     assert resolved["study"]["n_trials"] == 3
     assert resolved["slo"] == {"latency_p95_ms": 200}
 
@@ -229,11 +234,15 @@ def test_unknown_override_key(key):
     assert f"+{key}=" in message  # says how to add it
 
 
-@pytest.mark.parametrize("text", [
-    "workload:\n  _target_: x.Y\nparams: {a: [1, 2\n",
-    "workload:\n  _target_: x.Y\n   params: 3\n",
-    "params:\n  a: 1\n  a: 2\n",
-], ids=["unclosed_flow", "bad_indent", "duplicate_key"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "workload:\n  _target_: x.Y\nparams: {a: [1, 2\n",
+        "workload:\n  _target_: x.Y\n   params: 3\n",
+        "params:\n  a: 1\n  a: 2\n",
+    ],
+    ids=["unclosed_flow", "bad_indent", "duplicate_key"],
+)
 def test_malformed_yaml_space_file(tmp_path, text):
     (tmp_path / "space").mkdir()
     (tmp_path / "space" / "broken.yaml").write_text(text)
@@ -270,5 +279,7 @@ def test_resolve_device_unsupported_type():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is present here")
 @pytest.mark.parametrize("spec", ["cuda", "cuda:0"])
 def test_resolve_device_cuda_without_cuda(spec):
-    with pytest.raises(ConfigError, match=f"device={spec} but no CUDA device is visible here: use device=cpu"):
+    with pytest.raises(
+        ConfigError, match=f"device={spec} but no CUDA device is visible here: use device=cpu"
+    ):
         resolve_device(spec)

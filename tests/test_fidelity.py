@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from search.fidelity import TOLERANCES, FidelityReport, Reference, check_fidelity, fp32_reference
+from search.fidelity import TOLERANCES, FidelityReport, check_fidelity
 from search.knobs import PRECISIONS, Knobs, KnobError, TrainStep
 from search.workloads import GPT, Workload
 
@@ -75,7 +75,8 @@ class LargeGradients(Workload):
 
 class NotFinite(Regression):
     def loss(self, model, batch):
-        return nn.functional.mse_loss(model(batch["x"]) * 1e30, batch["y"])  # squares overflow fp32 too
+        # squares overflow fp32 too
+        return nn.functional.mse_loss(model(batch["x"]) * 1e30, batch["y"])
 
 
 class CountingGPT(GPT):
@@ -93,13 +94,18 @@ class CountingGPT(GPT):
 def test_every_precision_has_a_tolerance_tighter_the_more_bits_it_keeps():
     assert set(TOLERANCES) == set(PRECISIONS)
     for name in ("loss_rel", "grad_norm_rel"):
-        fp32, tf32, bf16, fp16 = (getattr(TOLERANCES[p], name) for p in ("fp32", "tf32", "bf16", "fp16"))
+        fp32, tf32, bf16, fp16 = (
+            getattr(TOLERANCES[p], name) for p in ("fp32", "tf32", "bf16", "fp16")
+        )
         assert 0 < fp32 < tf32 == fp16 < bf16 < 0.05
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
-@pytest.mark.parametrize("split", [dict(), dict(micro_batch_size=2, streams=2, recompute=True)],
-                         ids=["plain", "micro-lanes-recompute"])
+@pytest.mark.parametrize(
+    "split",
+    [dict(), dict(micro_batch_size=2, streams=2, recompute=True)],
+    ids=["plain", "micro-lanes-recompute"],
+)
 def test_the_tiny_gpt_passes_under_every_cpu_precision(precision, split):
     knobs = Knobs(batch_size=8, precision=precision, **split)
     report = check_fidelity(GPT(**TINY), knobs, CPU, seed=1)
@@ -112,32 +118,38 @@ def test_the_tiny_gpt_passes_under_every_cpu_precision(precision, split):
         assert report.grad_norm_rel_error > TOLERANCES["fp32"].grad_norm_rel
 
 
-def test_a_kept_reference_is_reused_and_costs_no_pass():
-    workload, knobs = CountingGPT(), Knobs(batch_size=8, micro_batch_size=4, precision="bf16", streams=2)
-    reference = fp32_reference(workload, knobs, CPU, seed=3)
-    assert workload.models_built == 1
-    assert isinstance(reference, Reference) and reference.micro_batch_size == 4
-    with_reference = check_fidelity(workload, knobs, CPU, seed=3, reference=reference)
-    assert workload.models_built == 2  # one pass: the configuration's
-    assert with_reference == check_fidelity(workload, knobs, CPU, seed=3)
-    assert workload.models_built == 4
+def test_a_check_costs_two_passes_and_the_reference_configuration_one():
+    workload, knobs = (
+        CountingGPT(),
+        Knobs(batch_size=8, micro_batch_size=4, precision="bf16", streams=2),
+    )
+    check_fidelity(workload, knobs, CPU, seed=3)
+    assert workload.models_built == 2  # the configuration's pass and the reference's
     plain = Knobs(batch_size=8, micro_batch_size=4)
-    assert check_fidelity(workload, plain, CPU, seed=3, reference=reference).ok
-    assert workload.models_built == 4  # the plain fp32 configuration is the reference
+    assert check_fidelity(workload, plain, CPU, seed=3).ok
+    assert workload.models_built == 3  # the plain fp32 configuration is the reference
 
 
-def test_a_reference_for_another_batch_split_or_seed_is_refused():
-    workload = GPT(**TINY)
-    reference = fp32_reference(workload, Knobs(batch_size=8), CPU, seed=0)
-    for knobs, seed in [(Knobs(batch_size=8, micro_batch_size=2), 0), (Knobs(batch_size=4), 0),
-                        (Knobs(batch_size=8), 1)]:
-        with pytest.raises(ValueError, match="fp32_reference"):
-            check_fidelity(workload, knobs, CPU, seed=seed, reference=reference)
+def test_the_reference_runs_the_configurations_batch_split_and_seed():
+    workload = Regression()  # its micro-batches hold other samples than its whole batch
+
+    def reference_loss(
+        batch_size: int, micro_batch_size: int | None, seed: int, precision: str = "fp32"
+    ) -> float:
+        knobs = Knobs(batch_size=batch_size, micro_batch_size=micro_batch_size, precision=precision)
+        return check_fidelity(workload, knobs, CPU, seed=seed).reference_loss
+
+    splits = [(8, None, 0), (8, 2, 0), (4, None, 0), (8, None, 1)]
+    for split in splits:  # the plain fp32 configuration of that split is the reference itself
+        assert reference_loss(*split, precision="bf16") == reference_loss(*split)
+    assert len({reference_loss(*split) for split in splits}) == len(splits)
 
 
 def test_micro_batches_are_compared_on_the_same_samples_whatever_make_batch_draws():
     # Two micro-batches of this workload hold other samples than one whole-batch draw.
-    report = check_fidelity(Regression(), Knobs(batch_size=8, micro_batch_size=2, precision="bf16"), CPU)
+    report = check_fidelity(
+        Regression(), Knobs(batch_size=8, micro_batch_size=2, precision="bf16"), CPU
+    )
     assert report.ok, report.reason
 
 
@@ -155,10 +167,17 @@ def test_fp16_overflowing_activations_fail_with_a_clear_reason():
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_bf16_rounding_away_the_signal_fails_on_the_loss(seed):
     workload, knobs = OffsetFeatures(), Knobs(batch_size=16, micro_batch_size=4)
-    assert check_fidelity(workload, Knobs(batch_size=16, micro_batch_size=4, streams=2), CPU, seed).ok
-    report = check_fidelity(workload, Knobs(batch_size=16, micro_batch_size=4, precision="bf16"), CPU, seed)
+    assert check_fidelity(
+        workload, Knobs(batch_size=16, micro_batch_size=4, streams=2), CPU, seed
+    ).ok
+    report = check_fidelity(
+        workload, Knobs(batch_size=16, micro_batch_size=4, precision="bf16"), CPU, seed
+    )
     assert not report.ok
-    assert report.reason.startswith("bf16 loss ") and "differs from the fp32 reference" in report.reason
+    assert (
+        report.reason.startswith("bf16 loss ")
+        and "differs from the fp32 reference" in report.reason
+    )
     assert f"(tolerance {TOLERANCES['bf16'].loss_rel * 100:.3g}%)" in report.reason
     assert report.loss_rel_error > TOLERANCES["bf16"].loss_rel
     assert report.grad_norm_rel_error > TOLERANCES["bf16"].grad_norm_rel
@@ -182,10 +201,11 @@ def test_a_workload_not_finite_in_fp32_fails_every_configuration():
 
 def test_dropout_draws_the_same_masks_in_both_passes():
     workload = GPT(**TINY, dropout=0.1)
-    reference = fp32_reference(workload, Knobs(batch_size=8, micro_batch_size=4), CPU, seed=2)
-    for knobs in (Knobs(batch_size=8, micro_batch_size=4, recompute=True),
-                  Knobs(batch_size=8, micro_batch_size=4, precision="bf16")):
-        report = check_fidelity(workload, knobs, CPU, seed=2, reference=reference)
+    for knobs in (
+        Knobs(batch_size=8, micro_batch_size=4, recompute=True),
+        Knobs(batch_size=8, micro_batch_size=4, precision="bf16"),
+    ):
+        report = check_fidelity(workload, knobs, CPU, seed=2)
         assert report.ok, report.reason
     assert report.grad_norm_rel_error < TOLERANCES["bf16"].grad_norm_rel / 4  # not merely inside it
 
@@ -195,8 +215,12 @@ def test_the_global_torch_state_is_left_as_found():
     torch.set_float32_matmul_precision("medium")
     try:
         rng_state, threads = torch.get_rng_state(), threading.active_count()
-        check_fidelity(GPT(**TINY, dropout=0.1), Knobs(batch_size=8, micro_batch_size=2, precision="bf16",
-                                                      streams=2, recompute=True), CPU, seed=5)
+        check_fidelity(
+            GPT(**TINY, dropout=0.1),
+            Knobs(batch_size=8, micro_batch_size=2, precision="bf16", streams=2, recompute=True),
+            CPU,
+            seed=5,
+        )
         check_fidelity(Amplified(), Knobs(batch_size=4, precision="fp16"), CPU)
         assert torch.get_float32_matmul_precision() == "medium"
         assert torch.equal(torch.get_rng_state(), rng_state)
@@ -216,8 +240,10 @@ def test_a_precision_the_device_cannot_run_raises_like_train_step_before_any_pas
 def test_the_report_holds_plain_values():
     report = check_fidelity(GPT(**TINY), Knobs(batch_size=4, precision="bf16"), CPU)
     assert isinstance(report, FidelityReport)
-    assert all(type(getattr(report, name)) is float
-               for name in ("loss", "reference_loss", "loss_rel_error", "grad_norm_rel_error"))
+    assert all(
+        type(getattr(report, name)) is float
+        for name in ("loss", "reference_loss", "loss_rel_error", "grad_norm_rel_error")
+    )
 
 
 @pytest.mark.gpu
@@ -230,12 +256,16 @@ def test_cuda_precisions_pass_on_the_tiny_gpt(precision):
     knobs = Knobs(batch_size=8, micro_batch_size=2, precision=precision, streams=2, recompute=True)
     report = check_fidelity(GPT(**TINY), knobs, device, seed=1)
     assert report.ok, report.reason
-    if precision != "tf32":  # cuBLAS may run tiny fp32 matmuls without tensor cores, so no tf32 rounding
+    if (
+        precision != "tf32"
+    ):  # cuBLAS may run tiny fp32 matmuls without tensor cores, so no tf32 rounding
         assert report.grad_norm_rel_error > TOLERANCES["fp32"].grad_norm_rel
 
 
 @pytest.mark.gpu
 @cuda
 def test_cuda_fp16_overflow_fails():
-    report = check_fidelity(Amplified(), Knobs(batch_size=8, precision="fp16"), torch.device("cuda"))
+    report = check_fidelity(
+        Amplified(), Knobs(batch_size=8, precision="fp16"), torch.device("cuda")
+    )
     assert not report.ok and report.reason.startswith("non-finite loss under fp16")

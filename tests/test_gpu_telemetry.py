@@ -1,11 +1,14 @@
 """GPU and CPU energy windows, driven by a stand-in shaped like pynvml and a fake powercap sysfs tree.
 
 The stand-in has pynvml's function names, error hierarchy and constants, and counters the test sets,
-so GpuMonitor runs its real code against answers that are known.
+so GpuMonitor (and telemetry.py's NVML readings, which find the device the same way) run their real
+code against answers that are known.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,8 +16,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from search.gpu_telemetry import (CpuEnergyMonitor, GpuMonitor, decode_clock_event_reasons,
-                                  energy_unavailable_reason)
+from search.gpu_telemetry import (
+    CpuEnergyMonitor,
+    GpuMonitor,
+    decode_clock_event_reasons,
+    energy_unavailable_reason,
+    nvml_handle,
+)
+from search.telemetry import contention, environment
 
 NO_POLL_S = 3600.0  # a polling period no test window reaches: only the begin and end samples count
 
@@ -29,9 +38,17 @@ class NVMLError(Exception):
 
 
 class NVMLError_NotSupported(NVMLError): ...
+
+
 class NVMLError_LibraryNotFound(NVMLError): ...
+
+
 class NVMLError_FunctionNotFound(NVMLError): ...
+
+
 class NVMLError_NotFound(NVMLError): ...
+
+
 class NVMLError_GpuIsLost(NVMLError): ...
 
 
@@ -44,6 +61,9 @@ class FakeDevice:
         self.temperature_c = 50
         self.util_pct = 90
         self.reasons = 0
+        self.name = f"fake {uuid}"
+        self.max_sm_clock_mhz = 1980
+        self.processes: list[SimpleNamespace] = []  # each with a pid, as pynvml's process records
         self.failing: dict[str, type[NVMLError]] = {}  # query -> error it raises
         self.calls: dict[str, int] = {}
 
@@ -55,7 +75,7 @@ class FakeDevice:
 
 
 class FakeNvml:
-    """Shaped like pynvml: the functions GpuMonitor calls, the error classes and constants it uses."""
+    """Shaped like pynvml: the functions GpuMonitor and telemetry.py call, errors and constants."""
 
     NVMLError = NVMLError
     NVMLError_NotSupported = NVMLError_NotSupported
@@ -111,6 +131,19 @@ class FakeNvml:
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: FakeDevice) -> int:
         return handle.answer("throttle", handle.reasons)
 
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return "550.54.15"
+
+    def nvmlDeviceGetName(self, handle: FakeDevice) -> str:
+        return handle.answer("name", handle.name)
+
+    def nvmlDeviceGetMaxClockInfo(self, handle: FakeDevice, clock: int) -> int:
+        assert clock == self.NVML_CLOCK_SM
+        return handle.answer("max_sm_clock", handle.max_sm_clock_mhz)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeDevice) -> list[SimpleNamespace]:
+        return handle.answer("processes", handle.processes)
+
 
 @pytest.fixture(autouse=True)
 def no_cuda(request, monkeypatch):
@@ -129,11 +162,14 @@ def window_around(monitor: GpuMonitor, device: FakeDevice, during=None, seconds:
 
 # -- energy ------------------------------------------------------------------------------------------
 
+
 def test_energy_is_the_counter_difference_and_power_is_energy_over_duration():
     device = FakeDevice("GPU-a", energy_mj=5_000)
     monitor = GpuMonitor(0, nvml=FakeNvml(device), sample_period_s=NO_POLL_S)
 
-    def spend_one_joule(d): d.energy_mj += 1_000
+    def spend_one_joule(d):
+        d.energy_mj += 1_000
+
     window = window_around(monitor, device, spend_one_joule, seconds=0.05)
 
     assert window.energy_j == pytest.approx(1.0)
@@ -165,7 +201,9 @@ def test_a_counter_that_did_not_advance_gives_none_and_says_why():
     assert window.energy_j is None and window.mean_power_w is None
     assert "did not advance" in monitor.energy_unavailable_reason
 
-    def spend(d): d.energy_mj += 250
+    def spend(d):
+        d.energy_mj += 250
+
     assert window_around(monitor, device, spend).energy_j == pytest.approx(0.25)
     assert monitor.energy_unavailable_reason is None
     monitor.close()
@@ -178,7 +216,10 @@ def test_an_energy_query_that_failed_once_stops_being_the_reason_when_it_reads_a
     assert "GpuIsLost" in monitor.energy_unavailable_reason
 
     del device.failing["energy"]
-    def spend(d): d.energy_mj += 500
+
+    def spend(d):
+        d.energy_mj += 500
+
     assert window_around(monitor, device, spend).energy_j == pytest.approx(0.5)
     assert monitor.energy_unavailable_reason is None
     monitor.close()
@@ -191,9 +232,15 @@ def test_no_driver_means_unavailable_and_every_figure_none():
     window = window_around(monitor, nvml.devices[0], seconds=0.01)
 
     assert window.duration_s >= 0.01
-    assert [window.energy_j, window.mean_power_w, window.sm_clock_mhz, window.mem_clock_mhz,
-            window.temperature_c, window.gpu_util_pct] == [None] * 6
-    assert window.throttle_reasons == () and not window.throttled and not window.throttle_reported
+    assert [
+        window.energy_j,
+        window.mean_power_w,
+        window.sm_clock_mhz,
+        window.mem_clock_mhz,
+        window.temperature_c,
+        window.gpu_util_pct,
+    ] == [None] * 6
+    assert window.throttle_reasons == () and not window.throttled
     assert window.samples == 0
     assert "LibraryNotFound" in monitor.energy_unavailable_reason
     monitor.close()
@@ -214,12 +261,14 @@ def test_the_real_no_driver_path_of_this_host_gives_a_reason_not_a_crash():
 
 # -- clocks, temperature, utilisation ----------------------------------------------------------------
 
+
 def test_clocks_and_utilisation_are_means_and_temperature_is_the_max_of_the_samples():
     device = FakeDevice("GPU-a")
     monitor = GpuMonitor(0, nvml=FakeNvml(device), sample_period_s=NO_POLL_S)
 
     def change(d):
         d.sm_clock_mhz, d.mem_clock_mhz, d.temperature_c, d.util_pct = 1600, 2800, 71, 50
+
     window = window_around(monitor, device, change)
 
     assert window.samples == 2
@@ -249,6 +298,7 @@ def test_a_transient_nvml_error_drops_that_sample_only():
     def recover(d):
         del d.failing["sm_clock"]
         d.sm_clock_mhz = 1700
+
     window = window_around(monitor, device, recover)
 
     assert window.sm_clock_mhz == 1700  # the failed begin sample is left out, not counted as zero
@@ -258,38 +308,54 @@ def test_a_transient_nvml_error_drops_that_sample_only():
 
 # -- throttling -------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("bitmask", "names", "throttled"), [
-    (0, (), False),
-    (GPU_IDLE | APPLICATIONS_CLOCKS | DISPLAY_CLOCK, (), False),
-    (SW_POWER_CAP | GPU_IDLE, ("sw_power_cap",), False),
-    (SW_POWER_CAP | SW_THERMAL, ("sw_power_cap", "sw_thermal"), True),
-    (HW_SLOWDOWN | HW_THERMAL, ("hw_slowdown", "hw_thermal"), True),
-    (SW_THERMAL, ("sw_thermal",), True),
-    (HW_POWER_BRAKE, ("hw_power_brake",), True),
-    (SYNC_BOOST, ("sync_boost",), False),
-    (0x1000, ("unknown_0x1000",), False),
-])
+
+@pytest.mark.parametrize(
+    ("bitmask", "names", "throttled"),
+    [
+        (0, (), False),
+        (GPU_IDLE | APPLICATIONS_CLOCKS | DISPLAY_CLOCK, (), False),
+        (SW_POWER_CAP | GPU_IDLE, ("sw_power_cap",), False),
+        (SW_POWER_CAP | SW_THERMAL, ("sw_power_cap", "sw_thermal"), True),
+        (HW_SLOWDOWN | HW_THERMAL, ("hw_slowdown", "hw_thermal"), True),
+        (SW_THERMAL, ("sw_thermal",), True),
+        (HW_POWER_BRAKE, ("hw_power_brake",), True),
+        (SYNC_BOOST, ("sync_boost",), False),
+        (0x1000, ("unknown_0x1000",), False),
+    ],
+)
 def test_the_throttle_bitmask_decodes_to_names_and_only_slowdowns_count(bitmask, names, throttled):
     assert decode_clock_event_reasons(bitmask) == (names, throttled)
 
     device = FakeDevice("GPU-a")
     monitor = GpuMonitor(0, nvml=FakeNvml(device), sample_period_s=NO_POLL_S)
 
-    def throttle(d): d.reasons = bitmask
+    def throttle(d):
+        d.reasons = bitmask
+
     window = window_around(monitor, device, throttle)
-    assert (window.throttle_reasons, window.throttled, window.throttle_reported) == (names, throttled, True)
+    assert (window.throttle_reasons, window.throttled) == (names, throttled)
     monitor.close()
 
 
 def test_the_bits_agree_with_the_installed_pynvml():
     pynvml = pytest.importorskip("pynvml")
-    expected = {"SwPowerCap": "sw_power_cap", "HwSlowdown": "hw_slowdown", "SwThermalSlowdown": "sw_thermal",
-                "HwThermalSlowdown": "hw_thermal", "HwPowerBrakeSlowdown": "hw_power_brake",
-                "SyncBoost": "sync_boost"}
+    expected = {
+        "SwPowerCap": "sw_power_cap",
+        "HwSlowdown": "hw_slowdown",
+        "SwThermalSlowdown": "sw_thermal",
+        "HwThermalSlowdown": "hw_thermal",
+        "HwPowerBrakeSlowdown": "hw_power_brake",
+        "SyncBoost": "sync_boost",
+    }
     for suffix, name in expected.items():
-        assert decode_clock_event_reasons(getattr(pynvml, f"nvmlClocksEventReason{suffix}"))[0] == (name,)
+        assert decode_clock_event_reasons(getattr(pynvml, f"nvmlClocksEventReason{suffix}"))[0] == (
+            name,
+        )
     for benign in ("GpuIdle", "ApplicationsClocksSetting", "DisplayClockSetting"):
-        assert decode_clock_event_reasons(getattr(pynvml, f"nvmlClocksEventReason{benign}")) == ((), False)
+        assert decode_clock_event_reasons(getattr(pynvml, f"nvmlClocksEventReason{benign}")) == (
+            (),
+            False,
+        )
     assert decode_clock_event_reasons(pynvml.nvmlClocksEventReasonAll)[1]
 
 
@@ -309,49 +375,60 @@ def test_polling_sees_throttling_that_ends_before_the_window_does():
     monitor.close()
 
 
-def test_unsupported_throttle_reasons_are_reported_as_unknown():
+def test_unsupported_throttle_reasons_give_no_reasons_and_not_throttled():
     device = FakeDevice("GPU-a")
+    device.reasons = HW_THERMAL  # what the device would say if it could
     device.failing["throttle"] = NVMLError_NotSupported
     monitor = GpuMonitor(0, nvml=FakeNvml(device), sample_period_s=NO_POLL_S)
     window = window_around(monitor, device)
 
     assert window.throttle_reasons == () and not window.throttled
-    assert not window.throttle_reported
+    assert device.calls["throttle"] == 1  # asked once, then known to be unsupported
+    assert window.samples == 2 and window.sm_clock_mhz == 1400  # the other figures still read
     monitor.close()
 
 
 # -- device mapping ---------------------------------------------------------------------------------
 
+
 def cuda_device_with_uuid(monkeypatch, uuid: str) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: SimpleNamespace(uuid=uuid))
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda index: SimpleNamespace(uuid=uuid)
+    )
 
 
 @pytest.mark.parametrize("nvml_uuid", ["GPU-bbbb", "MIG-bbbb"])
-def test_the_cuda_uuid_picks_the_nvml_device_not_the_index(monkeypatch, nvml_uuid):
+def test_the_cuda_uuid_picks_the_nvml_gpu_not_the_index(monkeypatch, nvml_uuid):
     # NVML counts devices in PCI order and ignores CUDA_VISIBLE_DEVICES: cuda:0 may be NVML device 1.
     first, second = FakeDevice("GPU-aaaa", energy_mj=0), FakeDevice(nvml_uuid, energy_mj=0)
+    first.sm_clock_mhz, second.sm_clock_mhz = 1000, 1900
     cuda_device_with_uuid(monkeypatch, "bbbb")
     monitor = GpuMonitor(0, nvml=FakeNvml(first, second), sample_period_s=NO_POLL_S)
 
     def both_spend(_):
         first.energy_mj += 1_000
         second.energy_mj += 3_000
+
     window = window_around(monitor, second, both_spend)
 
     assert window.energy_j == pytest.approx(3.0)
-    assert monitor.nvml_device.startswith(nvml_uuid)
+    assert window.sm_clock_mhz == 1900 and "sm_clock" not in first.calls
     monitor.close()
 
 
 def test_an_unknown_uuid_falls_back_to_the_index(monkeypatch):
     first, second = FakeDevice("GPU-aaaa", energy_mj=0), FakeDevice("GPU-bbbb", energy_mj=0)
+    first.sm_clock_mhz, second.sm_clock_mhz = 1000, 1900
     cuda_device_with_uuid(monkeypatch, "cccc")
     monitor = GpuMonitor(1, nvml=FakeNvml(first, second), sample_period_s=NO_POLL_S)
 
-    def spend(_): second.energy_mj += 2_000
-    assert window_around(monitor, second, spend).energy_j == pytest.approx(2.0)
-    assert monitor.nvml_device.startswith("index 1")
+    def spend(_):
+        second.energy_mj += 2_000
+
+    window = window_around(monitor, second, spend)
+    assert window.energy_j == pytest.approx(2.0)
+    assert window.sm_clock_mhz == 1900 and "sm_clock" not in first.calls
     monitor.close()
 
 
@@ -364,7 +441,62 @@ def test_a_device_nvml_does_not_have_makes_the_monitor_unavailable():
     assert nvml.shutdowns == 1  # it did start NVML, so it shuts it down
 
 
+def nvml_readings_of(monkeypatch, *devices: FakeDevice) -> FakeNvml:
+    """telemetry.py imports pynvml itself: give it the stand-in, on an idle host and CPU."""
+    nvml = FakeNvml(*devices)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "the CUDA device")
+    return nvml
+
+
+@pytest.fixture
+def visible_second_gpu(monkeypatch) -> tuple[FakeNvml, FakeDevice, FakeDevice]:
+    """CUDA_VISIBLE_DEVICES=1: cuda:0 is NVML device 1, and NVML device 0 is another job's GPU."""
+    other, ours = FakeDevice("GPU-aaaa"), FakeDevice("GPU-bbbb")
+    other.processes = [SimpleNamespace(pid=111)]
+    ours.processes = [SimpleNamespace(pid=222), SimpleNamespace(pid=os.getpid())]
+    other.sm_clock_mhz, ours.sm_clock_mhz = 1000, 1900
+    nvml = nvml_readings_of(monkeypatch, other, ours)
+    cuda_device_with_uuid(monkeypatch, "bbbb")
+    return nvml, other, ours
+
+
+def test_nvml_handle_finds_the_gpu_with_the_cuda_uuid(visible_second_gpu):
+    nvml, _, ours = visible_second_gpu
+    assert nvml_handle(nvml, 0) is ours
+
+
+def test_contention_names_the_processes_on_the_gpu_with_the_cuda_uuid(visible_second_gpu):
+    nvml, other, _ = visible_second_gpu
+    (warning,) = contention(torch.device("cuda:0"))
+    assert "1 other process(es) (pids 222)" in warning  # this process is not counted
+    assert other.calls == {}  # nothing was read from the GPU at the same index
+    assert nvml.shutdowns == 1
+
+
+def test_environment_describes_the_gpu_with_the_cuda_uuid(visible_second_gpu):
+    nvml, other, _ = visible_second_gpu
+    env = environment(torch.device("cuda:0"))
+    assert env["gpu_name"] == "fake GPU-bbbb" and env["gpu_sm_clock_mhz"] == "1900"
+    assert env["gpu_driver"] == "550.54.15" and env["gpu_sm_clock_max_mhz"] == "1980"
+    assert other.calls == {}
+    assert nvml.shutdowns == 1
+
+
+def test_nvml_readings_of_a_device_nvml_does_not_have_are_left_out(monkeypatch):
+    nvml_readings_of(monkeypatch, FakeDevice("GPU-aaaa"))  # no CUDA: index 3 is looked up as is
+    cuda = torch.device("cuda:3")
+    assert contention(cuda) == []
+    env = environment(cuda)
+    assert env["gpu_driver"] == "550.54.15"
+    assert not {"gpu_name", "gpu_sm_clock_mhz", "gpu_sm_clock_max_mhz"} & env.keys()
+    with pytest.raises(NVMLError_NotFound):
+        nvml_handle(FakeNvml(), 3)
+
+
 # -- window protocol --------------------------------------------------------------------------------
+
 
 def test_windows_must_alternate_and_close_shuts_nvml_down_once():
     nvml = FakeNvml()
@@ -381,6 +513,7 @@ def test_windows_must_alternate_and_close_shuts_nvml_down_once():
 
 # -- reasons for the summary ------------------------------------------------------------------------
 
+
 def test_energy_unavailable_reason_uses_the_monitor_it_is_given(tmp_path):
     device = FakeDevice("GPU-a")
     device.failing["energy"] = NVMLError_NotSupported
@@ -388,7 +521,9 @@ def test_energy_unavailable_reason_uses_the_monitor_it_is_given(tmp_path):
     assert "NotSupported" in energy_unavailable_reason("cuda:0", gpu)
     gpu.close()
 
-    assert energy_unavailable_reason("cpu", CpuEnergyMonitor(tmp_path)).startswith("CPU device: no RAPL")
+    assert energy_unavailable_reason("cpu", CpuEnergyMonitor(tmp_path)).startswith(
+        "CPU device: no RAPL"
+    )
     assert "not on 'mps'" in energy_unavailable_reason("mps")
 
 
@@ -399,6 +534,7 @@ def test_energy_unavailable_reason_probes_the_host_without_a_monitor():
 
 
 # -- CPU: RAPL ----------------------------------------------------------------------------------------
+
 
 def rapl_zone(root: Path, zone: str, name: str, energy_uj: int, max_uj: int = 1_000_000) -> Path:
     path = root / zone
@@ -418,10 +554,10 @@ def test_rapl_sums_packages_handles_wrap_around_and_skips_overlapping_zones(tmp_
     assert monitor.available and monitor.energy_unavailable_reason is None
 
     monitor.begin_window()
-    package0.write_text("500\n")       # wrapped: 1_000 uJ to the top of the range, then 500
+    package0.write_text("500\n")  # wrapped: 1_000 uJ to the top of the range, then 500
     package1.write_text("2100\n")
-    core.write_text("400000\n")        # inside package 0: counting it would count twice
-    psys.write_text("900000\n")        # the whole platform: overlaps the packages
+    core.write_text("400000\n")  # inside package 0: counting it would count twice
+    psys.write_text("900000\n")  # the whole platform: overlaps the packages
     time.sleep(0.01)
     window = monitor.end_window()
 
@@ -465,6 +601,7 @@ def test_this_hosts_rapl_gives_energy_or_a_reason_never_zero():
 
 # -- a real GPU -------------------------------------------------------------------------------------
 
+
 @pytest.mark.gpu
 def test_a_real_window_around_matmuls_has_positive_energy():
     if not torch.cuda.is_available():
@@ -474,7 +611,10 @@ def test_a_real_window_around_matmuls_has_positive_energy():
     monitor = GpuMonitor(0)
     try:
         assert monitor.available, monitor.energy_unavailable_reason
-        assert monitor.nvml_device.endswith("(by CUDA UUID)")
+        import pynvml  # the monitor imported it and started NVML
+
+        cuda_uuid = str(torch.cuda.get_device_properties(0).uuid)
+        assert pynvml.nvmlDeviceGetUUID(nvml_handle(pynvml, 0)).endswith(cuda_uuid)
         a = torch.randn(4096, 4096, device="cuda")
         torch.cuda.synchronize()
         monitor.begin_window()

@@ -20,7 +20,10 @@ class Regression(Workload):
         return nn.Linear(4, 1)
 
     def make_batch(self, size, generator):
-        return {"x": torch.randn(size, 4, generator=generator), "y": torch.randn(size, 1, generator=generator)}
+        return {
+            "x": torch.randn(size, 4, generator=generator),
+            "y": torch.randn(size, 1, generator=generator),
+        }
 
     def loss(self, model, batch):
         return nn.functional.mse_loss(model(batch["x"]), batch["y"])
@@ -80,11 +83,19 @@ def test_lanes_do_not_share_autocast_casts():
     # The autocast cache of cast weights is one map for the process: on CUDA a lane could take a
     # cast that another lane's stream has not run yet. One lane keeps the cache; several do not.
     seen = {}
-    with TrainStep(GPT(**TINY), Knobs(batch_size=8, micro_batch_size=2, precision="bf16"), CPU) as step:
-        record_forward_calls(step, lambda m, inputs: seen.update({1: torch.is_autocast_cache_enabled()}))
+    with TrainStep(
+        GPT(**TINY), Knobs(batch_size=8, micro_batch_size=2, precision="bf16"), CPU
+    ) as step:
+        record_forward_calls(
+            step, lambda m, inputs: seen.update({1: torch.is_autocast_cache_enabled()})
+        )
         step()
-    with TrainStep(GPT(**TINY), Knobs(batch_size=8, micro_batch_size=2, precision="bf16", streams=2), CPU) as step:
-        record_forward_calls(step, lambda m, inputs: seen.update({2: torch.is_autocast_cache_enabled()}))
+    with TrainStep(
+        GPT(**TINY), Knobs(batch_size=8, micro_batch_size=2, precision="bf16", streams=2), CPU
+    ) as step:
+        record_forward_calls(
+            step, lambda m, inputs: seen.update({2: torch.is_autocast_cache_enabled()})
+        )
         step()
     assert seen == {1: True, 2: False}
 
@@ -99,7 +110,9 @@ def test_bf16_cuda_lanes_stay_finite_over_fresh_models():
     for seed in range(12):
         with TrainStep(GPT(**shape), knobs, torch.device("cuda"), seed=seed) as step:
             loss, grads = step.loss_and_grads()
-        assert math.isfinite(loss) and all(bool(torch.isfinite(g).all()) for g in grads.values()), seed
+        assert math.isfinite(loss) and all(bool(torch.isfinite(g).all()) for g in grads.values()), (
+            seed
+        )
 
 
 def test_recompute_matches_and_really_recomputes():
@@ -107,7 +120,9 @@ def test_recompute_matches_and_really_recomputes():
     calls = {False: 0, True: 0}
     for recompute in (False, True):
         with TrainStep(GPT(**TINY), Knobs(batch_size=4, recompute=recompute), CPU) as step:
-            record_forward_calls(step, lambda m, inputs, r=recompute: calls.__setitem__(r, calls[r] + 1))
+            record_forward_calls(
+                step, lambda m, inputs, r=recompute: calls.__setitem__(r, calls[r] + 1)
+            )
             recompute_loss, recompute_grads = step.loss_and_grads()
     assert recompute_loss == pytest.approx(loss, rel=1e-6)
     assert_same_grads(recompute_grads, grads)
@@ -126,8 +141,9 @@ def test_bf16_is_close_to_fp32_but_not_identical():
 
 def test_fp16_runs_a_full_step_with_a_grad_scaler():
     fp32_loss, fp32_grads = loss_and_grads(Knobs(batch_size=4))
-    with TrainStep(GPT(**TINY), Knobs(batch_size=4, micro_batch_size=2, streams=2, precision="fp16"),
-                   CPU) as step:
+    with TrainStep(
+        GPT(**TINY), Knobs(batch_size=4, micro_batch_size=2, streams=2, precision="fp16"), CPU
+    ) as step:
         assert step._grad_scaler is not None and step._grad_scaler.get_scale() > 1
         loss, grads = step.loss_and_grads()
         before = [p.detach().clone() for p in step.model.parameters()]
@@ -187,7 +203,10 @@ def test_unsupported_reason_is_device_only():
 
 def test_same_seed_same_weights_and_items_per_step():
     knobs = Knobs(batch_size=4)
-    with TrainStep(GPT(**TINY), knobs, CPU, seed=3) as a, TrainStep(GPT(**TINY), knobs, CPU, seed=3) as b:
+    with (
+        TrainStep(GPT(**TINY), knobs, CPU, seed=3) as a,
+        TrainStep(GPT(**TINY), knobs, CPU, seed=3) as b,
+    ):
         assert a.items_per_step == 4 * TINY["seq_len"]
         assert all(torch.equal(p, q) for p, q in zip(a.model.parameters(), b.model.parameters()))
     with TrainStep(GPT(**TINY), knobs, CPU, seed=4) as c:
@@ -216,7 +235,9 @@ def test_close_restores_float32_matmul_precision():
 def test_two_cuda_lanes_match_one_lane():
     device = torch.device("cuda")
     loss, grads = loss_and_grads(Knobs(batch_size=8, micro_batch_size=2), device)
-    lanes_loss, lanes_grads = loss_and_grads(Knobs(batch_size=8, micro_batch_size=2, streams=2), device)
+    lanes_loss, lanes_grads = loss_and_grads(
+        Knobs(batch_size=8, micro_batch_size=2, streams=2), device
+    )
     assert lanes_loss == pytest.approx(loss, rel=1e-5)
     assert_same_grads(lanes_grads, grads, rtol=1e-3, atol=1e-5)
 
@@ -225,7 +246,9 @@ def test_two_cuda_lanes_match_one_lane():
 @cuda
 def test_tf32_runs_on_cuda_and_close_restores_precision():
     previous = torch.get_float32_matmul_precision()
-    with TrainStep(GPT(**TINY), Knobs(batch_size=4, precision="tf32"), torch.device("cuda")) as step:
+    with TrainStep(
+        GPT(**TINY), Knobs(batch_size=4, precision="tf32"), torch.device("cuda")
+    ) as step:
         step()
         assert torch.get_float32_matmul_precision() == "high"
         loss, _ = step.loss_and_grads()

@@ -15,13 +15,39 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_installed_package_finds_its_config_and_spaces(tmp_path):
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(REPO)],
-                   check=True, capture_output=True, timeout=600)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            str(target),
+            str(REPO),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     env = {**os.environ, "PYTHONPATH": str(target)}
-    result = subprocess.run([sys.executable, "-m", "search", "+space=llm", "--cfg"], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "search", "+space=llm", "--cfg"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert "_target_: search.workloads.GPT" in result.stdout
-    located = subprocess.run([sys.executable, "-c", "import search.config as c; print(c.SPACES_DIR)"], cwd=tmp_path,
-                             env=env, capture_output=True, text=True, timeout=120)
+    located = subprocess.run(
+        [sys.executable, "-c", "import search.config as c; print(c.SPACES_DIR)"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert Path(located.stdout.strip()).is_relative_to(target)

@@ -108,7 +108,9 @@ def test_meets_slo_upper_limit_for_a_minimized_metric(metric):
 def test_meets_slo_needs_every_limit():
     metrics = {"throughput": 1500.0, "latency_p95_ms": 250.0, "peak_memory_mb": 900.0}
     assert meets_slo(metrics, {"throughput": 1000, "peak_memory_mb": 1000})
-    assert not meets_slo(metrics, {"throughput": 1000, "latency_p95_ms": 200, "peak_memory_mb": 1000})
+    assert not meets_slo(
+        metrics, {"throughput": 1000, "latency_p95_ms": 200, "peak_memory_mb": 1000}
+    )
 
 
 def test_meets_slo_missing_metric_fails():
@@ -122,11 +124,14 @@ def test_empty_slo_is_always_met():
 
 
 def entry(name, mean, ci_low, latency):
-    return {"name": name, "metrics": {"throughput": mean, "throughput_ci_low": ci_low, "latency_p95_ms": latency}}
+    return {
+        "name": name,
+        "metrics": {"throughput": mean, "throughput_ci_low": ci_low, "latency_p95_ms": latency},
+    }
 
 
 FRONT = [
-    entry("lucky", mean=1300.0, ci_low=900.0, latency=80.0),    # highest mean, but a wide interval
+    entry("lucky", mean=1300.0, ci_low=900.0, latency=80.0),  # highest mean, but a wide interval
     entry("steady", mean=1200.0, ci_low=1150.0, latency=120.0),  # highest lower bound
     entry("snappy", mean=1000.0, ci_low=980.0, latency=40.0),
 ]
@@ -138,9 +143,11 @@ def test_recommend_ranks_by_the_lower_bound_not_the_mean():
 
 
 def test_recommend_only_considers_entries_meeting_the_slo():
-    assert recommend(FRONT, {"latency_p95_ms": 100})["name"] == "snappy"  # steady is too slow; lucky has lower ci_low
+    # steady is too slow; lucky has lower ci_low
+    assert recommend(FRONT, {"latency_p95_ms": 100})["name"] == "snappy"
     assert recommend(FRONT, {"latency_p95_ms": 50})["name"] == "snappy"
-    assert recommend(FRONT, {"throughput": 1250})["name"] == "lucky"  # the SLO is on the measured mean
+    # the SLO is on the measured mean
+    assert recommend(FRONT, {"throughput": 1250})["name"] == "lucky"
 
 
 def test_recommend_returns_none_when_nothing_meets_the_slo():

@@ -5,17 +5,32 @@ from search.report import summary_lines
 from search.study import StudyOutcome
 
 
-def _record(number: int, low: float, mean: float, high: float, cv: float, stable: bool) -> TrialRecord:
-    metrics = {"throughput": mean, "throughput_ci_low": low, "throughput_ci_high": high, "throughput_cv": cv}
-    return TrialRecord(number=number, config={"batch_size": number}, state="complete", metrics=metrics,
-                       stable=stable, unit="tokens")
+def _record(
+    number: int, low: float, mean: float, high: float, cv: float, stable: bool
+) -> TrialRecord:
+    metrics = {
+        "throughput": mean,
+        "throughput_ci_low": low,
+        "throughput_ci_high": high,
+        "throughput_cv": cv,
+    }
+    return TrialRecord(
+        number=number,
+        config={"batch_size": number},
+        state="complete",
+        metrics=metrics,
+        stable=stable,
+        unit="tokens",
+    )
 
 
 SLOW_STABLE = _record(1, 1040.0, 1110.0, 1180.0, 0.028, True)
 
 
 def _summary(history, best):
-    return summary_lines(StudyOutcome("llm-cpu", records=list(history)), history, best=best, max_cv=0.05)
+    return summary_lines(
+        StudyOutcome("llm-cpu", records=list(history)), history, best=best, max_cv=0.05
+    )
 
 
 def test_an_unstable_configuration_surely_faster_than_the_recommendation_is_named():
@@ -36,7 +51,9 @@ def test_an_unstable_configuration_whose_interval_overlaps_the_recommendation_is
 
 def test_with_no_recommendation_the_fastest_unstable_configuration_is_named():
     lines = _summary([_record(2, 900.0, 1000.0, 1100.0, 0.2, False)], None)
-    assert lines[-1].startswith("  nothing is recommended; the fastest of them is #2 (1k tokens/s [900, 1.1k], cv 20.0%)")
+    assert lines[-1].startswith(
+        "  nothing is recommended; the fastest of them is #2 (1k tokens/s [900, 1.1k], cv 20.0%)"
+    )
 
 
 def test_no_unstable_configuration_no_line():

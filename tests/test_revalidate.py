@@ -2,28 +2,34 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 
 from search.records import TrialRecord
-from search.revalidate import pool, quantile_upper_bound, revalidate
-from search.runner import COMPLETE, FAILED, TrialResult
+from search.metrics import quantile_upper_bound
+from search.revalidate import pool, revalidate
+from search.records import COMPLETE, FAILED
+from search.runner import TrialResult
+from tiny import measurement
 
 
-def run(throughput: float, cv: float = 0.01, latencies=(10.0, 11.0, 12.0), peak: float = 100.0) -> TrialResult:
-    # pool() reads these fields of a Measurement; a namespace keeps the test independent of the rest.
-    m = SimpleNamespace(throughput=throughput, throughput_cv=cv, step_latencies_ms=np.array(latencies), n_windows=5)
-    return TrialResult(COMPLETE, m, peak)
+def run(
+    throughput: float, cv: float = 0.01, latencies=(10.0, 11.0, 12.0), peak: float = 100.0
+) -> TrialResult:
+    return TrialResult(COMPLETE, measurement(throughput, cv, latencies), peak)
 
 
 @pytest.mark.parametrize("n, q", [(200, 0.95), (100, 0.5), (400, 0.95)])
 def test_quantile_upper_bound_covers_the_true_quantile_at_the_stated_confidence(n, q):
     rng = np.random.default_rng(0)
-    true_quantile = float(np.quantile(rng.exponential(size=2_000_000), q))  # the distribution's own quantile
-    covered = np.mean([quantile_upper_bound(rng.exponential(size=n), q, 0.95) >= true_quantile
-                       for _ in range(1000)])
+    # the distribution's own quantile
+    true_quantile = float(np.quantile(rng.exponential(size=2_000_000), q))
+    covered = np.mean(
+        [
+            quantile_upper_bound(rng.exponential(size=n), q, 0.95) >= true_quantile
+            for _ in range(1000)
+        ]
+    )
     assert 0.94 <= covered <= 0.99, covered
 
 
@@ -49,7 +55,10 @@ def test_processes_that_disagree_make_the_candidate_unstable():
 
 
 def test_a_noisy_run_or_a_failed_run_makes_the_candidate_unstable():
-    assert "within-run CV" in pool([run(100.0, cv=0.2), run(100.0, cv=0.1), run(100.0)], 0.05, 0.95).reason
+    assert (
+        "within-run CV"
+        in pool([run(100.0, cv=0.2), run(100.0, cv=0.1), run(100.0)], 0.05, 0.95).reason
+    )
     # One disturbed run among steady ones: the median CV is fine and the means agree.
     assert pool([run(100.0, cv=0.2), run(100.0), run(100.0)], 0.05, 0.95).stable
     failed = pool([run(100.0), TrialResult(FAILED, failure="oom: out of memory")], 0.05, 0.95)
@@ -65,8 +74,15 @@ def test_a_run_that_throttled_makes_the_candidate_unstable():
 def test_every_candidate_is_measured_k_times_in_an_interleaved_order():
     candidates = [TrialRecord(n, {"batch_size": n}, COMPLETE, {}, True) for n in (1, 2, 3)]
     order = []
-    pooled = revalidate(candidates, 3, lambda c: order.append(c.number) or run(100.0 + c.number), seed=1,
-                        max_cv=0.05, confidence=0.95, progress=lambda *args: None)
+    pooled = revalidate(
+        candidates,
+        3,
+        lambda c: order.append(c.number) or run(100.0 + c.number),
+        seed=1,
+        max_cv=0.05,
+        confidence=0.95,
+        progress=lambda *args: None,
+    )
     assert sorted(order) == [1, 1, 1, 2, 2, 2, 3, 3, 3]
     assert order != sorted(order), "runs are interleaved, not grouped by candidate"
     assert {n: p.metrics["throughput"] for n, p in pooled.items()} == {1: 101.0, 2: 102.0, 3: 103.0}
@@ -74,5 +90,7 @@ def test_every_candidate_is_measured_k_times_in_an_interleaved_order():
 
 def test_a_power_capped_run_stays_stable():
     # An H100 running a compute-bound configuration holds its power limit for good: not a slowdown.
-    capped = TrialResult(COMPLETE, run(100.0).measurement, 100.0, throttle_reasons="sw_power_cap, sync_boost")
+    capped = TrialResult(
+        COMPLETE, run(100.0).measurement, 100.0, throttle_reasons="sw_power_cap, sync_boost"
+    )
     assert pool([run(100.0), capped, run(100.0)], 0.05, 0.95).stable

@@ -16,13 +16,21 @@ from search.measure import MeasureSettings
 from types import SimpleNamespace
 
 from search.gpu_telemetry import CpuEnergyMonitor
-from search.runner import (COMPLETE, FAILED, INFEASIBLE, TrialRequest, classify, fault_kind, run_isolated, run_trial,
-                           telemetry_metrics)
+from search.records import COMPLETE, FAILED, INFEASIBLE, fault_kind
+from search.runner import TrialRequest, classify, run_isolated, run_trial, telemetry_metrics
 from search.workloads import Workload
 
-QUICK = MeasureSettings(warmup_steps=1, warmup_s=0.0, window_s=0.01, min_windows=2, max_windows=3, max_time_s=0.5)
-TINY_GPT = {"_target_": "search.workloads.GPT", "vocab_size": 64, "seq_len": 16, "d_model": 32, "n_layers": 1,
-            "n_heads": 2}
+QUICK = MeasureSettings(
+    warmup_steps=1, warmup_s=0.0, window_s=0.01, min_windows=2, max_windows=3, max_time_s=0.5
+)
+TINY_GPT = {
+    "_target_": "search.workloads.GPT",
+    "vocab_size": 64,
+    "seq_len": 16,
+    "d_model": 32,
+    "n_layers": 1,
+    "n_heads": 2,
+}
 
 
 class Wide(Workload):
@@ -142,7 +150,9 @@ def test_out_of_memory_is_a_failed_trial_marked_oom():
 
 def test_isolated_worker_that_segfaults_is_a_crash_and_the_caller_survives():
     result = run_isolated(request(target(Segfaults)))
-    assert result.state == FAILED and result.failure.startswith("crash: worker killed by signal SIGSEGV; stderr: ")
+    assert result.state == FAILED and result.failure.startswith(
+        "crash: worker killed by signal SIGSEGV; stderr: "
+    )
     # faulthandler's dump names the fault and the frame that caused it
     assert "Segmentation fault" in result.failure and "in build_model" in result.failure
     assert "Extension modules" not in result.stderr_tail and "build_model" in result.stderr_tail
@@ -152,18 +162,31 @@ FAULTY = {"_target_": "faults.Faulty"}  # tests/faults.py; tests/ is on sys.path
 
 
 def faulty(fault: str, **kwargs) -> TrialRequest:
-    return TrialRequest(FAULTY | {k: v for k, v in kwargs.items() if k == "pid_file"}, {"batch_size": 4, "fault": fault},
-                        "cpu", 0, QUICK, timeout_s=kwargs.get("timeout_s", 60), memory_limit_mb=kwargs.get("memory_limit_mb"))
+    return TrialRequest(
+        FAULTY | {k: v for k, v in kwargs.items() if k == "pid_file"},
+        {"batch_size": 4, "fault": fault},
+        "cpu",
+        0,
+        QUICK,
+        timeout_s=kwargs.get("timeout_s", 60),
+        memory_limit_mb=kwargs.get("memory_limit_mb"),
+    )
 
 
 def test_worker_that_exits_is_a_crash_with_its_code_and_last_stderr_line():
     result = run_isolated(faulty("exit"))
-    assert result.failure == "crash: worker exited with code 3; stderr: faults: giving up with exit code 3"
+    assert (
+        result.failure
+        == "crash: worker exited with code 3; stderr: faults: giving up with exit code 3"
+    )
 
 
 def test_worker_that_aborts_is_a_crash_with_the_signal():
     result = run_isolated(faulty("abort"))
-    assert result.failure.startswith("crash: worker killed by signal SIGABRT") and "Aborted" in result.failure
+    assert (
+        result.failure.startswith("crash: worker killed by signal SIGABRT")
+        and "Aborted" in result.failure
+    )
 
 
 def test_exception_keeps_its_traceback_in_the_stderr_tail():
@@ -202,21 +225,26 @@ def _parent_of(pid: int) -> int:
 
 def test_a_worker_dies_with_its_study_process_even_under_kill_9(tmp_path):
     pid_file = tmp_path / "pids"
-    script = ("import sys; sys.path.insert(0, sys.argv[1])\n"
-              "from search.runner import run_isolated, TrialRequest\n"
-              "from search.measure import MeasureSettings\n"
-              "if __name__ == '__main__':\n"
-              "    run_isolated(TrialRequest({'_target_': 'faults.Faulty', 'pid_file': sys.argv[2]},\n"
-              "                              {'batch_size': 4, 'fault': 'hang'}, 'cpu', 0, MeasureSettings()))\n")
+    script = (
+        "import sys; sys.path.insert(0, sys.argv[1])\n"
+        "from search.runner import run_isolated, TrialRequest\n"
+        "from search.measure import MeasureSettings\n"
+        "if __name__ == '__main__':\n"
+        "    run_isolated(TrialRequest({'_target_': 'faults.Faulty', 'pid_file': sys.argv[2]},\n"
+        "                              {'batch_size': 4, 'fault': 'hang'}, 'cpu', 0, MeasureSettings()))\n"
+    )
     (tmp_path / "study.py").write_text(script)
-    study = subprocess.Popen([sys.executable, str(tmp_path / "study.py"), os.path.dirname(__file__), str(pid_file)],
-                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    study = subprocess.Popen(
+        [sys.executable, str(tmp_path / "study.py"), os.path.dirname(__file__), str(pid_file)],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
     for _ in range(300):
         if pid_file.exists() and len(pid_file.read_text().split()) == 2:
             break
         time.sleep(0.1)
     worker, child = map(int, pid_file.read_text().split())
-    server = _parent_of(worker)  # the fork server that started the worker (the study itself under spawn)
+    # the fork server that started the worker (the study itself under spawn)
+    server = _parent_of(worker)
     study.kill()
     study.wait()
     try:
@@ -237,21 +265,36 @@ def test_host_memory_above_the_limit_is_oom_and_stops_the_trial_early():
 
 def test_peak_above_the_limit_is_oom_even_where_no_watchdog_saw_it():
     # in-process: no watchdog, the peak is checked when the trial ends (about 68 MB here)
-    result = run_trial(TrialRequest(target(Layers), {"batch_size": 4}, "cpu", 0, QUICK, memory_limit_mb=10))
+    result = run_trial(
+        TrialRequest(target(Layers), {"batch_size": 4}, "cpu", 0, QUICK, memory_limit_mb=10)
+    )
     assert result.state == FAILED and result.failure.startswith("oom: peak memory ")
     assert result.peak_memory_mb > 10
-    assert run_trial(TrialRequest(target(Layers), {"batch_size": 4}, "cpu", 0, QUICK, memory_limit_mb=5000)).state == COMPLETE
+    assert (
+        run_trial(
+            TrialRequest(target(Layers), {"batch_size": 4}, "cpu", 0, QUICK, memory_limit_mb=5000)
+        ).state
+        == COMPLETE
+    )
 
 
-@pytest.mark.parametrize("error, kind", [
-    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"), "oom"),
-    (RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you tried "
-                  "to allocate 800000000000 bytes"), "oom"),
-    (MemoryError(), "oom"),
-    (RuntimeError("CUDA error: an illegal memory access was encountered"), "crash"),
-    (torch.AcceleratorError("CUDA error: device-side assert triggered"), "crash"),
-    (ValueError("bad shape"), "error"),
-])
+@pytest.mark.parametrize(
+    "error, kind",
+    [
+        (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"), "oom"),
+        (
+            RuntimeError(
+                "[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you tried "
+                "to allocate 800000000000 bytes"
+            ),
+            "oom",
+        ),
+        (MemoryError(), "oom"),
+        (RuntimeError("CUDA error: an illegal memory access was encountered"), "crash"),
+        (torch.AcceleratorError("CUDA error: device-side assert triggered"), "crash"),
+        (ValueError("bad shape"), "error"),
+    ],
+)
 def test_exceptions_are_classified_by_what_they_mean(error, kind):
     assert fault_kind(classify(error)) == kind
 
@@ -283,20 +326,33 @@ def test_isolated_cuda_trial_reports_allocator_peak():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_memory_limit_is_a_real_allocator_oom():
     # Wide holds about 67 MB of weights, gradients and AdamW state: a 20 MB cap cannot hold it
-    result = run_isolated(TrialRequest(target(Wide), {"batch_size": 4}, "cuda", 0, QUICK, memory_limit_mb=20))
+    result = run_isolated(
+        TrialRequest(target(Wide), {"batch_size": 4}, "cuda", 0, QUICK, memory_limit_mb=20)
+    )
     assert result.state == FAILED and result.failure.startswith("oom: "), result.failure
     assert "memory" in result.failure.lower()
-    roomy = run_isolated(TrialRequest(target(Wide), {"batch_size": 4}, "cuda", 0, QUICK, memory_limit_mb=2000))
+    roomy = run_isolated(
+        TrialRequest(target(Wide), {"batch_size": 4}, "cuda", 0, QUICK, memory_limit_mb=2000)
+    )
     assert roomy.state == COMPLETE, roomy.failure
 
 
 def window(energy_j, throttled=False, duration_s=1.0):
-    return SimpleNamespace(energy_j=energy_j, duration_s=duration_s, sm_clock_mhz=1500.0, mem_clock_mhz=2600.0,
-                           gpu_util_pct=99.0, temperature_c=60.0, throttled=throttled)
+    return SimpleNamespace(
+        energy_j=energy_j,
+        duration_s=duration_s,
+        sm_clock_mhz=1500.0,
+        mem_clock_mhz=2600.0,
+        gpu_util_pct=99.0,
+        temperature_c=60.0,
+        throttled=throttled,
+    )
 
 
 def test_energy_per_item_comes_from_every_window_with_an_upper_bound():
-    m = telemetry_metrics([window(100.0), window(110.0), window(90.0)], items_per_window=1000, confidence=0.95)
+    m = telemetry_metrics(
+        [window(100.0), window(110.0), window(90.0)], items_per_window=1000, confidence=0.95
+    )
     assert m["energy_per_item_j"] == pytest.approx(0.1)
     # t(0.975, 2 df) * sd(0.1, 0.11, 0.09) / sqrt(3)
     assert m["energy_per_item_j_ci_high"] == pytest.approx(0.1 + 4.303 * 0.01 / 3**0.5, rel=1e-3)
@@ -309,7 +365,9 @@ def test_a_window_without_an_energy_reading_means_no_energy_figure_not_a_zero():
 
 
 def test_throttling_in_any_window_is_reported():
-    assert telemetry_metrics([window(1.0), window(1.0, throttled=True)], 10, 0.95)["throttled"] == 1.0
+    assert (
+        telemetry_metrics([window(1.0), window(1.0, throttled=True)], 10, 0.95)["throttled"] == 1.0
+    )
 
 
 @pytest.mark.skipif(CpuEnergyMonitor().available, reason="this host's RAPL counters are readable")
@@ -320,10 +378,12 @@ def test_cpu_trial_without_rapl_reports_no_energy_at_all():
 
 def test_the_fidelity_check_does_not_count_against_the_memory_limit(monkeypatch):
     import search.runner as runner
+
     real_check = runner.check_fidelity
 
     def check_with_a_big_reference(workload, knobs, device, seed=0):
-        reference = torch.ones(40_000_000)  # 160 MB: an fp32 reference bigger than the configuration
+        # 160 MB: an fp32 reference bigger than the configuration
+        reference = torch.ones(40_000_000)
         return real_check(workload, knobs, device, seed=seed)
 
     monkeypatch.setattr(runner, "check_fidelity", check_with_a_big_reference)
@@ -335,6 +395,7 @@ def test_the_fidelity_check_does_not_count_against_the_memory_limit(monkeypatch)
 
 def test_a_worker_killed_by_a_real_time_signal_is_a_crash_not_a_traceback():
     from search.runner import _exit_text
+
     realtime = int(signal.SIGRTMIN) + 6  # no name in signal.Signals
     assert _exit_text(-realtime) == f"killed by signal {realtime}"
     assert _exit_text(-signal.SIGKILL).startswith("killed by signal SIGKILL")
@@ -347,7 +408,8 @@ def test_ctrl_c_while_the_worker_starts_is_not_lost(monkeypatch):
     start = process_class.start
 
     def start_during_ctrl_c(self):
-        os.kill(os.getpid(), signal.SIGINT)  # the user's Ctrl-C, in the moment the worker is started
+        # the user's Ctrl-C, in the moment the worker is started
+        os.kill(os.getpid(), signal.SIGINT)
         return start(self)
 
     monkeypatch.setattr(process_class, "start", start_during_ctrl_c)

@@ -78,10 +78,21 @@ def test_parse_every_param_type():
     assert p["streams"] == FixedParam(1)
     assert p["mode"] == FixedParam("eager")
 
-    assert list(space.searched) == ["stepped", "logint", "pow2", "lr", "dropout", "precision", "recompute"]
+    assert list(space.searched) == [
+        "stepped",
+        "logint",
+        "pow2",
+        "lr",
+        "dropout",
+        "precision",
+        "recompute",
+    ]
     assert space.fixed == {"streams": 1, "mode": "eager"}
     assert [c.text for c in space.constraints] == ["stepped <= pow2"]
-    assert space.objectives == (Objective("throughput", "maximize"), Objective("latency_p95_ms", "minimize"))
+    assert space.objectives == (
+        Objective("throughput", "maximize"),
+        Objective("latency_p95_ms", "minimize"),
+    )
 
 
 def test_parse_does_not_alias_the_input_workload():
@@ -105,7 +116,10 @@ def test_int_pow2_values_example():
 def test_int_pow2_values_match_brute_force():
     for low in range(1, 70):
         for high in range(low, 140):
-            assert IntParam(low, high, pow2=True).values() == powers_of_two_in(low, high), (low, high)
+            assert IntParam(low, high, pow2=True).values() == powers_of_two_in(low, high), (
+                low,
+                high,
+            )
 
 
 def test_int_pow2_values_exact_for_large_bounds():
@@ -129,70 +143,225 @@ def _param(spec, name="x"):
 
 INVALID = [
     ("not_a_mapping", ["workload", "params"], ["expected a mapping"]),
-    ("missing_target", _with(workload={"d_model": 8}), ["workload._target_", "must name the workload class"]),
-    ("workload_not_mapping", _with(workload="search.workloads.GPT"), ["workload._target_", "must name"]),
+    (
+        "missing_target",
+        _with(workload={"d_model": 8}),
+        ["workload._target_", "must name the workload class"],
+    ),
+    (
+        "workload_not_mapping",
+        _with(workload="search.workloads.GPT"),
+        ["workload._target_", "must name"],
+    ),
     ("target_not_string", _with(workload={"_target_": 3}), ["workload._target_", "must name"]),
-    ("missing_params", {k: v for k, v in space_dict().items() if k != "params"}, ["params", "at least one knob"]),
+    (
+        "missing_params",
+        {k: v for k, v in space_dict().items() if k != "params"},
+        ["params", "at least one knob"],
+    ),
     ("empty_params", _with(params={}), ["params", "at least one knob"]),
-    ("unknown_top_level_key", _with(objective={"throughput": "maximize"}), ["'objective'", "allowed: workload, params"]),
-    ("unknown_param_type", _param({"type": "integer", "low": 1, "high": 2}),
-     ["params.x", "type must be one of int, float, categorical, bool", "'integer'"]),
+    (
+        "unknown_top_level_key",
+        _with(objective={"throughput": "maximize"}),
+        ["'objective'", "allowed: workload, params"],
+    ),
+    (
+        "unknown_param_type",
+        _param({"type": "integer", "low": 1, "high": 2}),
+        ["params.x", "type must be one of int, float, categorical, bool", "'integer'"],
+    ),
     ("mapping_without_type", _param({"low": 1, "high": 2}), ["params.x", "type must be one of"]),
-    ("unknown_key_for_float", _param({"type": "float", "low": 1, "high": 2, "pow2": True}),
-     ["params.x", "'pow2'", "for type float", "allowed"]),
-    ("unknown_key_for_bool", _param({"type": "bool", "choices": [True]}), ["params.x", "'choices'", "for type bool"]),
-    ("unknown_key_for_categorical", _param({"type": "categorical", "choices": [1], "low": 0}),
-     ["params.x", "'low'", "for type categorical"]),
-    ("empty_choices", _param({"type": "categorical", "choices": []}), ["params.x", "choices must be a non-empty list"]),
-    ("choices_not_a_list", _param({"type": "categorical", "choices": "fp32,bf16"}), ["params.x", "non-empty list"]),
-    ("duplicate_choices", _param({"type": "categorical", "choices": ["fp32", "bf16", "fp32"]}),
-     ["params.x", "choices must be distinct"]),
-    ("low_above_high", _param({"type": "int", "low": 8, "high": 4}), ["params.x", "`low <= high` must hold", "low=8, high=4"]),
-    ("float_low_above_high", _param({"type": "float", "low": 1.0, "high": 0.5}), ["params.x", "`low <= high`"]),
-    ("non_int_low_for_int", _param({"type": "int", "low": 1.5, "high": 4}), ["params.x", "low must be an int", "1.5"]),
-    ("bool_high_for_int", _param({"type": "int", "low": 0, "high": True}), ["params.x", "high must be an int"]),
-    ("missing_high", _param({"type": "int", "low": 0}), ["params.x", "high must be an int", "None"]),
+    (
+        "unknown_key_for_float",
+        _param({"type": "float", "low": 1, "high": 2, "pow2": True}),
+        ["params.x", "'pow2'", "for type float", "allowed"],
+    ),
+    (
+        "unknown_key_for_bool",
+        _param({"type": "bool", "choices": [True]}),
+        ["params.x", "'choices'", "for type bool"],
+    ),
+    (
+        "unknown_key_for_categorical",
+        _param({"type": "categorical", "choices": [1], "low": 0}),
+        ["params.x", "'low'", "for type categorical"],
+    ),
+    (
+        "empty_choices",
+        _param({"type": "categorical", "choices": []}),
+        ["params.x", "choices must be a non-empty list"],
+    ),
+    (
+        "choices_not_a_list",
+        _param({"type": "categorical", "choices": "fp32,bf16"}),
+        ["params.x", "non-empty list"],
+    ),
+    (
+        "duplicate_choices",
+        _param({"type": "categorical", "choices": ["fp32", "bf16", "fp32"]}),
+        ["params.x", "choices must be distinct"],
+    ),
+    (
+        "low_above_high",
+        _param({"type": "int", "low": 8, "high": 4}),
+        ["params.x", "`low <= high` must hold", "low=8, high=4"],
+    ),
+    (
+        "float_low_above_high",
+        _param({"type": "float", "low": 1.0, "high": 0.5}),
+        ["params.x", "`low <= high`"],
+    ),
+    (
+        "non_int_low_for_int",
+        _param({"type": "int", "low": 1.5, "high": 4}),
+        ["params.x", "low must be an int", "1.5"],
+    ),
+    (
+        "bool_high_for_int",
+        _param({"type": "int", "low": 0, "high": True}),
+        ["params.x", "high must be an int"],
+    ),
+    (
+        "missing_high",
+        _param({"type": "int", "low": 0}),
+        ["params.x", "high must be an int", "None"],
+    ),
     # YAML 1.1 (PyYAML) reads `1e-3` as a string
-    ("string_low_for_float", _param({"type": "float", "low": "1e-3", "high": 1.0}), ["params.x", "low must be a number"]),
-    ("float_log_low_zero", _param({"type": "float", "low": 0.0, "high": 1.0, "log": True}),
-     ["params.x", "log scale needs `low > 0`"]),
-    ("int_log_low_negative", _param({"type": "int", "low": -2, "high": 8, "log": True}),
-     ["params.x", "log scale needs `low > 0`", "low=-2"]),
-    ("pow2_empty_range", _param({"type": "int", "low": 5, "high": 7, "pow2": True}),
-     ["params.x", "no power of two", "[5, 7]"]),
-    ("pow2_with_step", _param({"type": "int", "low": 1, "high": 16, "step": 2, "pow2": True}),
-     ["params.x", "pow2 needs", "no step"]),
-    ("pow2_low_zero", _param({"type": "int", "low": 0, "high": 16, "pow2": True}), ["params.x", "pow2 needs low >= 1"]),
-    ("step_zero", _param({"type": "int", "low": 1, "high": 8, "step": 0}), ["params.x", "step must be a positive int"]),
-    ("step_fraction", _param({"type": "int", "low": 1, "high": 8, "step": 1.5}), ["params.x", "step must be a positive int"]),
-    ("float_step_zero", _param({"type": "float", "low": 0.0, "high": 1.0, "step": 0}), ["params.x", "step"]),
-    ("float_step_string", _param({"type": "float", "low": 0.0, "high": 1.0, "step": "x"}), ["params.x", "step"]),
-    ("float_step_with_log", _param({"type": "float", "low": 1e-3, "high": 1.0, "step": 0.1, "log": True}), ["params.x", "step"]),
-    ("int_step_with_log", _param({"type": "int", "low": 1, "high": 64, "step": 2, "log": True}), ["params.x", "step"]),
-    ("constraint_not_string", _with(constraints=[5]), ["constraints", "must be an expression string", "5"]),
-    ("constraint_is_mapping", _with(constraints=[{"a": 1}]), ["constraints", "must be an expression string"]),
-    ("constraint_syntax_error", _with(constraints=["a <"]), ["constraints", "cannot parse", "'a <'"]),
-    ("constraint_unknown_knob", _with(constraints=["a <= bacth_size"]),
-     ["constraints", "unknown knob 'bacth_size'", "knobs: a"]),
-    ("constraint_function_call", _with(constraints=["__import__('os').system('x')"]),
-     ["constraints", "uses Call", "do not allow"]),
+    (
+        "string_low_for_float",
+        _param({"type": "float", "low": "1e-3", "high": 1.0}),
+        ["params.x", "low must be a number"],
+    ),
+    (
+        "float_log_low_zero",
+        _param({"type": "float", "low": 0.0, "high": 1.0, "log": True}),
+        ["params.x", "log scale needs `low > 0`"],
+    ),
+    (
+        "int_log_low_negative",
+        _param({"type": "int", "low": -2, "high": 8, "log": True}),
+        ["params.x", "log scale needs `low > 0`", "low=-2"],
+    ),
+    (
+        "pow2_empty_range",
+        _param({"type": "int", "low": 5, "high": 7, "pow2": True}),
+        ["params.x", "no power of two", "[5, 7]"],
+    ),
+    (
+        "pow2_with_step",
+        _param({"type": "int", "low": 1, "high": 16, "step": 2, "pow2": True}),
+        ["params.x", "pow2 needs", "no step"],
+    ),
+    (
+        "pow2_low_zero",
+        _param({"type": "int", "low": 0, "high": 16, "pow2": True}),
+        ["params.x", "pow2 needs low >= 1"],
+    ),
+    (
+        "step_zero",
+        _param({"type": "int", "low": 1, "high": 8, "step": 0}),
+        ["params.x", "step must be a positive int"],
+    ),
+    (
+        "step_fraction",
+        _param({"type": "int", "low": 1, "high": 8, "step": 1.5}),
+        ["params.x", "step must be a positive int"],
+    ),
+    (
+        "float_step_zero",
+        _param({"type": "float", "low": 0.0, "high": 1.0, "step": 0}),
+        ["params.x", "step"],
+    ),
+    (
+        "float_step_string",
+        _param({"type": "float", "low": 0.0, "high": 1.0, "step": "x"}),
+        ["params.x", "step"],
+    ),
+    (
+        "float_step_with_log",
+        _param({"type": "float", "low": 1e-3, "high": 1.0, "step": 0.1, "log": True}),
+        ["params.x", "step"],
+    ),
+    (
+        "int_step_with_log",
+        _param({"type": "int", "low": 1, "high": 64, "step": 2, "log": True}),
+        ["params.x", "step"],
+    ),
+    (
+        "constraint_not_string",
+        _with(constraints=[5]),
+        ["constraints", "must be an expression string", "5"],
+    ),
+    (
+        "constraint_is_mapping",
+        _with(constraints=[{"a": 1}]),
+        ["constraints", "must be an expression string"],
+    ),
+    (
+        "constraint_syntax_error",
+        _with(constraints=["a <"]),
+        ["constraints", "cannot parse", "'a <'"],
+    ),
+    (
+        "constraint_unknown_knob",
+        _with(constraints=["a <= bacth_size"]),
+        ["constraints", "unknown knob 'bacth_size'", "knobs: a"],
+    ),
+    (
+        "constraint_function_call",
+        _with(constraints=["__import__('os').system('x')"]),
+        ["constraints", "uses Call", "do not allow"],
+    ),
     ("constraint_builtin_call", _with(constraints=["abs(a) > 1"]), ["constraints", "uses Call"]),
-    ("constraint_attribute", _with(constraints=["a.real > 1"]), ["constraints", "uses Attribute", "do not allow"]),
-    ("constraint_lambda", _with(constraints=["(lambda: 1)() == 1"]), ["constraints", "do not allow"]),
+    (
+        "constraint_attribute",
+        _with(constraints=["a.real > 1"]),
+        ["constraints", "uses Attribute", "do not allow"],
+    ),
+    (
+        "constraint_lambda",
+        _with(constraints=["(lambda: 1)() == 1"]),
+        ["constraints", "do not allow"],
+    ),
     ("constraint_bare_lambda", _with(constraints=["lambda: a"]), ["constraints", "uses Lambda"]),
-    ("constraint_comprehension", _with(constraints=["[a for a in (1, 2)]"]), ["constraints", "uses ListComp"]),
-    ("constraint_generator", _with(constraints=["any(a for a in (1,))"]), ["constraints", "do not allow"]),
+    (
+        "constraint_comprehension",
+        _with(constraints=["[a for a in (1, 2)]"]),
+        ["constraints", "uses ListComp"],
+    ),
+    (
+        "constraint_generator",
+        _with(constraints=["any(a for a in (1,))"]),
+        ["constraints", "do not allow"],
+    ),
     ("constraint_subscript", _with(constraints=["a[0] == 1"]), ["constraints", "uses Subscript"]),
     ("constraint_walrus", _with(constraints=["(a := 1) == a"]), ["constraints", "uses NamedExpr"]),
     ("constraint_conditional", _with(constraints=["1 if a else 0"]), ["constraints", "uses IfExp"]),
-    ("unknown_objective_metric", _with(objectives={"tput": "maximize"}),
-     ["objectives", "unknown metric 'tput'", "known: " + ", ".join(METRIC_DIRECTIONS)]),
-    ("bad_direction", _with(objectives={"throughput": "max"}), ["objectives.throughput", "must be maximize or minimize", "'max'"]),
-    ("opposite_direction", _with(objectives={"throughput": "minimize"}),
-     ["objectives.throughput", "should be maximize", "minimize"]),
-    ("opposite_direction_latency", _with(objectives={"latency_p95_ms": "maximize"}),
-     ["objectives.latency_p95_ms", "should be minimize"]),
-    ("empty_objectives", _with(objectives={}), ["objectives must map metric names", "maximize/minimize"]),
+    (
+        "unknown_objective_metric",
+        _with(objectives={"tput": "maximize"}),
+        ["objectives", "unknown metric 'tput'", "known: " + ", ".join(METRIC_DIRECTIONS)],
+    ),
+    (
+        "bad_direction",
+        _with(objectives={"throughput": "max"}),
+        ["objectives.throughput", "must be maximize or minimize", "'max'"],
+    ),
+    (
+        "opposite_direction",
+        _with(objectives={"throughput": "minimize"}),
+        ["objectives.throughput", "should be maximize", "minimize"],
+    ),
+    (
+        "opposite_direction_latency",
+        _with(objectives={"latency_p95_ms": "maximize"}),
+        ["objectives.latency_p95_ms", "should be minimize"],
+    ),
+    (
+        "empty_objectives",
+        _with(objectives={}),
+        ["objectives must map metric names", "maximize/minimize"],
+    ),
     ("objectives_as_list", _with(objectives=["throughput"]), ["objectives must map"]),
 ]
 
@@ -268,11 +437,15 @@ def test_constraint_agrees_with_python_on_every_config(expression):
 
 
 def test_string_comparison_constraint():
-    space = parse_space("t", space_dict(params=KNOBS, constraints=["precision != 'fp16' or streams == 1"]))
+    space = parse_space(
+        "t", space_dict(params=KNOBS, constraints=["precision != 'fp16' or streams == 1"])
+    )
     base = {"a": 1, "b": 1, "flag": False}
     assert space.violations({**base, "precision": "fp16", "streams": 1}) == []
     assert space.violations({**base, "precision": "bf16", "streams": 2}) == []
-    assert space.violations({**base, "precision": "fp16", "streams": 2}) == ["precision != 'fp16' or streams == 1"]
+    assert space.violations({**base, "precision": "fp16", "streams": 2}) == [
+        "precision != 'fp16' or streams == 1"
+    ]
 
 
 def test_violations_lists_each_broken_constraint():
@@ -283,19 +456,24 @@ def test_violations_lists_each_broken_constraint():
     assert space.violations({**config, "a": 1, "streams": 1}) == []
 
 
-@pytest.mark.parametrize("expression", ["a / b == 2", "a / b > 0", "a // b >= 0", "a % b == 0", "a / b < 100"])
+@pytest.mark.parametrize(
+    "expression", ["a / b == 2", "a / b > 0", "a // b >= 0", "a % b == 0", "a / b < 100"]
+)
 def test_zero_divisor_makes_constraint_fail_instead_of_raising(expression):
     (constraint,) = parse_space("t", space_dict(params=KNOBS, constraints=[expression])).constraints
     config = {"a": 4, "b": 0, "precision": "fp32", "streams": 1, "flag": False}
     assert constraint.holds(config) is False
-    assert constraint.holds({**config, "b": 2}) is True  # the same expression holds with a non-zero divisor
+    # the same expression holds with a non-zero divisor
+    assert constraint.holds({**config, "b": 2}) is True
 
 
 @pytest.mark.parametrize("expression", ["a / b != 2", "not a % b == 1", "a % b", "not a // b < 1"])
 def test_zero_divisor_fails_constraint_even_when_negated(expression):
     (constraint,) = parse_space("t", space_dict(params=KNOBS, constraints=[expression])).constraints
-    assert constraint.holds({"a": 4, "b": 0, "precision": "fp32", "streams": 1, "flag": False}) is False
-
+    assert (
+        constraint.holds({"a": 4, "b": 0, "precision": "fp32", "streams": 1, "flag": False})
+        is False
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -329,7 +507,10 @@ def test_feasible_configs_of_llm_cpu_match_brute_force(llm_cpu_raw):
     ], "llm.yaml's constraints changed: update the Python version of them below"
 
     def feasible(c):
-        return c["batch_size"] % c["micro_batch_size"] == 0 and c["streams"] <= c["batch_size"] // c["micro_batch_size"]
+        return (
+            c["batch_size"] % c["micro_batch_size"] == 0
+            and c["streams"] <= c["batch_size"] // c["micro_batch_size"]
+        )
 
     names = list(llm_cpu_raw["params"])
     lists = [_raw_values(llm_cpu_raw["params"][n]) for n in names]
@@ -345,21 +526,40 @@ def test_feasible_configs_of_llm_cpu_match_brute_force(llm_cpu_raw):
 
 
 def test_feasible_configs_include_fixed_params():
-    space = parse_space("t", space_dict(params={"a": {"type": "int", "low": 0, "high": 3}, "streams": 2},
-                                        constraints=["a < streams"]))
+    space = parse_space(
+        "t",
+        space_dict(
+            params={"a": {"type": "int", "low": 0, "high": 3}, "streams": 2},
+            constraints=["a < streams"],
+        ),
+    )
     assert space.feasible_configs() == [{"a": 0, "streams": 2}, {"a": 1, "streams": 2}]
 
 
 def test_feasible_configs_is_none_for_a_float_param():
-    space = parse_space("t", space_dict(params={"a": {"type": "int", "low": 0, "high": 3},
-                                                "lr": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}}))
+    space = parse_space(
+        "t",
+        space_dict(
+            params={
+                "a": {"type": "int", "low": 0, "high": 3},
+                "lr": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True},
+            }
+        ),
+    )
     assert space.feasible_configs() is None
 
 
 def test_feasible_configs_is_none_above_the_enumeration_limit():
-    side = int(ENUMERATION_LIMIT ** 0.5) + 1
-    space = parse_space("t", space_dict(params={"a": {"type": "int", "low": 1, "high": side},
-                                                "b": {"type": "int", "low": 1, "high": side}}))
+    side = int(ENUMERATION_LIMIT**0.5) + 1
+    space = parse_space(
+        "t",
+        space_dict(
+            params={
+                "a": {"type": "int", "low": 1, "high": side},
+                "b": {"type": "int", "low": 1, "high": side},
+            }
+        ),
+    )
     assert space.feasible_configs() is None
 
 
@@ -369,11 +569,18 @@ def test_feasible_configs_empty_when_unsatisfiable():
 
 
 def test_random_feasible_returns_only_feasible_configs():
-    space = parse_space("t", space_dict(
-        params={**KNOBS, "lr": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True},
-                "wd": {"type": "float", "low": 0.0, "high": 0.5}, "seed": 7},
-        constraints=["a + b >= 5", "precision != 'fp16' or streams == 1", "lr * 100 < 0.5"],
-    ))
+    space = parse_space(
+        "t",
+        space_dict(
+            params={
+                **KNOBS,
+                "lr": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True},
+                "wd": {"type": "float", "low": 0.0, "high": 0.5},
+                "seed": 7,
+            },
+            constraints=["a + b >= 5", "precision != 'fp16' or streams == 1", "lr * 100 < 0.5"],
+        ),
+    )
     rng = random.Random(1234)
     seen = set()
     for _ in range(200):
@@ -381,10 +588,14 @@ def test_random_feasible_returns_only_feasible_configs():
         assert config is not None
         assert set(config) == set(space.params)
         assert space.violations(config) == []
-        assert config["a"] + config["b"] >= 5 and (config["precision"] != "fp16" or config["streams"] == 1)
+        assert config["a"] + config["b"] >= 5 and (
+            config["precision"] != "fp16" or config["streams"] == 1
+        )
         assert 1e-4 <= config["lr"] < 5e-3 and 0.0 <= config["wd"] <= 0.5
         assert config["seed"] == 7
-        assert config["a"] in range(5) and config["b"] in range(5) and config["flag"] in (False, True)
+        assert (
+            config["a"] in range(5) and config["b"] in range(5) and config["flag"] in (False, True)
+        )
         seen.add((config["a"], config["b"], config["precision"], config["streams"], config["flag"]))
     assert len(seen) > 10  # it explores, not one fixed answer
 
@@ -405,12 +616,17 @@ def test_random_feasible_is_none_when_unsatisfiable():
 
 
 def test_without_choices_drops_rejected_choices_with_a_note():
-    space = parse_space("t", space_dict(params={
-        "precision": {"type": "categorical", "choices": ["fp32", "tf32", "bf16", "fp16"]},
-        "recompute": {"type": "bool"},
-        "a": {"type": "int", "low": 0, "high": 3},
-        "streams": 1,
-    }))
+    space = parse_space(
+        "t",
+        space_dict(
+            params={
+                "precision": {"type": "categorical", "choices": ["fp32", "tf32", "bf16", "fp16"]},
+                "recompute": {"type": "bool"},
+                "a": {"type": "int", "low": 0, "high": 3},
+                "streams": 1,
+            }
+        ),
+    )
     calls = []
 
     def reject(name, value):
@@ -423,10 +639,20 @@ def test_without_choices_drops_rejected_choices_with_a_note():
     assert narrowed.params["precision"] == CategoricalParam(("fp32", "bf16"))
     assert narrowed.params["recompute"] == space.params["recompute"]
     assert narrowed.params["a"] == space.params["a"] and narrowed.params["streams"] == FixedParam(1)
-    assert notes == ["precision=tf32 dropped: tf32 needs CUDA", "precision=fp16 dropped: fp16 needs CUDA"]
-    assert space.params["precision"].choices == ("fp32", "tf32", "bf16", "fp16")  # the original is unchanged
+    assert notes == [
+        "precision=tf32 dropped: tf32 needs CUDA",
+        "precision=fp16 dropped: fp16 needs CUDA",
+    ]
+    # the original is unchanged
+    assert space.params["precision"].choices == (
+        "fp32",
+        "tf32",
+        "bf16",
+        "fp16",
+    )
     assert ("recompute", False) in calls and ("recompute", True) in calls
-    assert not any(name in ("a", "streams") for name, _ in calls)  # only categorical knobs are asked about
+    # only categorical knobs are asked about
+    assert not any(name in ("a", "streams") for name, _ in calls)
     assert narrowed.constraints == space.constraints and narrowed.objectives == space.objectives
 
 
@@ -438,16 +664,24 @@ def test_without_choices_keeps_everything_when_nothing_is_rejected():
 
 
 def test_without_choices_raises_when_no_choice_is_left():
-    space = parse_space("t", space_dict(params={
-        "a": {"type": "int", "low": 0, "high": 3},
-        "precision": {"type": "categorical", "choices": ["tf32", "fp16"]},
-    }))
+    space = parse_space(
+        "t",
+        space_dict(
+            params={
+                "a": {"type": "int", "low": 0, "high": 3},
+                "precision": {"type": "categorical", "choices": ["tf32", "fp16"]},
+            }
+        ),
+    )
     with pytest.raises(SpaceError) as info:
         space.without_choices(lambda name, value: "needs CUDA" if name == "precision" else None)
     message = str(info.value)
     assert "space 't'" in message and "params.precision" in message
     assert "every choice is unusable" in message
-    assert "precision=tf32 dropped: needs CUDA" in message and "precision=fp16 dropped: needs CUDA" in message
+    assert (
+        "precision=tf32 dropped: needs CUDA" in message
+        and "precision=fp16 dropped: needs CUDA" in message
+    )
 
 
 def test_power_operator_is_not_allowed():
@@ -457,7 +691,9 @@ def test_power_operator_is_not_allowed():
 
 
 def test_type_mismatch_in_a_constraint_is_a_space_error_not_a_crash():
-    (constraint,) = parse_space("t", space_dict(params=KNOBS, constraints=["precision * 2 > 1"])).constraints
+    (constraint,) = parse_space(
+        "t", space_dict(params=KNOBS, constraints=["precision * 2 > 1"])
+    ).constraints
     with pytest.raises(SpaceError, match="cannot be evaluated"):
         constraint.holds({"a": 1, "b": 1, "precision": "fp32", "streams": 1, "flag": False})
 

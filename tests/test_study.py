@@ -7,45 +7,83 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
-from search.config import ConfigError
+from search.config import ConfigError, compose_config, load_settings
 from search.measure import MeasureSettings
 from search.runner import TrialRequest
 from search.space import parse_space
 from search.study import StudyDriver, open_study
 
 FINGERPRINT = "abc123"
-QUICK = MeasureSettings(warmup_steps=1, warmup_s=0.0, window_s=0.01, min_windows=2, max_windows=3, max_time_s=0.5)
-WORKLOAD = {"_target_": "search.workloads.GPT", "vocab_size": 64, "seq_len": 16, "d_model": 32, "n_layers": 1,
-            "n_heads": 2}
+QUICK = MeasureSettings(
+    warmup_steps=1, warmup_s=0.0, window_s=0.01, min_windows=2, max_windows=3, max_time_s=0.5
+)
+WORKLOAD = {
+    "_target_": "search.workloads.GPT",
+    "vocab_size": 64,
+    "seq_len": 16,
+    "d_model": 32,
+    "n_layers": 1,
+    "n_heads": 2,
+}
 
 
 def make_space(micro_choices=(1, 2), constraints=(), **extra):
-    return parse_space("t", {
-        "workload": WORKLOAD,
-        "params": {"batch_size": 4, "micro_batch_size": {"type": "categorical", "choices": list(micro_choices)}},
-        "constraints": list(constraints),
-        "objectives": {"throughput": "maximize"},
-        **extra,
-    })
+    return parse_space(
+        "t",
+        {
+            "workload": WORKLOAD,
+            "params": {
+                "batch_size": 4,
+                "micro_batch_size": {"type": "categorical", "choices": list(micro_choices)},
+            },
+            "constraints": list(constraints),
+            "objectives": {"throughput": "maximize"},
+            **extra,
+        },
+    )
 
 
 def cfg(n_trials=1, max_cv=0.05, memory_limit_mb=None):
-    return {"study": {"n_trials": n_trials, "timeout_s": None, "sampler": "random", "max_failure_rate": 0.8},
-            "seed": 0, "stable": {"max_cv": max_cv}, "measure": {"confidence": 0.95},
-            "runner": {"timeout_s": 60, "memory_limit_mb": memory_limit_mb}}
+    limit = "null" if memory_limit_mb is None else memory_limit_mb
+    return load_settings(
+        compose_config(
+            [
+                "+space=llm",
+                "device=cpu",
+                f"study.n_trials={n_trials}",
+                "study.sampler=random",
+                "seed=0",
+                f"stable.max_cv={max_cv}",
+                "runner.timeout_s=60",
+                f"runner.memory_limit_mb={limit}",
+            ]
+        )
+    )
 
 
 def stored(study, micro, *, state="complete", cv=0.02, fingerprint=FINGERPRINT, **attrs):
-    metrics = {"throughput": 1000.0 * micro, "throughput_ci_low": 990.0 * micro, "throughput_ci_high": 1010.0 * micro,
-               "throughput_cv": cv}
-    study.add_trial(create_trial(
-        params={"micro_batch_size": micro},
-        distributions={"micro_batch_size": CategoricalDistribution([1, 2])},
-        values=[metrics["throughput"]] if state == "complete" else None,
-        state=TrialState.COMPLETE if state == "complete" else TrialState.FAIL,
-        user_attrs={"config": {"batch_size": 4, "micro_batch_size": micro}, "fingerprint": fingerprint,
-                    "state": state, "metrics": metrics if state == "complete" else {}, "unit": "tokens", **attrs},
-    ))
+    metrics = {
+        "throughput": 1000.0 * micro,
+        "throughput_ci_low": 990.0 * micro,
+        "throughput_ci_high": 1010.0 * micro,
+        "throughput_cv": cv,
+    }
+    study.add_trial(
+        create_trial(
+            params={"micro_batch_size": micro},
+            distributions={"micro_batch_size": CategoricalDistribution([1, 2])},
+            values=[metrics["throughput"]] if state == "complete" else None,
+            state=TrialState.COMPLETE if state == "complete" else TrialState.FAIL,
+            user_attrs={
+                "config": {"batch_size": 4, "micro_batch_size": micro},
+                "fingerprint": fingerprint,
+                "state": state,
+                "metrics": metrics if state == "complete" else {},
+                "unit": "tokens",
+                **attrs,
+            },
+        )
+    )
 
 
 def driver(study, space, config=None, measured=None):
@@ -55,8 +93,15 @@ def driver(study, space, config=None, measured=None):
         measured.append(dict(c))
         return TrialRequest(space.workload, c, "cpu", 0, QUICK)
 
-    return StudyDriver(config or cfg(), space, study, FINGERPRINT, request, lambda record, result: None,
-                       lambda record, d: None)
+    return StudyDriver(
+        config or cfg(),
+        space,
+        study,
+        FINGERPRINT,
+        request,
+        lambda record, result: None,
+        lambda record, d: None,
+    )
 
 
 def new_study():
@@ -111,11 +156,21 @@ def test_an_error_in_the_loop_leaves_no_trial_running():
     def broken_request(config):
         raise RuntimeError("request could not be built")
 
-    d = StudyDriver(cfg(), make_space(), study, FINGERPRINT, broken_request, lambda r, res: None, lambda r, d: None)
+    d = StudyDriver(
+        cfg(),
+        make_space(),
+        study,
+        FINGERPRINT,
+        broken_request,
+        lambda r, res: None,
+        lambda r, d: None,
+    )
     with pytest.raises(RuntimeError):
         d.run()
     (trial,) = study.trials
-    assert trial.state == TrialState.FAIL and trial.user_attrs["failure"].startswith("error: RuntimeError")
+    assert trial.state == TrialState.FAIL and trial.user_attrs["failure"].startswith(
+        "error: RuntimeError"
+    )
 
 
 def test_open_study_refuses_other_objectives(tmp_path):
@@ -127,22 +182,38 @@ def test_open_study_refuses_other_objectives(tmp_path):
 
 
 def grows_space():
-    return parse_space("t", {
-        "workload": WORKLOAD,
-        "params": {"batch_size": 4, "micro_batch_size": {"type": "int", "low": 1, "high": 4, "pow2": True}},
-        "constraints": [], "objectives": {"throughput": "maximize"},
-        "memory_grows_with": ["micro_batch_size"],
-    })
+    return parse_space(
+        "t",
+        {
+            "workload": WORKLOAD,
+            "params": {
+                "batch_size": 4,
+                "micro_batch_size": {"type": "int", "low": 1, "high": 4, "pow2": True},
+            },
+            "constraints": [],
+            "objectives": {"throughput": "maximize"},
+            "memory_grows_with": ["micro_batch_size"],
+        },
+    )
 
 
 def stored_oom(study, micro, limit_mb):
-    study.add_trial(create_trial(
-        params={"micro_batch_size": micro}, distributions={"micro_batch_size": CategoricalDistribution([1, 2, 4])},
-        state=TrialState.FAIL,
-        user_attrs={"config": {"batch_size": 4, "micro_batch_size": micro}, "fingerprint": FINGERPRINT,
-                    "state": "failed", "failure": "oom: CUDA out of memory", "metrics": {}, "unit": "tokens",
-                    "memory_limit_mb": limit_mb},
-    ))
+    study.add_trial(
+        create_trial(
+            params={"micro_batch_size": micro},
+            distributions={"micro_batch_size": CategoricalDistribution([1, 2, 4])},
+            state=TrialState.FAIL,
+            user_attrs={
+                "config": {"batch_size": 4, "micro_batch_size": micro},
+                "fingerprint": FINGERPRINT,
+                "state": "failed",
+                "failure": "oom: CUDA out of memory",
+                "metrics": {},
+                "unit": "tokens",
+                "memory_limit_mb": limit_mb,
+            },
+        )
+    )
 
 
 def test_configurations_at_or_above_an_oom_are_not_run():
@@ -151,12 +222,17 @@ def test_configurations_at_or_above_an_oom_are_not_run():
     measured = []
     outcome = driver(study, grows_space(), cfg(n_trials=3), measured).run()
     # micro 1 is measured; then nothing is left that is not certain to run out
-    assert measured == [{"batch_size": 4, "micro_batch_size": 1}] and outcome.stop_reason == "exhausted"
+    assert (
+        measured == [{"batch_size": 4, "micro_batch_size": 1}]
+        and outcome.stop_reason == "exhausted"
+    )
     skipped = [t for t in study.trials if t.state == TrialState.PRUNED]
     assert outcome.skipped_oom == len(skipped) >= 1
     assert {t.user_attrs["config"]["micro_batch_size"] for t in skipped} <= {2, 4}
-    assert all("certain to run out of memory, as trial #0 (micro_batch_size=2" in t.user_attrs["failure"]
-               for t in skipped)
+    assert all(
+        "certain to run out of memory, as trial #0 (micro_batch_size=2" in t.user_attrs["failure"]
+        for t in skipped
+    )
 
 
 def test_an_oom_says_nothing_below_it_nor_under_a_looser_limit():
@@ -164,19 +240,29 @@ def test_an_oom_says_nothing_below_it_nor_under_a_looser_limit():
     study = new_study()
     stored_oom(study, 2, limit_mb=100)
     d = driver(study, space, cfg(memory_limit_mb=50))
-    assert d._certain_oom({"batch_size": 4, "micro_batch_size": 4}) is not None  # tighter limit, bigger config
-    assert d._certain_oom({"batch_size": 4, "micro_batch_size": 1}) is None  # smaller config
+    # tighter limit, bigger config
+    assert d.known.certain_oom({"batch_size": 4, "micro_batch_size": 4}) is not None
+    assert d.known.certain_oom({"batch_size": 4, "micro_batch_size": 1}) is None  # smaller config
     for looser in (None, 200):  # an OOM under 100 MB says nothing about a device or a 200 MB limit
-        assert driver(study, space, cfg(memory_limit_mb=looser))._certain_oom(
-            {"batch_size": 4, "micro_batch_size": 4}) is None
+        assert (
+            driver(study, space, cfg(memory_limit_mb=looser)).known.certain_oom(
+                {"batch_size": 4, "micro_batch_size": 4}
+            )
+            is None
+        )
     # without memory_grows_with the space makes no such claim
-    assert driver(study, make_space(micro_choices=(1, 2, 4)), cfg(memory_limit_mb=50))._certain_oom(
-        {"batch_size": 4, "micro_batch_size": 4}) is None
+    assert (
+        driver(
+            study, make_space(micro_choices=(1, 2, 4)), cfg(memory_limit_mb=50)
+        ).known.certain_oom({"batch_size": 4, "micro_batch_size": 4})
+        is None
+    )
 
 
 def test_a_configuration_another_process_is_measuring_is_not_measured_again():
     study = new_study()
-    other = study.ask()  # another process's trial, in progress: its fingerprint first, then its params
+    # another process's trial, in progress: its fingerprint first, then its params
+    other = study.ask()
     other.set_user_attr("fingerprint", FINGERPRINT)
     other.suggest_categorical("micro_batch_size", [1, 2])
     busy = other.params["micro_batch_size"]
@@ -185,22 +271,34 @@ def test_a_configuration_another_process_is_measuring_is_not_measured_again():
     outcome = driver(study, make_space(), cfg(n_trials=1), measured).run()
     assert measured == [{"batch_size": 4, "micro_batch_size": 3 - busy}] and outcome.in_flight == 1
     deferred = next(t for t in study.trials if t.state == TrialState.PRUNED)
-    assert deferred.user_attrs["failure"] == f"not run: trial #{other.number} of another process is measuring " \
-                                             "this configuration"
+    assert (
+        deferred.user_attrs["failure"]
+        == f"not run: trial #{other.number} of another process is measuring "
+        "this configuration"
+    )
 
 
 def test_a_trial_another_process_took_for_stale_does_not_stop_the_study():
     study = new_study()
 
-    def taken_for_stale(record, result):  # meanwhile, another process fails the first trial as stale
+    def taken_for_stale(
+        record, result
+    ):  # meanwhile, another process fails the first trial as stale
         if record.number == 0:
             running = study.get_trials(states=(TrialState.RUNNING,))
             study._storage.set_trial_state_values(running[0]._trial_id, state=TrialState.FAIL)
         return None
 
     space = make_space()
-    d = StudyDriver(cfg(n_trials=1), space, study, FINGERPRINT,
-                    lambda c: TrialRequest(space.workload, c, "cpu", 0, QUICK), taken_for_stale, lambda r, d: None)
+    d = StudyDriver(
+        cfg(n_trials=1),
+        space,
+        study,
+        FINGERPRINT,
+        lambda c: TrialRequest(space.workload, c, "cpu", 0, QUICK),
+        taken_for_stale,
+        lambda r, d: None,
+    )
     outcome = d.run()
     assert outcome.lost_to_recovery == [0] and outcome.records and outcome.records[0].number != 0
 

@@ -20,21 +20,31 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from search.cli import main
-from search.study import SYNCED_RUN_PREFIX
+from search.trial_store import SYNCED_RUN_PREFIX
 from search.tracking import NETWORK_LIMITS, Tracker
 from tiny import CONTRACT_METRICS, KNOBS, TINY  # tests/ is on sys.path
 
 REPO = Path(__file__).resolve().parents[1]
 
-CONTRACT_TAGS = {"state", "stable", "pareto", "trial", "throughput_unit", "study", "device", "workload_fingerprint"}
+CONTRACT_TAGS = {
+    "state",
+    "stable",
+    "pareto",
+    "trial",
+    "throughput_unit",
+    "study",
+    "device",
+    "workload_fingerprint",
+}
 
 
 @pytest.fixture(autouse=True)
 def network_env(monkeypatch):
     """In-process calls set MLflow's network limits in os.environ; start without them and restore after."""
     for name in NETWORK_LIMITS:
-        monkeypatch.setenv(name, "0")  # records the original value (or its absence) for teardown ...
-        monkeypatch.delenv(name)       # ... then starts the test without it
+        # records the original value (or its absence) for teardown ...
+        monkeypatch.setenv(name, "0")
+        monkeypatch.delenv(name)  # ... then starts the test without it
 
 
 def dead_uri() -> str:
@@ -45,8 +55,14 @@ def dead_uri() -> str:
 
 def search(*args: str, runs_dir: Path, code: int = 0) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    result = subprocess.run([sys.executable, "-m", "search", *args, f"runs_dir={runs_dir}"], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "search", *args, f"runs_dir={runs_dir}"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == code, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
     return result
 
@@ -55,12 +71,16 @@ def children(uri: str, experiment: str = "llm"):
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(experiment)
     runs = client.search_runs([exp.experiment_id], max_results=1000)
-    return ([r for r in runs if "mlflow.parentRunId" not in r.data.tags],
-            [r for r in runs if "mlflow.parentRunId" in r.data.tags])
+    return (
+        [r for r in runs if "mlflow.parentRunId" not in r.data.tags],
+        [r for r in runs if "mlflow.parentRunId" in r.data.tags],
+    )
 
 
 def measured(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    return [t for t in study.trials if "metrics" in t.user_attrs and "reused_from" not in t.user_attrs]
+    return [
+        t for t in study.trials if "metrics" in t.user_attrs and "reused_from" not in t.user_attrs
+    ]
 
 
 def ms(moment) -> int:
@@ -72,23 +92,39 @@ def test_sync_copies_each_missing_trial_once_with_its_own_times_and_front(tmp_pa
     runs_dir = tmp_path / "runs"
     first, second = f"sqlite:///{runs_dir}/first.db", f"sqlite:///{runs_dir}/second.db"
     # Re-validation on, every complete trial stable: the front is not empty and carries pooled figures.
-    tuning = [*TINY, "study.n_trials=2", "stable.max_cv=1.0", "revalidate.processes=2", "revalidate.max_candidates=2"]
+    tuning = [
+        *TINY,
+        "study.n_trials=2",
+        "stable.max_cv=1.0",
+        "revalidate.processes=2",
+        "revalidate.max_candidates=2",
+    ]
     search("+space=llm", *tuning, f"tracking.uri={first}", runs_dir=runs_dir)
     storage = f"sqlite:///{runs_dir}/optuna.db"
-    trials = {t.number: t for t in measured(optuna.load_study(study_name="llm-cpu", storage=storage))}
+    trials = {
+        t.number: t for t in measured(optuna.load_study(study_name="llm-cpu", storage=storage))
+    }
     assert len(trials) == 2 and all(t.user_attrs["mlflow_run_id"] for t in trials.values())
 
     # Outages cut off the logging of both trials in the second store: one run stayed RUNNING, the
     # other was ended KILLED by the recovery of a stopped process. Neither counts as logged.
     tracker = Tracker.open(second, "llm", runs_dir / "mlartifacts")
-    cut = [tracker.client.create_run(tracker.experiment_id, run_name=f"trial-{number}",
-                                     tags={"study": "llm-cpu", "trial": str(number), "mlflow.parentRunId": "x"})
-           for number in sorted(trials)]
+    cut = [
+        tracker.client.create_run(
+            tracker.experiment_id,
+            run_name=f"trial-{number}",
+            tags={"study": "llm-cpu", "trial": str(number), "mlflow.parentRunId": "x"},
+        )
+        for number in sorted(trials)
+    ]
     tracker.end_run(cut[1].info.run_id, "KILLED")
 
     synced = search("sync", "+space=llm", *tuning, f"tracking.uri={second}", runs_dir=runs_dir)
     assert synced.stdout.count("copied #") == 2
-    assert f"sync: copied 2 trial(s) of study llm-cpu to MLflow at {second} (0 already there)" in synced.stdout
+    assert (
+        f"sync: copied 2 trial(s) of study llm-cpu to MLflow at {second} (0 already there)"
+        in synced.stdout
+    )
     assert synced.stdout.strip().splitlines()[-1].startswith("sync: copied 2 trial(s)")
     assert "removed 2 run(s) whose logging was cut off" in synced.stdout
     assert {tracker.client.get_run(c.info.run_id).info.lifecycle_stage for c in cut} == {"deleted"}
@@ -96,13 +132,17 @@ def test_sync_copies_each_missing_trial_once_with_its_own_times_and_front(tmp_pa
     parents, runs = children(second)
     assert len(parents) == 1 and parents[0].data.tags["sync"] == "true"
     assert {parents[0].data.tags[k] for k in ("study", "space")} == {"llm-cpu", "llm"}
-    assert len(runs) == 2 and {r.data.tags["mlflow.parentRunId"] for r in runs} == {parents[0].info.run_id}
+    assert len(runs) == 2 and {r.data.tags["mlflow.parentRunId"] for r in runs} == {
+        parents[0].info.run_id
+    }
     study = optuna.load_study(study_name="llm-cpu", storage=storage)
     for run in runs:
         trial = trials[int(run.data.tags["trial"])]
         assert CONTRACT_TAGS <= set(run.data.tags)
         assert run.data.tags["state"] == trial.user_attrs["state"]
-        assert run.info.status == ("FAILED" if trial.user_attrs["state"] == "failed" else "FINISHED")
+        assert run.info.status == (
+            "FAILED" if trial.user_attrs["state"] == "failed" else "FINISHED"
+        )
         assert set(run.data.params) == KNOBS
         if run.data.tags["state"] == "complete":
             assert CONTRACT_METRICS <= set(run.data.metrics)
@@ -115,12 +155,19 @@ def test_sync_copies_each_missing_trial_once_with_its_own_times_and_front(tmp_pa
     pareto_by_trial = lambda runs: {r.data.tags["trial"]: r.data.tags["pareto"] for r in runs}  # noqa: E731
     assert pareto_by_trial(runs) == pareto_by_trial(children(first)[1])
     assert "true" in pareto_by_trial(runs).values()
-    revalidated = {r.data.tags["trial"] for r in children(first)[1] if r.data.tags.get("revalidated") == "true"}
-    assert revalidated == {r.data.tags["trial"] for r in runs if "revalidated_throughput" in r.data.metrics}
+    revalidated = {
+        r.data.tags["trial"] for r in children(first)[1] if r.data.tags.get("revalidated") == "true"
+    }
+    assert revalidated == {
+        r.data.tags["trial"] for r in runs if "revalidated_throughput" in r.data.metrics
+    }
 
     again = search("sync", "+space=llm", *tuning, f"tracking.uri={second}", runs_dir=runs_dir)
     assert "copied #" not in again.stdout
-    assert f"sync: copied 0 trial(s) of study llm-cpu to MLflow at {second} (2 already there)" in again.stdout
+    assert (
+        f"sync: copied 0 trial(s) of study llm-cpu to MLflow at {second} (2 already there)"
+        in again.stdout
+    )
     parents, runs = children(second)
     assert len(parents) == 1 and len(runs) == 2
 
@@ -130,35 +177,51 @@ def test_a_run_against_a_dead_server_keeps_its_trials_and_sync_copies_them(tmp_p
     runs_dir = tmp_path / "runs"
     dead = dead_uri()
     started = time.monotonic()
-    tuned = search("+space=llm", *TINY, "study.n_trials=2", f"tracking.uri={dead}", runs_dir=runs_dir)
-    assert time.monotonic() - started < 120, "an unreachable server is noticed in seconds, not minutes"
+    tuned = search(
+        "+space=llm", *TINY, "study.n_trials=2", f"tracking.uri={dead}", runs_dir=runs_dir
+    )
+    assert time.monotonic() - started < 120, (
+        "an unreachable server is noticed in seconds, not minutes"
+    )
     assert f"warning: MLflow server {dead} unreachable" in tuned.stdout
     assert "2 trial(s) of this run are in the Optuna study only" in tuned.stdout
     assert f"copy them with: python -m search sync +space=llm" in tuned.stdout
     study = optuna.load_study(study_name="llm-cpu", storage=f"sqlite:///{runs_dir}/optuna.db")
-    assert len(measured(study)) == 2 and not [t for t in measured(study) if t.user_attrs.get("mlflow_run_id")]
+    assert len(measured(study)) == 2 and not [
+        t for t in measured(study) if t.user_attrs.get("mlflow_run_id")
+    ]
 
     uri = f"sqlite:///{runs_dir}/mlflow.db"
     synced = search("sync", "+space=llm", *TINY, f"tracking.uri={uri}", runs_dir=runs_dir)
-    assert f"sync: copied 2 trial(s) of study llm-cpu to MLflow at {uri} (0 already there)" in synced.stdout
+    assert (
+        f"sync: copied 2 trial(s) of study llm-cpu to MLflow at {uri} (0 already there)"
+        in synced.stdout
+    )
     study = optuna.load_study(study_name="llm-cpu", storage=f"sqlite:///{runs_dir}/optuna.db")
     _, runs = children(uri)
-    assert {study.user_attrs[f"{SYNCED_RUN_PREFIX}{t.number}"] for t in measured(study)} == \
-        {r.info.run_id for r in runs}
+    assert {study.user_attrs[f"{SYNCED_RUN_PREFIX}{t.number}"] for t in measured(study)} == {
+        r.info.run_id for r in runs
+    }
     assert tuned.returncode == 0
 
 
 def make_study(runs_dir: Path) -> None:
     runs_dir.mkdir(parents=True)
-    optuna.create_study(study_name="llm-cpu", storage=f"sqlite:///{runs_dir}/optuna.db",
-                        directions=["maximize", "minimize", "minimize"])
+    optuna.create_study(
+        study_name="llm-cpu",
+        storage=f"sqlite:///{runs_dir}/optuna.db",
+        directions=["maximize", "minimize", "minimize"],
+    )
 
 
 def test_sync_against_an_unreachable_server_exits_2_with_one_line(tmp_path, capsys):
     runs_dir = tmp_path / "runs"
     make_study(runs_dir)
     uri = dead_uri()
-    assert main(["sync", "+space=llm", "device=cpu", f"runs_dir={runs_dir}", f"tracking.uri={uri}"]) == 2
+    assert (
+        main(["sync", "+space=llm", "device=cpu", f"runs_dir={runs_dir}", f"tracking.uri={uri}"])
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("search: error: "), err
     assert f"tracking.uri '{uri}'" in err
@@ -175,7 +238,9 @@ def test_sync_without_the_study_exits_2_and_writes_nothing(tmp_path, capsys):
 def test_sync_of_another_study_name_exits_2_naming_the_studies_there(tmp_path, capsys):
     runs_dir = tmp_path / "runs"
     make_study(runs_dir)
-    assert main(["sync", "+space=llm", "device=cpu", f"runs_dir={runs_dir}", "study.name=other"]) == 2
+    assert (
+        main(["sync", "+space=llm", "device=cpu", f"runs_dir={runs_dir}", "study.name=other"]) == 2
+    )
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no study 'other'" in err and "llm-cpu" in err
     assert sorted(p.name for p in runs_dir.iterdir()) == ["optuna.db"]

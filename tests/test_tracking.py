@@ -21,16 +21,23 @@ from mlflow.tracking import MlflowClient
 from search.records import TrialRecord
 from search.tracking import NETWORK_LIMITS, Tracker, limit_network
 
-RECORD = TrialRecord(3, {"batch_size": 8, "precision": "bf16"}, "complete",
-                     {"throughput": 100.0, "throughput_ci_low": 90.0}, True, unit="tokens")
+RECORD = TrialRecord(
+    3,
+    {"batch_size": 8, "precision": "bf16"},
+    "complete",
+    {"throughput": 100.0, "throughput_ci_low": 90.0},
+    True,
+    unit="tokens",
+)
 
 
 @pytest.fixture(autouse=True)
 def network_env(monkeypatch):
     """Tracker sets MLflow's network limits in os.environ; start each test without them and restore after."""
     for name in NETWORK_LIMITS:
-        monkeypatch.setenv(name, "0")  # records the original value (or its absence) for teardown ...
-        monkeypatch.delenv(name)       # ... then starts the test without it
+        # records the original value (or its absence) for teardown ...
+        monkeypatch.setenv(name, "0")
+        monkeypatch.delenv(name)  # ... then starts the test without it
 
 
 @pytest.fixture(scope="module")
@@ -118,13 +125,22 @@ def test_network_limits_are_set_unless_the_user_set_them(dead_uri, tmp_path, mon
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "7")
     Tracker.open(dead_uri, "exp", tmp_path)
     assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "7"
-    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == NETWORK_LIMITS["MLFLOW_HTTP_REQUEST_MAX_RETRIES"]
-    assert os.environ["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"] == NETWORK_LIMITS["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"]
+    assert (
+        os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"]
+        == NETWORK_LIMITS["MLFLOW_HTTP_REQUEST_MAX_RETRIES"]
+    )
+    assert (
+        os.environ["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"]
+        == NETWORK_LIMITS["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"]
+    )
 
 
 def test_server_that_never_answers_times_out_into_offline(tmp_path, monkeypatch):
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "1")  # the default 10 s x 3 attempts is too slow for a test
-    with socket.socket() as listening:  # the kernel completes the handshake; nobody ever reads or replies
+    # the default 10 s x 3 attempts is too slow for a test
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "1")
+    with (
+        socket.socket() as listening
+    ):  # the kernel completes the handshake; nobody ever reads or replies
         listening.bind(("127.0.0.1", 0))
         listening.listen(8)
         uri = f"http://127.0.0.1:{listening.getsockname()[1]}"
@@ -143,7 +159,9 @@ def test_server_errors_5xx_give_an_offline_tracker(answering, tmp_path):
     assert tracker.offline_reason is not None and uri in tracker.offline_reason
 
 
-@pytest.mark.parametrize("uri", ["foo://bar", "http://", "http://127.0.0.1:notaport", "https://host:99999"])
+@pytest.mark.parametrize(
+    "uri", ["foo://bar", "http://", "http://127.0.0.1:notaport", "https://host:99999"]
+)
 def test_bad_input_still_raises(uri, tmp_path):
     with pytest.raises(Exception) as error:
         Tracker.open(uri, "exp", tmp_path)
@@ -184,13 +202,15 @@ def test_server_gone_mid_run_switches_offline_without_raising(store, dead_uri, t
 
     stored = MlflowClient(tracking_uri=f"sqlite:///{store}/mlflow.db")
     assert stored.get_run(first).info.status == "FINISHED"
-    assert stored.get_run(parent).info.status == "RUNNING"  # nobody could end it: the server was gone
+    # nobody could end it: the server was gone
+    assert stored.get_run(parent).info.status == "RUNNING"
 
 
 def test_other_mlflow_errors_keep_their_handling(store):
     tracker = working(store, "other-errors")
     tracker.start_parent("p", {}, {"study": "other"})
-    tracker.mark_pareto("other", {"no-such-run"})  # a run deleted in MLflow: nothing to tag, as before
+    # a run deleted in MLflow: nothing to tag, as before
+    tracker.mark_pareto("other", {"no-such-run"})
     with pytest.raises(MlflowException):
         tracker.set_tags("no-such-run", {"k": "v"})
     assert tracker.offline_reason is None
@@ -218,11 +238,28 @@ def test_runs_cut_off_are_told_apart_from_complete_ones(store):
     tracker = working(store, "cut-off")
     tracker.start_parent("p", {}, {"study": "cut"})
     complete = tracker.log_trial(RECORD, 1.0, {"study": "cut"})
-    running = tracker.client.create_run(tracker.experiment_id, tags={"study": "cut", "trial": "4"}).info.run_id
-    killed = tracker.client.create_run(tracker.experiment_id, tags={"study": "cut", "trial": "5"}).info.run_id
+    running = tracker.client.create_run(
+        tracker.experiment_id, tags={"study": "cut", "trial": "4"}
+    ).info.run_id
+    killed = tracker.client.create_run(
+        tracker.experiment_id, tags={"study": "cut", "trial": "5"}
+    ).info.run_id
     tracker.end_run(killed, "KILLED")
     found, cut_off = tracker.trial_runs("cut")
     assert found == {3: complete}
     assert sorted(cut_off) == [(4, running), (5, killed)]
     found_ids = {r.info.run_id for r in tracker.find_runs("tags.study = 'cut'")}
     assert found_ids == {tracker.parent_id, complete, running, killed}
+
+
+def test_more_params_and_tags_than_one_mlflow_request_takes_are_all_logged(store):
+    # MLflow's stores (this sqlite one too) refuse over 100 params or tags in one request;
+    # MlflowClient.log_batch splits the one call Tracker makes.
+    tracker = working(store, "many-values")
+    params = {f"param_{i}": i for i in range(250)}
+    parent = tracker.start_parent("p", params, {"study": "many"})
+    tags = {f"tag_{i}": f"value {i}" for i in range(150)}
+    tracker.set_tags(parent, tags)
+    data = tracker.client.get_run(parent).data
+    assert data.params == {key: str(value) for key, value in params.items()}
+    assert {key: data.tags[key] for key in tags} == tags

@@ -1,14 +1,56 @@
-"""Overrides shared by the end-to-end tests: a GPT small enough that a trial takes about a second on
-a 2-core CPU, and the knobs and metrics the MLflow contract promises."""
+"""Shared by the tests: overrides for a GPT small enough that a trial takes about a second on a
+2-core CPU, the knobs and metrics the MLflow contract promises, and a measurement with given figures."""
+
+from search.measure import Measurement
 
 TINY = [
-    "device=cpu", "preset=cpu",
-    "space.workload.vocab_size=256", "space.workload.seq_len=32", "space.workload.d_model=32",
-    "space.workload.n_layers=1", "space.workload.n_heads=2",
-    "space.params.batch_size.high=8", "space.params.micro_batch_size.high=8",
-    "measure.warmup_s=0.1", "measure.window_s=0.05", "measure.min_windows=3", "measure.max_time_s=1",
+    "device=cpu",
+    "preset=cpu",
+    "space.workload.vocab_size=256",
+    "space.workload.seq_len=32",
+    "space.workload.d_model=32",
+    "space.workload.n_layers=1",
+    "space.workload.n_heads=2",
+    "space.params.batch_size.high=8",
+    "space.params.micro_batch_size.high=8",
+    "measure.warmup_s=0.1",
+    "measure.window_s=0.05",
+    "measure.min_windows=3",
+    "measure.max_time_s=1",
     "revalidate.processes=0",
 ]
 KNOBS = {"batch_size", "micro_batch_size", "precision", "streams", "recompute"}
-CONTRACT_METRICS = {"throughput", "throughput_ci_low", "throughput_ci_high", "throughput_cv",
-                    "latency_p50_ms", "latency_p95_ms", "peak_memory_mb"}
+CONTRACT_METRICS = {
+    "throughput",
+    "throughput_ci_low",
+    "throughput_ci_high",
+    "throughput_cv",
+    "latency_p50_ms",
+    "latency_p95_ms",
+    "peak_memory_mb",
+}
+
+
+def measurement(throughput: float, cv: float = 0.01, latencies=(10.0, 11.0, 12.0)) -> Measurement:
+    """A measurement with the throughput, CV and step latencies given; the rest does not matter."""
+    return Measurement(
+        throughput=throughput,
+        throughput_ci_low=throughput,
+        throughput_ci_high=throughput,
+        throughput_cv=cv,
+        throughput_median=throughput,
+        latency_p50_ms=0.0,
+        latency_p95_ms=0.0,
+        latency_mean_ms=0.0,
+        outliers_mild=0,
+        outliers_severe=0,
+        n_windows=5,
+        n_steps=len(latencies),
+        steps_per_window=1,
+        warmup_steps=1,
+        warmup_s=0.0,
+        elapsed_s=0.0,
+        stop_reason="max_windows",
+        window_throughputs=(throughput,) * 5,
+        step_latencies_ms=tuple(latencies),
+    )

@@ -29,7 +29,8 @@ class Workload(abc.ABC):
 
     @abc.abstractmethod
     def build_model(self) -> nn.Module:
-        """Build the model on the CPU with its initial weights (deterministic under the torch seed)."""
+        """Build the model on the CPU with its initial weights (deterministic under the torch
+        seed)."""
 
     @abc.abstractmethod
     def make_batch(self, size: int, generator: torch.Generator) -> Batch:

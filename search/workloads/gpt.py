@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -40,15 +42,26 @@ class _Block(nn.Module):
 
 
 class _Decoder(nn.Module):
-    """Token + learned position embeddings, blocks, final LayerNorm, output tied to the input embedding."""
+    """Token + learned position embeddings, blocks, final LayerNorm, output tied to the input
+    embedding."""
 
-    def __init__(self, vocab_size: int, seq_len: int, d_model: int, n_layers: int, n_heads: int,
-                 d_ff: int, dropout: float):
+    def __init__(
+        self,
+        vocab_size: int,
+        seq_len: int,
+        d_model: int,
+        n_layers: int,
+        n_heads: int,
+        d_ff: int,
+        dropout: float,
+    ):
         super().__init__()
         self.tok_emb = nn.Embedding(vocab_size, d_model)
         self.pos_emb = nn.Embedding(seq_len, d_model)
         self.drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(_Block(d_model, n_heads, d_ff, dropout) for _ in range(n_layers))
+        self.blocks = nn.ModuleList(
+            _Block(d_model, n_heads, d_ff, dropout) for _ in range(n_layers)
+        )
         self.ln_f = nn.LayerNorm(d_model)
         self.apply(_init_weights)
 
@@ -72,18 +85,41 @@ class GPT(Workload):
 
     unit = "tokens"
 
-    def __init__(self, vocab_size: int, seq_len: int, d_model: int, n_layers: int, n_heads: int,
-                 d_ff: int | None = None, dropout: float = 0.0):
+    def __init__(
+        self,
+        vocab_size: int,
+        seq_len: int,
+        d_model: int,
+        n_layers: int,
+        n_heads: int,
+        d_ff: int | None = None,
+        dropout: float = 0.0,
+    ):
         d_ff = 4 * d_model if d_ff is None else d_ff
-        _require_positive(vocab_size=vocab_size, seq_len=seq_len, d_model=d_model,
-                          n_layers=n_layers, n_heads=n_heads, d_ff=d_ff)
+        _require_positive(
+            vocab_size=vocab_size,
+            seq_len=seq_len,
+            d_model=d_model,
+            n_layers=n_layers,
+            n_heads=n_heads,
+            d_ff=d_ff,
+        )
         if d_model % n_heads:
-            raise ValueError(f"`d_model % n_heads == 0` must hold, but got (d_model={d_model}, "
-                             f"n_heads={n_heads}); pick n_heads that divides d_model.")
+            raise ValueError(
+                f"`d_model % n_heads == 0` must hold, but got (d_model={d_model}, "
+                f"n_heads={n_heads}); pick n_heads that divides d_model."
+            )
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"`0 <= dropout < 1` must hold, but got dropout={dropout}.")
-        self.config = dict(vocab_size=vocab_size, seq_len=seq_len, d_model=d_model,
-                           n_layers=n_layers, n_heads=n_heads, d_ff=d_ff, dropout=dropout)
+        self.config: dict[str, Any] = dict(
+            vocab_size=vocab_size,
+            seq_len=seq_len,
+            d_model=d_model,
+            n_layers=n_layers,
+            n_heads=n_heads,
+            d_ff=d_ff,
+            dropout=dropout,
+        )
 
     def build_model(self) -> nn.Module:
         return _Decoder(**self.config)
@@ -106,11 +142,12 @@ class GPT(Workload):
         convention, appendix B): per token of a training step."""
         c = self.config
         d, layers = c["d_model"], c["n_layers"]
-        matmul_weights = layers * (4 * d * d + 2 * d * c["d_ff"]) + c["vocab_size"] * d  # tied output head
+        # tied output head
+        matmul_weights = layers * (4 * d * d + 2 * d * c["d_ff"]) + c["vocab_size"] * d
         return 6.0 * matmul_weights + 12.0 * layers * d * c["seq_len"]
 
     def recompute_modules(self, model: nn.Module) -> list[nn.Module]:
-        return list(model.blocks)
+        return list(cast(nn.ModuleList, model.blocks))
 
 
 def _require_positive(**values: int) -> None:

@@ -26,7 +26,11 @@ class WorkloadConformance:
         workload = self.make_workload()
         torch.manual_seed(0)
         model = workload.build_model()
-        return workload, model, workload.make_batch(self.batch_size, torch.Generator().manual_seed(0))
+        return (
+            workload,
+            model,
+            workload.make_batch(self.batch_size, torch.Generator().manual_seed(0)),
+        )
 
     def test_builds_a_module(self):
         assert isinstance(self.make_workload().build_model(), torch.nn.Module)
@@ -55,7 +59,9 @@ class WorkloadConformance:
     def test_backward_reaches_every_trainable_parameter(self):
         workload, model, batch = self._model_and_batch()
         workload.loss(model, batch).backward()
-        missing = [name for name, p in model.named_parameters() if p.requires_grad and p.grad is None]
+        missing = [
+            name for name, p in model.named_parameters() if p.requires_grad and p.grad is None
+        ]
         assert not missing, f"no gradient reached {missing}"
 
     def test_items_per_sample_is_at_least_one(self):

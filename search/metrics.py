@@ -1,0 +1,161 @@
+"""The metric registry: one entry for every figure a space may name as an objective or an SLO.
+
+An entry says what the figure is (name, unit), which way is better, the figure Optuna and the front
+rank it on (the end of its interval that is worse for it, see README "Ranking on what a
+configuration surely delivers"), how the terminal shows it, and how re-validation pools it over
+fresh processes. Space validation, the Optuna values, the front, the report and the re-validation
+all read it; adding an objective is one entry here plus the code that measures it (a ``Measurement``
+field, a telemetry reading, or nothing at all for a latency quantile).
+
+``trial_metrics`` flattens one trial's result into the figures stored with it (Optuna user attrs,
+MLflow metrics, the CSV). Nothing here knows Optuna or MLflow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numpy.typing import ArrayLike
+from scipy import stats
+
+if TYPE_CHECKING:
+    from search.runner import TrialResult
+
+MAXIMIZE, MINIMIZE = "maximize", "minimize"
+
+# How re-validation pools one metric over a candidate's fresh-process runs.
+POOL_PROCESS_MEANS = "process means"
+"""The mean of the per-process means, with a Student-t interval over them (throughput)."""
+POOL_STEPS = "all steps"
+"""The quantile over every timed step of every run, with its distribution-free upper bound."""
+POOL_MAX = "largest"
+"""The largest per-run value (peak memory: the worst a run needed)."""
+POOL_MEAN_UPPER = "mean, upper bound"
+"""The mean of the per-run values, with the upper end of a Student-t interval over them."""
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One figure a space may optimise or limit."""
+
+    name: str
+    """The figure's key in every store, with its unit (``latency_p95_ms``)."""
+    unit: str
+    """Its unit as the terminal shows it (``items/s`` stands for the workload's own unit)."""
+    direction: str
+    """``maximize`` or ``minimize``: the only direction a space may ask for."""
+    ranked_on: str
+    """The stored figure Optuna and the front rank it on: the worse end of its interval."""
+    label: str
+    """Short label in the trial line and the Pareto table (``p95``)."""
+    fmt: str
+    """Format spec of its value in the terminal."""
+    pooling: str
+    """How re-validation pools it (one of the ``POOL_*`` constants)."""
+    quantile: float | None = None
+    """For step-latency quantiles: which one (0.95 for p95), from the timed steps; else None."""
+
+
+METRICS: dict[str, Metric] = {
+    m.name: m
+    for m in (
+        Metric(
+            "throughput",
+            "items/s",
+            MAXIMIZE,
+            "throughput_ci_low",
+            "throughput",
+            ".3g",
+            POOL_PROCESS_MEANS,
+        ),
+        Metric(
+            "latency_p50_ms", "ms", MINIMIZE, "latency_p50_ms_ub", "p50", ".1f", POOL_STEPS, 0.50
+        ),
+        Metric(
+            "latency_p95_ms", "ms", MINIMIZE, "latency_p95_ms_ub", "p95", ".1f", POOL_STEPS, 0.95
+        ),
+        Metric("peak_memory_mb", "MB", MINIMIZE, "peak_memory_mb", "mem", ".1f", POOL_MAX),
+        Metric(
+            "energy_per_item_j",
+            "J/item",
+            MINIMIZE,
+            "energy_per_item_j_ci_high",
+            "energy",
+            ".3g",
+            POOL_MEAN_UPPER,
+        ),
+    )
+}
+"""Every metric a space may name, by name."""
+
+
+def directions() -> dict[str, str]:
+    """``{metric: direction}`` of every registered metric."""
+    return {name: m.direction for name, m in METRICS.items()}
+
+
+def ranked_on(metric: str) -> str:
+    """The stored figure that ``metric`` is ranked on (see ``Metric.ranked_on``)."""
+    return METRICS[metric].ranked_on
+
+
+def quantile_upper_bound(samples: ArrayLike, q: float, confidence: float) -> float:
+    """A distribution-free upper confidence bound for the ``q`` quantile of ``samples``.
+
+    The k-th smallest of n samples lies above the true q-quantile with probability
+    P[Binomial(n, q) < k]; the smallest k reaching ``confidence`` gives the bound. With too few
+    samples for that (e.g. fewer than 59 for the p95 at 95%), the bound is the largest sample.
+    """
+    ordered = np.sort(np.asarray(samples, dtype=float))
+    n = len(ordered)
+    k = int(stats.binom.ppf(confidence, n, q)) + 1  # 1-based rank
+    return float(ordered[min(k, n) - 1])
+
+
+def step_quantiles(step_latencies_ms: ArrayLike, confidence: float) -> dict[str, float]:
+    """Every registered latency quantile of ``step_latencies_ms`` and its upper bound (``_ub``)."""
+    steps = np.asarray(step_latencies_ms, dtype=float)
+    out: dict[str, float] = {}
+    for m in METRICS.values():
+        if m.quantile is not None:
+            out[m.name] = float(np.percentile(steps, 100 * m.quantile))
+            out[m.ranked_on] = quantile_upper_bound(steps, m.quantile, confidence)
+    return out
+
+
+def trial_metrics(result: TrialResult, confidence: float) -> dict[str, float]:
+    """The figures stored with one trial, units in their names; only fidelity errors unless
+    complete."""
+    from search.records import COMPLETE
+
+    m = result.measurement
+    if m is None or result.state != COMPLETE:
+        return dict(result.fidelity)
+    metrics = {
+        "throughput": m.throughput,
+        "throughput_ci_low": m.throughput_ci_low,
+        "throughput_ci_high": m.throughput_ci_high,
+        "throughput_cv": m.throughput_cv,
+        "throughput_median": m.throughput_median,
+        **step_quantiles(m.step_latencies_ms, confidence),
+        "latency_mean_ms": m.latency_mean_ms,
+        "n_windows": m.n_windows,
+        "n_steps": m.n_steps,
+        "steps_per_window": m.steps_per_window,
+        "outliers_mild": m.outliers_mild,
+        "outliers_severe": m.outliers_severe,
+        "measure_time_s": m.elapsed_s,
+        "trial_time_s": result.duration_s,
+    }
+    if result.peak_memory_mb is not None:
+        metrics["peak_memory_mb"] = result.peak_memory_mb
+    return {**metrics, **result.telemetry, **result.fidelity}
+
+
+def objective_values(metrics: Mapping[str, float], objectives: Sequence[str]) -> list[float | None]:
+    """What Optuna is told for ``objectives``: each one's ranked figure (None where not
+    measured)."""
+    return [metrics.get(ranked_on(name)) for name in objectives]

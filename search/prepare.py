@@ -1,0 +1,145 @@
+"""Before anything is written: the space as this device can run it, the workload it names, and the
+fingerprint of what is measured.
+
+Every check here raises ``ConfigError`` with one line saying what to fix; nothing is opened or
+created until they pass.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from search.config import ConfigError
+from search.gpu_telemetry import energy_unavailable_reason
+from search.knobs import GENERIC_KNOBS, PRECISIONS, unsupported_reason
+from search.space import SearchSpace, SpaceError, parse_space
+from search.workloads import Workload
+
+
+def load_space(raw: Mapping[str, Any], device: torch.device) -> tuple[SearchSpace, list[str]]:
+    """The space file's resolved mapping ``raw`` as ``device`` can run it: choices the device
+    cannot run are dropped, with notes."""
+    try:
+        space = parse_space(raw["name"], raw)
+        space, notes = space.without_choices(
+            lambda name, value: (
+                unsupported_reason(name, value, device) if name in GENERIC_KNOBS else None
+            )
+        )
+        feasible = space.feasible_configs()
+    except SpaceError as e:
+        raise ConfigError(str(e)) from None
+    if feasible is not None and not feasible:
+        raise ConfigError(
+            f"space '{space.name}': no configuration satisfies the constraints "
+            f"{[c.text for c in space.constraints]}; loosen them or widen the ranges"
+        )
+    _check_generic_knobs(space)
+    _check_workload(space)
+    if any(o.metric == "energy_per_item_j" for o in space.objectives):
+        reason = energy_unavailable_reason(device)
+        if reason:
+            raise ConfigError(
+                f"space '{space.name}': objective energy_per_item_j cannot be measured here "
+                f"({reason}); remove it from objectives"
+            )
+    return space, notes
+
+
+def _check_generic_knobs(space: SearchSpace) -> None:
+    """Every value a generic knob can take is one the knob understands."""
+    if "batch_size" not in space.params:
+        raise ConfigError(
+            f"space '{space.name}': params must set batch_size (samples per optimizer step)"
+        )
+    rules = {
+        "batch_size": (
+            lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+            "a positive int",
+        ),
+        "micro_batch_size": (
+            lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+            "a positive int",
+        ),
+        "streams": (
+            lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+            "a positive int",
+        ),
+        "precision": (lambda v: v in PRECISIONS, f"one of {', '.join(PRECISIONS)}"),
+        "recompute": (lambda v: isinstance(v, bool), "true or false"),
+    }
+    for name, (valid, expected) in rules.items():
+        values = space.params[name].values() if name in space.params else []
+        bad = [v for v in values or [] if not valid(v)]
+        if bad or (name in space.params and values is None):
+            raise ConfigError(
+                f"space '{space.name}': params.{name} must be {expected}, "
+                f"but got {bad or 'a float range'}"
+            )
+
+
+def workload_class(space: SearchSpace) -> type:
+    target = space.workload["_target_"]
+    module_name, _, class_name = target.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), class_name)
+    except Exception as e:  # ImportError, AttributeError, or an error raised by the module itself
+        raise ConfigError(
+            f"space '{space.name}': workload._target_ {target!r} does not import "
+            f"({type(e).__name__}: {e}); check the name and that its package is on PYTHONPATH"
+        ) from None
+
+
+def _check_workload(space: SearchSpace) -> None:
+    """The workload has the contract's methods and takes every knob that is not a generic one."""
+    target, cls = space.workload["_target_"], workload_class(space)
+    missing = [
+        m for m in ("build_model", "make_batch", "loss") if not callable(getattr(cls, m, None))
+    ]
+    if missing:
+        raise ConfigError(
+            f"space '{space.name}': workload {target} lacks {', '.join(missing)}; "
+            "subclass search.Workload (see README, 'Your own workload')"
+        )
+    recompute = space.params.get("recompute")
+    if (
+        recompute is not None
+        and True in (recompute.values() or [])
+        and getattr(cls, "recompute_modules", None) is Workload.recompute_modules
+    ):
+        raise ConfigError(
+            f"space '{space.name}': workload {target} does not support knob recompute: implement "
+            "recompute_modules(model) to name the modules to recompute, or fix recompute: false"
+        )
+    accepted = inspect.signature(cls).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
+        return
+    for name in space.params:
+        if name not in GENERIC_KNOBS and name not in accepted:
+            raise ConfigError(
+                f"space '{space.name}': knob {name!r} is neither a generic knob "
+                f"({', '.join(GENERIC_KNOBS)}) nor a parameter of {target}({', '.join(accepted)})"
+            )
+
+
+def fingerprint(space: SearchSpace, env: Mapping[str, str]) -> str:
+    """Identifies what is measured where: the workload's settings and class source, device, torch.
+
+    Trials of another fingerprint stay in the study but are neither reused nor put on the front.
+    """
+    try:
+        source = Path(inspect.getsourcefile(workload_class(space)) or "").read_bytes()
+    except (OSError, TypeError):
+        source = space.workload["_target_"].encode()
+    identity = {"workload": space.workload, "device": env["device_name"], "torch": env["torch"]}
+    return hashlib.sha256(
+        json.dumps(identity, sort_keys=True, default=str).encode() + source
+    ).hexdigest()[:12]

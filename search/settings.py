@@ -1,0 +1,259 @@
+"""The run's settings as typed dataclasses: one per section of ``conf/config.yaml``.
+
+They are the schema that ``search.config`` applies when it composes the config: OmegaConf checks
+each value's type and that no key is unknown, then ``OmegaConf.to_object`` builds these classes,
+whose ``__post_init__`` checks what a type cannot say (ranges, NaN and inf, names). Every check
+raises ValueError with one line saying what must hold and what was received.
+
+``conf/config.yaml`` keeps the defaults users read and override; the fields here have none, so a
+key missing from the composed config is an error rather than a silent second default.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from search.measure import MeasureSettings
+from search.pareto import check_slo
+
+PRESETS = ("auto", "cpu", "cuda")
+
+SLO_EXPECTED = "a mapping of metric name to limit, e.g. +slo.latency_p95_ms=200"
+"""What ``slo`` must be, as error messages say it."""
+
+
+@dataclass
+class StudySettings:
+    """The Optuna study a run adds its trials to, and when it stops."""
+
+    name: str
+    """Study name; a run with the name of an existing study in ``storage`` resumes it."""
+
+    storage: str
+    """Optuna storage URL that holds the study, e.g. ``sqlite:///runs/optuna.db``."""
+
+    n_trials: int
+    """Configurations to measure in this invocation (count, at least 1)."""
+
+    timeout_s: float | None
+    """No new trial starts after this many seconds, s; null: no limit."""
+
+    sampler: str
+    """Optuna sampler that proposes configurations: a name in ``search.study.SAMPLERS``."""
+
+    heartbeat_s: int
+    """Running trials report every this many seconds, s (integer); one silent for 6x as long was
+    left by a stopped process. Every process on a study must use the same value."""
+
+    max_failure_rate: float
+    """Stop once more than this fraction of this invocation's measured trials failed (fraction,
+    0 to 1; judged from the 5th measured trial on)."""
+
+    def __post_init__(self) -> None:
+        _require(
+            _is_int(self.n_trials) and self.n_trials >= 1,
+            f"study.n_trials must be a positive integer, but got {self.n_trials!r}",
+        )
+        # Imported here: search.study imports search.config, which imports this module.
+        from search.study import SAMPLERS
+
+        _require(
+            self.sampler in SAMPLERS,
+            f"study.sampler must be one of {', '.join(SAMPLERS)}, but got {self.sampler!r}",
+        )
+        _optional_finite("study.timeout_s", self.timeout_s, "null for no limit")
+        _require(
+            self.timeout_s is None or (_is_number(self.timeout_s) and self.timeout_s > 0),
+            "study.timeout_s must be a positive number of seconds or null, "
+            f"but got {self.timeout_s!r}",
+        )
+        _require(
+            _is_int(self.heartbeat_s) and self.heartbeat_s >= 1,
+            "study.heartbeat_s must be a positive integer number of seconds, "
+            f"but got {self.heartbeat_s!r}",
+        )
+        _finite("study.max_failure_rate", self.max_failure_rate)
+        _require(
+            0 <= self.max_failure_rate <= 1,
+            "study.max_failure_rate must be a fraction "
+            f"from 0 to 1, but got {self.max_failure_rate!r}",
+        )
+
+
+@dataclass
+class RunnerSettings:
+    """Limits on the worker process each trial runs in."""
+
+    timeout_s: float | None
+    """Wall-clock limit per trial, s; past it the worker and what it started are killed and the
+    trial fails as 'timeout'. Must exceed ``measure.max_time_s``. null: no limit."""
+
+    memory_limit_mb: float | None
+    """Cap on a trial's peak memory, MB (host RSS on CPU, the allocator on CUDA); above it the
+    trial fails as 'oom'. null: the device's own limit."""
+
+    def __post_init__(self) -> None:
+        _optional_finite("runner.timeout_s", self.timeout_s, "null for no limit")
+        _require(
+            self.timeout_s is None or (_is_number(self.timeout_s) and self.timeout_s > 0),
+            "runner.timeout_s must be a positive number of seconds or null, "
+            f"but got {self.timeout_s!r}",
+        )
+        _optional_finite(
+            "runner.memory_limit_mb", self.memory_limit_mb, "null for the device's own limit"
+        )
+        _require(
+            self.memory_limit_mb is None
+            or (_is_number(self.memory_limit_mb) and self.memory_limit_mb > 0),
+            "runner.memory_limit_mb must be a positive number of MB or null, "
+            f"but got {self.memory_limit_mb!r}",
+        )
+
+
+@dataclass
+class StableSettings:
+    """When a measured configuration counts as stable (only stable ones are recommended)."""
+
+    max_cv: float
+    """Largest coefficient of variation of the window throughputs of a stable configuration
+    (fraction, e.g. 0.05 for 5%)."""
+
+    def __post_init__(self) -> None:
+        _finite("stable.max_cv", self.max_cv)
+        _require(
+            self.max_cv > 0, f"stable.max_cv must be a positive fraction, but got {self.max_cv!r}"
+        )
+
+
+@dataclass
+class RevalidateSettings:
+    """The end-of-study re-measurement of Pareto candidates in fresh processes."""
+
+    processes: int
+    """Fresh processes that re-measure each candidate (count); 0: no re-validation. One process
+    alone cannot tell process-to-process spread, so 1 is refused."""
+
+    max_candidates: int
+    """At most this many candidates are re-measured, highest lower throughput bound first
+    (count)."""
+
+    def __post_init__(self) -> None:
+        _require(
+            _is_int(self.processes) and (self.processes == 0 or self.processes >= 2),
+            f"revalidate.processes must be 0 (off) or at least 2, but got {self.processes!r}",
+        )
+        _require(
+            _is_int(self.max_candidates) and self.max_candidates >= 1,
+            "revalidate.max_candidates must be a positive integer, "
+            f"but got {self.max_candidates!r}",
+        )
+
+
+@dataclass
+class TrackingSettings:
+    """Where MLflow records the runs."""
+
+    uri: str
+    """MLflow tracking URI, e.g. ``sqlite:///runs/mlflow.db`` or ``http://host:5000``."""
+
+    experiment: str
+    """MLflow experiment name that holds the study's runs."""
+
+
+@dataclass
+class Settings:
+    """Everything a run is told: the composed ``conf/config.yaml`` with a space and overrides."""
+
+    runs_dir: str
+    """Directory for everything a run writes: Optuna and MLflow stores, artifacts, best configs."""
+
+    device: str
+    """Device to measure on: auto (cuda if available, else cpu) | cpu | cuda | cuda:N."""
+
+    preset: str
+    """Model and range sizes: auto (by device) | cpu | cuda; picks A or B of
+    ``${by_device:A,B}``."""
+
+    seed: int
+    """Seeds the sampler (offset by the trials already in the study) and the batches (>= 0)."""
+
+    study: StudySettings
+    """The Optuna study and when it stops."""
+
+    runner: RunnerSettings
+    """Limits on each trial's worker process."""
+
+    measure: MeasureSettings
+    """How long and how often each configuration is timed."""
+
+    stable: StableSettings
+    """When a configuration counts as stable."""
+
+    revalidate: RevalidateSettings
+    """Re-measurement of the Pareto candidates at the end."""
+
+    slo: dict[str, float]
+    """Limits for the recommended configuration: metric name to its largest (or, for a metric to
+    maximize, smallest) value in the metric's unit, e.g. ``{latency_p95_ms: 200}``. Empty: none."""
+
+    tracking: TrackingSettings
+    """The MLflow store."""
+
+    space: Any
+    """The search space file's mapping, free-form here: ``search.space.parse_space`` checks it."""
+
+    def __post_init__(self) -> None:
+        _require(
+            self.preset in PRESETS,
+            f"preset must be one of {', '.join(PRESETS)}, but got {self.preset!r}",
+        )
+        _require(_is_int(self.seed), f"seed must be an integer, but got {self.seed!r}")
+        _require(self.seed >= 0, f"seed must be an integer >= 0, but got {self.seed!r}")
+        self._check_measure()
+        self._check_slo()
+
+    def _check_measure(self) -> None:
+        # MeasureSettings checks its ranges; inf passes `> 0`, so finiteness is checked here.
+        for name in ("warmup_s", "window_s", "target_rel_ci", "max_time_s", "confidence"):
+            _finite(f"measure.{name}", getattr(self.measure, name))
+        timeout, max_time_s = self.runner.timeout_s, self.measure.max_time_s
+        if timeout is not None:
+            _require(
+                timeout > max_time_s,
+                f"runner.timeout_s ({timeout:g} s) must exceed measure.max_time_s "
+                f"({max_time_s:g} s), or every trial would time out; raise runner.timeout_s",
+            )
+
+    def _check_slo(self) -> None:
+        _require(isinstance(self.slo, Mapping), f"slo must be {SLO_EXPECTED}, but got {self.slo!r}")
+        check_slo(self.slo)
+        for metric, limit in self.slo.items():
+            _finite(f"slo.{metric}", limit)
+
+
+def _require(holds: bool, message: str) -> None:
+    if not holds:
+        raise ValueError(message)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _finite(key: str, value: Any, instead: str = "") -> None:
+    """NaN passes no comparison and inf passes `> 0`: both are refused before any range check."""
+    _require(_is_number(value), f"{key} must be a number, but got {value!r}")
+    hint = f"; use {instead}" if instead else ""
+    _require(math.isfinite(value), f"{key} must be a finite number, but got {value!r}{hint}")
+
+
+def _optional_finite(key: str, value: Any, instead: str) -> None:
+    if value is not None:
+        _finite(key, value, instead)

@@ -1,0 +1,106 @@
+"""The metric registry: every registered metric is an objective, a figure on screen and in files."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+import pytest
+from rich.console import Console
+
+from search.metrics import METRICS, objective_values, ranked_on, step_quantiles, trial_metrics
+from search.records import COMPLETE, TrialRecord
+from search.report import pareto_table, shown_metrics, trial_line, write_csv
+from search.revalidate import pool
+from search.runner import TrialResult
+from search.space import parse_space
+from tiny import measurement
+
+KNOBS = ["batch_size"]
+
+
+def measured(metrics_extra=None) -> TrialRecord:
+    """A record holding a value for every registered metric and for the figure it is ranked on."""
+    metrics = {
+        "throughput": 1234.5,
+        "throughput_ci_low": 1200.0,
+        "throughput_ci_high": 1270.0,
+        "throughput_cv": 0.012,
+        "n_windows": 7,
+        "n_steps": 70,
+        "latency_p50_ms": 11.25,
+        "latency_p50_ms_ub": 11.5,
+        "latency_p95_ms": 13.75,
+        "latency_p95_ms_ub": 14.0,
+        "peak_memory_mb": 345.6,
+        "energy_per_item_j": 0.000123,
+        "energy_per_item_j_ci_high": 0.000125,
+        **(metrics_extra or {}),
+    }
+    return TrialRecord(3, {"batch_size": 8}, COMPLETE, metrics, True, unit="tokens")
+
+
+@pytest.mark.parametrize("name", list(METRICS))
+def test_every_metric_is_an_objective_a_space_may_name(name):
+    metric = METRICS[name]
+    space = parse_space(
+        "t",
+        {
+            "workload": {"_target_": "x.Y"},
+            "params": {"batch_size": 4},
+            "objectives": {name: metric.direction},
+        },
+    )
+    assert [o.metric for o in space.objectives] == [name]
+    assert objective_values(measured().metrics, [name]) == [measured().metrics[ranked_on(name)]]
+
+
+@pytest.mark.parametrize("name", list(METRICS))
+def test_every_metric_renders_in_the_trial_line_table_and_csv(name, tmp_path):
+    record = measured()
+    shown = shown_metrics([name])
+    line = trial_line(record, 1, 2, 1, 5.0, KNOBS, 0.95, shown)
+    assert "1.23k tokens/s [1.2k, 1.27k]" in line  # throughput leads every line, with its interval
+    for shown_name in shown:
+        metric = METRICS[shown_name]
+        assert f"{metric.label} {record.metrics[shown_name]:{metric.fmt}} {metric.unit}" in line
+    console = Console(file=io.StringIO(), width=300)
+    console.print(pareto_table([record], record, KNOBS, "tokens", 0.95, shown, "front"))
+    table = console.file.getvalue()
+    for shown_name in shown:
+        metric = METRICS[shown_name]
+        assert f"{metric.label} {metric.unit}" in table
+        assert f"{record.metrics[shown_name]:{metric.fmt}}" in table
+    write_csv(tmp_path / "pareto.csv", [record], KNOBS)
+    rows = list(csv.DictReader((tmp_path / "pareto.csv").open()))
+    assert float(rows[0][name]) == pytest.approx(record.metrics[name])
+    assert float(rows[0][ranked_on(name)]) == pytest.approx(record.metrics[ranked_on(name)])
+
+
+def test_the_energy_objective_shows_its_figure_in_the_trial_line():
+    # It once raised KeyError: energy_per_item_j was an allowed objective with no label.
+    line = trial_line(
+        measured(), 1, 1, 1, 1.0, KNOBS, 0.95, shown_metrics(["throughput", "energy_per_item_j"])
+    )
+    assert "energy 0.000123 J/item" in line
+
+
+def result(throughput: float, energy_j: float) -> TrialResult:
+    telemetry = {"energy_per_item_j": energy_j, "energy_per_item_j_ci_high": energy_j * 1.1}
+    return TrialResult(COMPLETE, measurement(throughput), 100.0, telemetry=telemetry)
+
+
+def test_a_trial_and_a_pooled_candidate_carry_every_metric_and_its_ranked_figure():
+    runs = [result(1000.0, 0.01), result(1010.0, 0.012), result(990.0, 0.011)]
+    stored = trial_metrics(runs[0], 0.95)
+    pooled = pool(runs, 0.05, 0.95).metrics
+    for name in METRICS:
+        for figures in (stored, pooled):
+            assert name in figures and ranked_on(name) in figures, name
+
+
+def test_latency_quantiles_come_from_the_steps_with_an_upper_bound():
+    figures = step_quantiles(list(range(1, 101)), 0.95)
+    assert figures["latency_p50_ms"] == pytest.approx(50.5)
+    assert figures["latency_p95_ms"] == pytest.approx(95.05)
+    assert figures["latency_p95_ms"] <= figures["latency_p95_ms_ub"] <= 100
