@@ -44,6 +44,10 @@ if TYPE_CHECKING:
 MAX_REPEATS = 50
 """Consecutive proposals that are infeasible or already measured before the space counts as
 exhausted."""
+QUEUE_SETTLE_S = 0.5
+"""How long a process waits after taking a queued trial before it checks the trial is still its own
+(see ``StudyDriver._claim``): far longer than the moments between another process's taking the
+same trial and writing its owner."""
 MIN_TRIALS_FOR_FAILURE_RATE = 5
 """Measured trials in this invocation before ``study.max_failure_rate`` is applied."""
 
@@ -188,17 +192,18 @@ class StudyDriver:
                 self.recovery.check(self.study)
             self.known.refresh(self.study)
             trial = self.study.ask()
+            mine: bool | None = None  # unknown until claimed
             try:
-                self._claim(trial)
-                measured = self._settle(trial)
+                mine = self._claim(trial)
+                measured = self._settle(trial) if mine else False
             except BaseException as e:
-                # Whatever went wrong, the trial must not stay RUNNING in the storage.
-                tell_failed(
-                    trial,
-                    "interrupted"
-                    if isinstance(e, KeyboardInterrupt)
-                    else f"error: {type(e).__name__}: {e}",
-                )
+                # Whatever went wrong, the trial must not stay RUNNING in the storage (unless
+                # another process took it and will tell it).
+                if mine is not False:
+                    interrupted = isinstance(e, KeyboardInterrupt)
+                    tell_failed(
+                        trial, "interrupted" if interrupted else f"error: {type(e).__name__}: {e}"
+                    )
                 raise
             finally:
                 if self.heartbeat is not None:
@@ -220,13 +225,27 @@ class StudyDriver:
             return "timeout"
         return "exhausted" if repeats >= MAX_REPEATS else ""
 
-    def _claim(self, trial: Trial) -> None:
+    def _claim(self, trial: Trial) -> bool:
         """Mark ``trial`` as this process's before anything else, so that no other process takes it
-        for stale (heartbeat first: a trial with neither counts as stale after the grace period)."""
+        for stale (heartbeat first: a trial with neither counts as stale after the grace period).
+
+        False when another process took the same queued trial: SQLite cannot lock the row Optuna
+        pops a queued trial from, so two processes can both take it (optuna/optuna#1014). Each
+        writes its owner, waits ``QUEUE_SETTLE_S`` and reads it back; the later writer keeps the
+        trial, the other gives way without telling it.
+        """
         if self.heartbeat is not None:
             self.heartbeat.track(trial._trial_id)
-        trial.set_user_attr("owner", owner())
+        me = owner()
+        trial.set_user_attr("owner", me)
         trial.set_user_attr("fingerprint", self.fingerprint)
+        if not ({"proposed_by", "retry_of"} & trial.user_attrs.keys()):
+            return True  # a new trial the sampler made: no other process can hold it
+        time.sleep(QUEUE_SETTLE_S)
+        if self.study._storage.get_trial(trial._trial_id).user_attrs.get("owner") == me:
+            return True
+        self.outcome.in_flight += 1
+        return False
 
     def _settle(self, trial: Trial) -> bool:
         """Tell ``trial`` a guard's verdict, or measure it; True when it was measured here."""

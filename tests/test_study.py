@@ -278,6 +278,25 @@ def test_a_configuration_another_process_is_measuring_is_not_measured_again():
     )
 
 
+def test_a_queued_trial_two_processes_took_is_left_to_the_later_one(monkeypatch):
+    # SQLite cannot lock the row a queued trial is popped from: two processes can take it at once.
+    study = new_study()
+    study.enqueue_trial({"micro_batch_size": 2}, user_attrs={"proposed_by": "a test"})
+    other_claimed = []
+
+    def other_process_claims_it_meanwhile(seconds):
+        if not other_claimed:  # the other process writes its owner while this one waits
+            taken = study.get_trials(states=(TrialState.RUNNING,))[0]
+            study._storage.set_trial_user_attr(taken._trial_id, "owner", {"pid": -1})
+            other_claimed.append(taken.number)
+
+    monkeypatch.setattr("search.study.time.sleep", other_process_claims_it_meanwhile)
+    outcome = driver(study, make_space(), cfg(n_trials=1)).run()
+    assert other_claimed == [0] and outcome.in_flight == 1
+    assert study.trials[0].state == TrialState.RUNNING, "left for the other process to tell"
+    assert [r.number for r in outcome.records] != [0] and len(outcome.records) == 1
+
+
 def test_a_trial_another_process_took_for_stale_does_not_stop_the_study():
     study = new_study()
 
