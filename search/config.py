@@ -119,8 +119,9 @@ def compose_config(overrides: Sequence[str], config_dirs: Sequence[str] = ()) ->
     _check_space_chosen(cfg, space_name)
     with open_dict(cfg):
         cfg.space.name = cfg.space.get("name") or space_name
-    cfg = _apply_schema(cfg)
-    load_settings(cfg)  # checked here, so that --cfg refuses what a run would refuse
+    # Checked here, so that --cfg refuses what a run would refuse. The config itself is returned
+    # as composed: printed and logged as written (a timeout of 120 stays 120, not 120.0).
+    load_settings(cfg)
     return cfg
 
 

@@ -190,8 +190,14 @@ def test_load_settings_accepts_a_config_the_schema_was_not_applied_to():
         load_settings(plain)
 
 
-def test_composed_config_is_typed_by_the_schema():
-    assert OmegaConf.get_type(compose_config(["+space=llm", "device=cpu"])) is Settings
+def test_composed_config_stays_as_written_and_the_settings_are_typed():
+    # MLflow params and --cfg show values as the config file and overrides write them.
+    cfg = compose_config(["+space=llm", "device=cpu", "runner.timeout_s=120"])
+    assert resolve(cfg)["runner"]["timeout_s"] == 120 and isinstance(
+        resolve(cfg)["runner"]["timeout_s"], int
+    )
+    assert load_settings(cfg).runner.timeout_s == 120.0
+    assert isinstance(load_settings(cfg).runner.timeout_s, float)
 
 
 def test_schema_is_registered_in_the_config_store():
