@@ -185,10 +185,12 @@ def _apply_schema(cfg: DictConfig) -> DictConfig:
     """
     schema = _schema(cfg)
     try:
-        return OmegaConf.merge(schema, cfg)  # type: ignore[return-value]
+        merged = OmegaConf.merge(schema, cfg)
     except OmegaConfBaseException as e:
         key = e.full_key or _failing_key(schema, cfg)
         raise ConfigError(_schema_message(e, key, cfg)) from None
+    assert isinstance(merged, DictConfig)  # a mapping merged into a mapping stays one
+    return merged
 
 
 def _failing_key(schema: DictConfig, cfg: DictConfig) -> str:
@@ -304,9 +306,11 @@ def resolve(cfg: DictConfig) -> dict[str, Any]:
     """The config as plain containers with every interpolation resolved."""
     preset(cfg)  # a bad preset is named as such, not as a failed interpolation
     try:
-        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+        container = OmegaConf.to_container(cfg, resolve=True)
     except Exception as e:
         raise ConfigError(_one_line(e)) from None
+    assert isinstance(container, dict)  # a DictConfig becomes a dict
+    return {str(key): value for key, value in container.items()}
 
 
 def resolve_device(spec: str) -> torch.device:
