@@ -34,6 +34,7 @@ from scipy import stats
 from search.config import compose_config, load_settings, resolve_device
 from search.measure import MeasureSettings
 from search.prepare import load_space
+from search.revalidate import pool
 from search.runner import COMPLETE, TrialRequest, TrialResult, run_isolated, split_config
 from search.space import CategoricalParam, FixedParam
 
@@ -91,23 +92,15 @@ def flops_per_item(workload: Mapping[str, Any], config: Mapping[str, Any]) -> fl
     return count() if count else None
 
 
-def summary(results: list[TrialResult], confidence: float) -> dict[str, float]:
-    means = np.array([r.measurement.throughput for r in results])
-    n = len(means)
-    half = stats.t.ppf(0.5 + confidence / 2, n - 1) * means.std(ddof=1) / math.sqrt(n)
-    energies = [r.telemetry.get("energy_per_item_j") for r in results]
-    out = {
-        "throughput": float(means.mean()),
-        "throughput_ci_low": float(means.mean() - half),
-        "throughput_ci_high": float(means.mean() + half),
-        "between_process_cv": float(means.std(ddof=1) / means.mean()),
-        "median_within_run_cv": float(np.median([r.measurement.throughput_cv for r in results])),
-        "peak_memory_mb": float(max(r.peak_memory_mb or 0.0 for r in results)),
-        "processes": n,
-        "process_means": means.tolist(),
+def summary(results: list[TrialResult], confidence: float) -> dict[str, Any]:
+    """The runs pooled as re-validation pools them, with the process means and device readings."""
+    pooled = pool(results, max_cv=math.inf, confidence=confidence).metrics
+    out: dict[str, Any] = {
+        **pooled,
+        "median_within_run_cv": pooled["throughput_cv"],
+        "processes": len(results),
+        "process_means": [r.measurement.throughput for r in results if r.measurement],
     }
-    if all(e is not None for e in energies):
-        out["energy_per_item_j"] = float(np.mean(energies))
     for key in ("mean_power_w", "sm_clock_mhz", "gpu_util_pct"):
         values = [r.telemetry.get(key) for r in results]
         if all(v is not None for v in values):

@@ -85,7 +85,8 @@ def run(cfg_node: DictConfig) -> int:
         )
     env = {**environment(device), **_versions()}
     ctx = Context(settings, space, device, env, fingerprint(space, env), out)
-    _start_parent(ctx, tracker, resolve(cfg_node))
+    cfg = resolve(cfg_node)  # as written, for the parent run's params and config.yaml
+    _start_parent(ctx, tracker, cfg)
     status = "FAILED"
     heartbeat = Heartbeat(
         recovery.heartbeat_s, study._storage, lambda tags: tracker.set_tags(tracker.parent_id, tags)
@@ -97,9 +98,7 @@ def run(cfg_node: DictConfig) -> int:
             *recover_runs(tracker, settings.study.name, recovery.grace_s),
         ]:
             out.print(f"recovered: {note}", markup=False)
-        tracker.log_text(
-            yaml.safe_dump(_redacted(resolve(cfg_node)), sort_keys=False), "config.yaml"
-        )
+        tracker.log_text(yaml.safe_dump(_redacted(cfg), sort_keys=False), "config.yaml")
         driver = _driver(ctx, study, tracker, recovery, heartbeat)
         outcome = driver.run()
         _finish(ctx, driver, outcome, tracker)

@@ -130,6 +130,7 @@ class TrainStep:
         self._autocast_dtype = _AUTOCAST_DTYPES.get(knobs.precision)  # None: autocast off
         self._grad_scaler = _make_grad_scaler(knobs.precision, device)
         self._streams = _make_streams(knobs.streams, device)
+        self._cuda_streams = [s for s in self._streams if s is not None]
         self._previous_matmul_precision = torch.get_float32_matmul_precision()
         self._pool = ThreadPoolExecutor(knobs.streams, thread_name_prefix="lane")
 
@@ -173,7 +174,7 @@ class TrainStep:
         share."""
         torch.set_float32_matmul_precision(_MATMUL_PRECISIONS[self.knobs.precision])
         self._optimizer.zero_grad(set_to_none=True)
-        streams = [s for s in self._streams if s is not None]  # CUDA only
+        streams = self._cuda_streams
         if streams:
             main = torch.cuda.current_stream(self.device)
             for stream in streams:

@@ -21,6 +21,8 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy import stats
 
+from search.records import COMPLETE
+
 if TYPE_CHECKING:
     from search.runner import TrialResult
 
@@ -129,8 +131,6 @@ def step_quantiles(step_latencies_ms: ArrayLike, confidence: float) -> dict[str,
 def trial_metrics(result: TrialResult, confidence: float) -> dict[str, float]:
     """The figures stored with one trial, units in their names; only fidelity errors unless
     complete."""
-    from search.records import COMPLETE
-
     m = result.measurement
     if m is None or result.state != COMPLETE:
         return dict(result.fidelity)
