@@ -27,10 +27,20 @@ from search import results
 from search.config import load_settings, redact, resolve, resolve_device
 from search.gpu_telemetry import energy_unavailable_reason
 from search.liveness import Heartbeat, Recovery, owner
-from search.prepare import fingerprint, load_space
+from search.noise import NoiseFloor
+from search.prepare import control_config, fingerprint, load_space
 from search.records import COMPLETE, TrialRecord
-from search.report import console, pareto_table, shown_metrics, si, summary_lines, trial_line
-from search.revalidate import revalidate
+from search.report import (
+    console,
+    knobs_text,
+    pareto_table,
+    shown_metrics,
+    si,
+    summary_lines,
+    trial_line,
+    write_noise_plot,
+)
+from search.revalidate import Pooled, revalidate
 from search.runner import TrialRequest, TrialResult, run_isolated
 from search.settings import Settings
 from search.space import SearchSpace
@@ -38,7 +48,7 @@ from search.stores import open_stores, quiet_libraries, recover_runs
 from search.study import StudyDriver, StudyOutcome
 from search.telemetry import contention, environment
 from search.tracking import Tracker
-from search.trial_store import save_revalidation, study_revalidations
+from search.trial_store import judged_revalidations, save_revalidation
 
 
 @dataclass(frozen=True)
@@ -52,6 +62,8 @@ class Context:
     """The environment record (``search.telemetry.environment``) and this tool's version."""
     fingerprint: str
     out: Console
+    control: Mapping[str, Any] | None
+    """The control configuration (``search.prepare.control_config``); None: no control runs."""
 
     def request(self, config: Mapping[str, Any]) -> TrialRequest:
         """The isolated worker's request to measure ``config``."""
@@ -72,6 +84,7 @@ def run(cfg_node: DictConfig) -> int:
     settings = load_settings(cfg_node)
     device = resolve_device(settings.device)
     space, notes = load_space(settings.space, device)
+    control = control_config(space, settings.noise.control) if settings.noise.budget > 0 else None
     out = console()
     for note in notes:
         out.print(f"[yellow]note:[/] {note}")
@@ -84,7 +97,7 @@ def run(cfg_node: DictConfig) -> int:
             markup=False,
         )
     env = {**environment(device), **_versions()}
-    ctx = Context(settings, space, device, env, fingerprint(space, env), out)
+    ctx = Context(settings, space, device, env, fingerprint(space, env), out, control)
     cfg = resolve(cfg_node)  # as written, for the parent run's params and config.yaml
     _start_parent(ctx, tracker, cfg)
     status = "FAILED"
@@ -196,6 +209,27 @@ def _driver(
             markup=False,
         )
 
+    controls = itertools.count(1)
+
+    def on_control(result: TrialResult, floor: NoiseFloor) -> None:
+        n = next(controls)
+        m = result.measurement
+        figure = (
+            f"{si(m.throughput)} {result.unit}/s, cv {m.throughput_cv:.1%}"
+            if m is not None and result.state == COMPLETE
+            else f"{result.state}: {result.failure}"
+        )
+        ctx.out.print(f"  [control {n}] {figure}", markup=False)
+        if n == ctx.settings.noise.start_runs:
+            ctx.out.print(floor.line(), markup=False)
+
+    if ctx.control is not None:
+        ctx.out.print(
+            f"control: {knobs_text(ctx.control, list(ctx.space.searched))}, measured in fresh "
+            f"processes at the start, during the study (at most "
+            f"{ctx.settings.noise.budget:.0%} of its time) and at the end:",
+            markup=False,
+        )
     return StudyDriver(
         ctx.settings,
         ctx.space,
@@ -206,25 +240,24 @@ def _driver(
         progress,
         recovery,
         heartbeat,
+        ctx.control,
+        on_control,
     )
 
 
-def _revalidated_front(
-    ctx: Context, study: optuna.Study, tracker: Tracker, front: list[TrialRecord]
-) -> list[TrialRecord]:
-    """Re-measure the search-time front in fresh processes; the front of what stays stable."""
+REVALIDATION_ROUNDS = 3
+"""Rounds of re-validation at the end of a study: a round after the first runs only when nothing
+re-validated is left on the front, and re-validates what the failures exposed."""
+
+
+def _revalidate(ctx: Context, study: optuna.Study, todo: list[TrialRecord]) -> None:
+    """Re-measure ``todo`` (front configurations not re-validated yet) in fresh processes."""
     settings, out = ctx.settings, ctx.out
     processes = settings.revalidate.processes
-    if processes == 0 or not front:
-        return front
-    candidates = results.revalidation_candidates(front, settings)
-    done = study_revalidations(study, ctx.fingerprint)
-    todo = [c for c in candidates if c.number not in done]
-    if todo:
-        out.print(
-            f"\nre-validating {len(todo)} Pareto candidate(s) in {processes} fresh processes each, "
-            "interleaved in random order:"
-        )
+    out.print(
+        f"\nre-validating {len(todo)} Pareto candidate(s) in {processes} fresh processes each, "
+        "interleaved in random order:"
+    )
 
     def measure(candidate: TrialRecord) -> TrialResult:
         return run_isolated(ctx.request(candidate.config))
@@ -239,34 +272,75 @@ def _revalidated_front(
         out.print(f"  [revalidate {i}/{n}] #{candidate.number}: {figure}", markup=False)
 
     seed = settings.seed + len(study.trials)
-    pooled = revalidate(
-        todo,
-        processes,
-        measure,
-        seed,
-        settings.stable.max_cv,
-        settings.measure.confidence,
-        progress,
-    )
+    pooled = revalidate(todo, processes, measure, seed, settings.measure.confidence, progress)
     for number, figures in pooled.items():
         save_revalidation(study, ctx.fingerprint, number, figures)
-        done[number] = figures
-        run_id = next(c.run_id for c in candidates if c.number == number)
-        if run_id:
-            results.log_revalidation(tracker, run_id, figures)
-    revalidated = results.revalidated_front(candidates, done, ctx.space)
-    dropped = results.left_the_front(candidates, revalidated, done)
-    out.print(
-        f"re-validation: {len(candidates) - len(dropped)} of {len(candidates)} candidate(s) "
-        "kept their place" + (f"; left the front: {', '.join(dropped)}" if dropped else "")
-    )
-    return revalidated
+
+
+def _log_final(
+    ctx: Context,
+    tracker: Tracker,
+    floor: NoiseFloor,
+    mine: list[TrialRecord],
+    done: Mapping[int, Pooled],
+    study_dir: Path,
+    control_s: float,
+) -> None:
+    """The figures as the final noise floor gives them, on MLflow: the floor and the control's
+    level over time on the parent run (with ``noise.png``); the intervals spanning runs, the
+    verdict and the re-validated figures on the runs of this invocation's trials (a later step of
+    the same metrics)."""
+    tracker.log_metrics(tracker.parent_id, {**floor.metrics(), "noise_control_time_s": control_s})
+    for i, control in enumerate(floor.controls):
+        tracker.log_metrics(
+            tracker.parent_id,
+            {"control_throughput": control.throughput, "control_cv": control.cv},
+            step=i,
+            timestamp_ms=int(control.time_s * 1000),
+        )
+    if floor.controls:
+        path = study_dir / "noise.png"
+        unit = mine[0].unit if mine else "items"
+        write_noise_plot(path, floor, f"{ctx.space.name} on {ctx.env['device_name']}", unit)
+        tracker.log_artifact(path)
+    for record in mine:
+        if record.run_id and record.state == COMPLETE:
+            keys = ("throughput", "throughput_ci_low", "throughput_ci_high")
+            tracker.log_metrics(record.run_id, {k: record.metrics[k] for k in keys}, step=1)
+            tracker.set_tags(
+                record.run_id,
+                {"stable": str(record.stable).lower(), "unstable_reason": record.reason or "-"},
+            )
+            if record.number in done:
+                results.log_revalidation(tracker, record.run_id, done[record.number])
 
 
 def _finish(ctx: Context, driver: StudyDriver, outcome: StudyOutcome, tracker: Tracker) -> None:
     settings, space, out = ctx.settings, ctx.space, ctx.out
+    study, fp = driver.study, ctx.fingerprint
+    # When every candidate fails re-validation, what they dominated is re-validated in turn (at
+    # most REVALIDATION_ROUNDS rounds), so that one bad round does not leave nothing to recommend.
+    for round_ in range(REVALIDATION_ROUNDS if settings.revalidate.processes else 0):
+        done = judged_revalidations(study, fp, settings)
+        history = driver.history()
+        if round_ and results.final_front(history, done, settings, space):
+            break
+        todo = results.next_candidates(history, done, settings, space)
+        if not todo:
+            break
+        _revalidate(ctx, study, todo)
+    driver.run_control()  # the end of the study: drift needs both ends
+    floor = driver.floor()
     history = driver.history()
-    front = _revalidated_front(ctx, driver.study, tracker, results.stable_front(history, space))
+    done = judged_revalidations(study, fp, settings, floor)
+    front = results.final_front(history, done, settings, space)
+    if settings.revalidate.processes and done:
+        dropped = results.left_the_front(history, front, done)
+        out.print(
+            f"re-validation: {len(done) - len(dropped)} of {len(done)} re-validated "
+            "configuration(s) on the front"
+            + (f"; not on it: {', '.join(dropped)}" if dropped else "")
+        )
     results.mark_front(tracker, outcome.study_name, front)
     best = results.recommend(front, settings.slo)
     study_dir = Path(settings.runs_dir) / outcome.study_name
@@ -274,6 +348,16 @@ def _finish(ctx: Context, driver: StudyDriver, outcome: StudyOutcome, tracker: T
         study_dir, history, front, best, settings, space, ctx.env["device_name"]
     ):
         tracker.log_artifact(path)
+    mine = {r.number for r in outcome.records}
+    _log_final(
+        ctx,
+        tracker,
+        floor,
+        [r for r in history if r.number in mine],
+        done,
+        study_dir,
+        driver.control_s,
+    )
     if best is not None:
         tracker.set_tags(tracker.parent_id, {"best_trial": str(best.number)})
         tracker.log_metrics(tracker.parent_id, {f"best_{k}": v for k, v in best.metrics.items()})
@@ -281,12 +365,22 @@ def _finish(ctx: Context, driver: StudyDriver, outcome: StudyOutcome, tracker: T
         outcome,
         history,
         driver.recovery.notes if driver.recovery else (),
-        best=best,
-        max_cv=settings.stable.max_cv,
+        noise_line="\n".join(
+            results.noise_lines(floor, settings.measure.confidence)
+            + (
+                [
+                    f"  the control runs of this invocation took {driver.control_s:.0f} s, "
+                    f"{driver.control_s / driver.elapsed_s():.0%} of its {driver.elapsed_s():.0f} s"
+                ]
+                if driver.control_runs
+                else []
+            )
+        ),
+        passed_over=results.passed_over(history, front, best, done, settings.slo, space),
     ):
         out.print(line, markup=False)
     _print_front(ctx, front, best, history[0].unit if history else "items")
-    out.print(f"files: {study_dir}/best.yaml, pareto.csv, pareto.png")
+    out.print(f"files: {study_dir}/best.yaml, pareto.csv, pareto.png, noise.png")
     if tracker.offline_reason:
         out.print(
             f"MLflow: {tracker.offline_reason}. {tracker.unlogged_trials} trial(s) of this run "

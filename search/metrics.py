@@ -21,6 +21,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy import stats
 
+from search.noise import stall_steps
 from search.records import COMPLETE
 
 if TYPE_CHECKING:
@@ -138,6 +139,10 @@ def trial_metrics(result: TrialResult, confidence: float) -> dict[str, float]:
         "throughput": m.throughput,
         "throughput_ci_low": m.throughput_ci_low,
         "throughput_ci_high": m.throughput_ci_high,
+        # The run's own interval; throughput_ci_low/high are widened to span runs
+        # (``search.noise``) when a noise floor is known.
+        "throughput_within_ci_low": m.throughput_ci_low,
+        "throughput_within_ci_high": m.throughput_ci_high,
         "throughput_cv": m.throughput_cv,
         "throughput_median": m.throughput_median,
         **step_quantiles(m.step_latencies_ms, confidence),
@@ -147,6 +152,7 @@ def trial_metrics(result: TrialResult, confidence: float) -> dict[str, float]:
         "steps_per_window": m.steps_per_window,
         "outliers_mild": m.outliers_mild,
         "outliers_severe": m.outliers_severe,
+        "stall_steps": stall_steps(m.step_latencies_ms),
         "measure_time_s": m.elapsed_s,
         "trial_time_s": result.duration_s,
     }

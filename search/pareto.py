@@ -31,13 +31,6 @@ def pareto_mask(values: ArrayLike, directions: Sequence[str]) -> np.ndarray:
     return ~dominated
 
 
-def is_stable(metrics: Mapping[str, float], max_cv: float) -> bool:
-    """Search-time stability: the throughput CV across windows is at or below ``max_cv`` and the
-    device reported no thermal or hardware slowdown during the windows (where it reports it)."""
-    cv = metrics.get("throughput_cv")
-    return cv is not None and cv <= max_cv and not metrics.get("throttled", 0.0)
-
-
 def meets_slo(metrics: Mapping[str, float], slo: Mapping[str, float]) -> bool:
     """Whether every SLO limit holds: an upper limit for minimised metrics, a lower one for
     throughput."""

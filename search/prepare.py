@@ -20,7 +20,7 @@ import torch
 from search.config import ConfigError
 from search.gpu_telemetry import energy_unavailable_reason
 from search.knobs import GENERIC_KNOBS, PRECISIONS, unsupported_reason
-from search.space import SearchSpace, SpaceError, parse_space
+from search.space import FloatParam, Param, SearchSpace, SpaceError, parse_space
 from search.workloads import Workload
 
 
@@ -143,3 +143,36 @@ def fingerprint(space: SearchSpace, env: Mapping[str, str]) -> str:
     return hashlib.sha256(
         json.dumps(identity, sort_keys=True, default=str).encode() + source
     ).hexdigest()[:12]
+
+
+def control_config(space: SearchSpace, chosen: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The control configuration: ``chosen`` knob values (``noise.control``), every other knob at
+    its smallest value (a categorical's first choice); when that breaks a constraint and nothing
+    was chosen, the first feasible configuration in the same order."""
+    chosen = dict(chosen or {})
+    unknown = sorted(set(chosen) - set(space.params))
+    if unknown:
+        raise ConfigError(
+            f"noise.control names {', '.join(unknown)}, which space '{space.name}' does not have; "
+            f"its knobs: {', '.join(space.params)}"
+        )
+    config = {name: chosen.get(name, _smallest(param)) for name, param in space.params.items()}
+    if space.contains(config):
+        return config
+    if not chosen:
+        feasible = space.feasible_configs()
+        if feasible:
+            return feasible[0]
+    raise ConfigError(
+        f"noise.control {config} is not a configuration of space '{space.name}' "
+        f"({'; '.join(space.violations(config)) or 'a value outside its range'}); "
+        "name knob values inside the ranges that meet the constraints"
+    )
+
+
+def _smallest(param: Param) -> Any:
+    if isinstance(param, FloatParam):
+        return param.low
+    values = param.values()
+    assert values  # every other kind lists its values, smallest (or first) first
+    return values[0]

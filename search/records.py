@@ -39,3 +39,7 @@ class TrialRecord:
     """The MLflow child run."""
     unit: str = "items"
     """What one item of throughput is (throughput is in ``unit``/s)."""
+    time_s: float = 0.0
+    """When the trial's measurement ended, s since the epoch (0.0: unknown)."""
+    reason: str = ""
+    """Why it is not stable: the test it failed, with its figures ('' when stable)."""

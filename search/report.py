@@ -14,11 +14,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 from rich.console import Console
 from rich.table import Table
 
 from search.metrics import METRICS
+from search.noise import NoiseFloor
 from search.records import COMPLETE, FAILED, FAULT_KINDS, INFEASIBLE, TrialRecord, fault_kind
 
 
@@ -81,13 +83,7 @@ def trial_line(
     if record.state == COMPLETE:
         m = record.metrics
         figures = ", ".join(f"{METRICS[k].label} {_figure(m, k)} {METRICS[k].unit}" for k in shown)
-        verdict = (
-            "stable"
-            if record.stable
-            else "UNSTABLE (throttled)"
-            if m.get("throttled")
-            else "UNSTABLE"
-        )
+        verdict = "stable" if record.stable else f"UNSTABLE ({record.reason.split(':', 1)[0]})"
         body = (
             f"{throughput_text(m, record.unit)} ({confidence:.0%} CI, "
             f"{m['n_windows']:.0f} windows, {m['n_steps']:.0f} steps) "
@@ -104,12 +100,13 @@ def summary_lines(
     history: Sequence[TrialRecord],
     recovered: Sequence[str] = (),
     *,
-    best: TrialRecord | None,
-    max_cv: float,
+    noise_line: str = "",
+    passed_over: Sequence[str] = (),
 ) -> list[str]:
     """How the invocation went: what was measured, rejected, reused or skipped, why it stopped,
-    every fault by kind (oom, crash, timeout, error) with the trials it hit, and how many measured
-    configurations were unstable (naming one surely faster than the recommendation ``best``)."""
+    every fault by kind (oom, crash, timeout, error) with the trials it hit, how many measured
+    configurations were unstable and why, the machine's noise (``noise_line``), and why each
+    configuration surely faster than the recommendation was passed over (``passed_over``)."""
     states = [r.state for r in outcome.records]
     counts = ", ".join(f"{states.count(s)} {s}" for s in sorted(set(states))) or "none"
     lines = [
@@ -145,41 +142,13 @@ def summary_lines(
     unstable = [r for r in history if r.state == COMPLETE and not r.stable]
     if unstable:
         lines.append(
-            f"{len(unstable)} measured configuration(s) were unstable "
-            "(throughput CV above the bound) and are left off the front."
+            f"{len(unstable)} measured configuration(s) were unstable and are left off the front:"
         )
-        lines += faster_unstable_lines(unstable, best, max_cv)
+        lines += [f"  #{r.number} {r.reason}" for r in unstable]
+    if noise_line:
+        lines.append(noise_line)
+    lines += passed_over
     return lines
-
-
-def faster_unstable_lines(
-    unstable: Sequence[TrialRecord], best: TrialRecord | None, max_cv: float
-) -> list[str]:
-    """Name the fastest unstable configuration when it is surely faster than the recommendation
-    (its throughput interval lies above the recommendation's) or there is no recommendation: on a
-    noisy machine the stability bound may cost more speed than a user would give up for it."""
-    fastest = max(unstable, key=lambda r: r.metrics["throughput_ci_low"])
-    if (
-        best is not None
-        and fastest.metrics["throughput_ci_low"] <= best.metrics["throughput_ci_high"]
-    ):
-        return []
-    fastest_text = (
-        f"#{fastest.number} ({throughput_text(fastest.metrics, fastest.unit)}, "
-        f"cv {fastest.metrics['throughput_cv']:.1%})"
-    )
-    if best is None:
-        head = f"  nothing is recommended; the fastest of them is {fastest_text}"
-    else:
-        ratio = fastest.metrics["throughput_ci_low"] / best.metrics["throughput_ci_high"]
-        head = (
-            f"  the fastest of them, {fastest_text}, is {ratio:.1f}x as fast as the recommendation "
-            f"(#{best.number}), comparing the near ends of the intervals"
-        )
-    return [
-        f"{head}; if throughput varying that much is acceptable, re-run with a larger "
-        f"stable.max_cv (now {max_cv:.0%}): stored measurements are judged again, not repeated."
-    ]
 
 
 def pareto_table(
@@ -288,6 +257,46 @@ def write_plot(
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def write_noise_plot(path: Path, floor: NoiseFloor, title: str, unit: str = "items") -> None:
+    """The control's throughput over the study (each run with its window CV as an error bar) and,
+    where drift was significant, the fitted line the figures were corrected with."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    session = floor.session
+    t0 = session[0].time_s
+    minutes = [(c.time_s - t0) / 60 for c in session]
+    level = [c.throughput for c in session]
+    fig, ax = plt.subplots(figsize=(7, 3.5), dpi=120)
+    ax.errorbar(
+        minutes,
+        level,
+        yerr=[c.cv * c.throughput for c in session],
+        fmt="o",
+        capsize=3,
+        label="control run (bar: window CV)",
+    )
+    mean = float(np.exp(np.mean(np.log(level))))
+    if floor.corrected:
+        fitted = [mean * floor.level(c.time_s)[0] for c in session]
+        ax.plot(minutes, fitted, "r--", label=f"drift {floor.drift:+.1%}, corrected")
+    ax.axhline(mean, color="gray", lw=0.8, label="geometric mean")
+    ax.set_xlabel("minutes since this session's first control run")
+    ax.set_ylabel(f"control throughput ({unit}/s)")
+    ax.set_title(
+        f"{title}\nbetween-run CV {floor.between_cv:.1%} ({floor.between_df} df), "
+        f"within-run {floor.within_cv:.1%}",
+        fontsize=10,
+    )
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

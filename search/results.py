@@ -9,6 +9,7 @@ candidates with their pooled figures where they were re-validated) → the recom
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -16,8 +17,9 @@ from typing import Any
 
 from search import pareto
 from search.metrics import ranked_on
+from search.noise import NoiseFloor
 from search.records import COMPLETE, TrialRecord
-from search.report import write_best, write_csv, write_plot
+from search.report import throughput_text, write_best, write_csv, write_plot
 from search.revalidate import Pooled
 from search.settings import Settings
 from search.space import SearchSpace
@@ -39,17 +41,21 @@ def revalidation_candidates(front: Sequence[TrialRecord], settings: Settings) ->
     return ranked[: settings.revalidate.max_candidates]
 
 
-def revalidated_front(
-    candidates: Sequence[TrialRecord], done: Mapping[int, Pooled], space: SearchSpace
+def with_revalidation(
+    history: Sequence[TrialRecord], done: Mapping[int, Pooled]
 ) -> list[TrialRecord]:
-    """The front among ``candidates``, each with its pooled figures where it was re-validated."""
-    pooled = [
-        replace(c, metrics={**c.metrics, **done[c.number].metrics}, stable=done[c.number].stable)
-        if c.number in done
-        else c
-        for c in candidates
+    """``history`` with the pooled figures and verdict of every re-validated trial."""
+    return [
+        replace(
+            r,
+            metrics={**r.metrics, **done[r.number].metrics},
+            stable=done[r.number].stable,
+            reason=done[r.number].reason,
+        )
+        if r.number in done and r.state == COMPLETE
+        else r
+        for r in history
     ]
-    return stable_front(pooled, space)
 
 
 def final_front(
@@ -58,22 +64,42 @@ def final_front(
     settings: Settings,
     space: SearchSpace,
 ) -> list[TrialRecord]:
-    """The front a study ends with, from stored figures only (nothing is measured here)."""
-    front = stable_front(history, space)
-    if settings.revalidate.processes == 0 or not front:
-        return front
-    return revalidated_front(revalidation_candidates(front, settings), done, space)
+    """The front a study ends with, from stored figures only (nothing is measured here).
+
+    Without re-validation: the stable front of the search-time figures. With it: the stable front
+    among the re-validated configurations, on their pooled figures; before any was re-validated
+    (a study cut short), the search-time front of the candidates."""
+    merged = with_revalidation(history, done)
+    if settings.revalidate.processes == 0:
+        return stable_front(merged, space)
+    validated = [r for r in merged if r.number in done]
+    if validated:
+        return stable_front(validated, space)
+    return stable_front(revalidation_candidates(stable_front(merged, space), settings), space)
+
+
+def next_candidates(
+    history: Sequence[TrialRecord],
+    done: Mapping[int, Pooled],
+    settings: Settings,
+    space: SearchSpace,
+) -> list[TrialRecord]:
+    """What re-validation measures next: the candidates (``revalidation_candidates``) of the
+    stable front with re-validated figures in place, less those re-validated already. A candidate
+    that failed re-validation is off that front, so what it dominated can take its place."""
+    front = stable_front(with_revalidation(history, done), space)
+    return [c for c in revalidation_candidates(front, settings) if c.number not in done]
 
 
 def left_the_front(
-    candidates: Sequence[TrialRecord], front: Sequence[TrialRecord], done: Mapping[int, Pooled]
+    history: Sequence[TrialRecord], front: Sequence[TrialRecord], done: Mapping[int, Pooled]
 ) -> list[str]:
-    """``#N (why)`` for each candidate that re-validation took off the front."""
+    """``#N (why)`` for each re-validated trial that is not on the front."""
     kept = {r.number for r in front}
     return [
-        f"#{c.number} ({done[c.number].reason or 'dominated after re-validation'})"
-        for c in candidates
-        if c.number not in kept
+        f"#{r.number} ({done[r.number].reason or 'dominated after re-validation'})"
+        for r in history
+        if r.number in done and r.number not in kept
     ]
 
 
@@ -81,6 +107,81 @@ def recommend(front: Sequence[TrialRecord], slo: Mapping[str, float]) -> TrialRe
     """The front configuration with the highest lower throughput bound that meets ``slo``."""
     row = pareto.recommend([{"metrics": r.metrics, "record": r} for r in front], slo)
     return row["record"] if row else None
+
+
+def passed_over(
+    history: Sequence[TrialRecord],
+    front: Sequence[TrialRecord],
+    best: TrialRecord | None,
+    done: Mapping[int, Pooled],
+    slo: Mapping[str, float],
+    space: SearchSpace,
+) -> list[str]:
+    """Why each complete configuration measured surely faster than the recommendation (its
+    throughput interval above the recommendation's) is not recommended, with the figures."""
+    if best is None:
+        return []
+    ceiling = best.metrics["throughput_ci_high"]
+    on_front = {r.number for r in front}
+    lines = []
+    for r in sorted(history, key=lambda r: -r.metrics.get("throughput_ci_low", 0.0)):
+        if r.state != COMPLETE or r.number == best.number:
+            continue
+        pooled = done.get(r.number)
+        figures = {**r.metrics, **pooled.metrics} if pooled is not None else r.metrics
+        if figures["throughput_ci_low"] <= ceiling:
+            continue
+        if not r.stable:
+            why = f"unstable: {r.reason}"
+        elif pooled is not None and not pooled.stable:
+            why = f"after re-validation: {pooled.reason}"
+        elif r.number in on_front:
+            why = "does not meet the slo " + ", ".join(
+                f"{k} {figures.get(k, math.nan):.4g} (limit {v:g})" for k, v in slo.items()
+            )
+        else:
+            why = _outranked(r, figures, front, space)
+        lines.append(
+            f"  #{r.number} measured faster ({throughput_text(figures, r.unit)}) than the "
+            f"recommendation #{best.number} ({throughput_text(best.metrics, best.unit)}) but is "
+            f"not recommended: {why}"
+        )
+    if lines:
+        lines.insert(0, "configurations surely faster than the recommendation, and why not them:")
+    return lines
+
+
+def _outranked(
+    r: TrialRecord, figures: Mapping[str, float], front: Sequence[TrialRecord], space: SearchSpace
+) -> str:
+    keys = [(o.metric, ranked_on(o.metric), o.direction) for o in space.objectives]
+    for f in front:
+        if all(
+            (f.metrics[k] >= figures[k]) if d == "maximize" else (f.metrics[k] <= figures[k])
+            for _, k, d in keys
+        ):
+            worse = [
+                f"{name} {figures[k]:.4g} vs {f.metrics[k]:.4g}"
+                for name, k, d in keys
+                if f.metrics[k] != figures[k]
+            ]
+            return f"dominated by #{f.number} on the ranked figures ({', '.join(worse)})"
+    return "not re-validated (beyond revalidate.max_candidates)"
+
+
+def noise_lines(floor: NoiseFloor, confidence: float) -> list[str]:
+    """The machine's noise at the end of a study, and what it means for the figures."""
+    if not floor.controls:
+        return []
+    lines = [floor.line()]
+    if floor.between_df:
+        spread = floor.between_cv * 1.96
+        lines.append(
+            f"  so one run's mean lands within about ±{spread:.1%} of the long-run level in 95% "
+            f"of fresh processes; every throughput interval above includes that spread "
+            f"({confidence:.0%} CI), and configurations closer than it are ties"
+        )
+    return lines
 
 
 def log_revalidation(tracker: Tracker, run_id: str, pooled: Pooled) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -32,6 +33,7 @@ from search.metrics import (
     quantile_upper_bound,
     trial_metrics,
 )
+from search.noise import RunFigures
 from search.records import COMPLETE, TrialRecord
 from search.runner import TrialResult
 
@@ -44,6 +46,8 @@ class Pooled:
     stable: bool
     reason: str
     """Why it is not stable ('' when it is)."""
+    runs: tuple[RunFigures, ...] = ()
+    """Each fresh run's figures, for the noise model (``search.noise``)."""
 
 
 Runs = Sequence[Mapping[str, float]]
@@ -99,10 +103,10 @@ _POOL = {
 }
 
 
-def pool(results: Sequence[TrialResult], max_cv: float, confidence: float) -> Pooled:
-    """Pool one candidate's fresh-process runs, each metric as the registry says; stable when every
-    run completed, the median run's within-run CV is at most ``max_cv`` and the per-process means
-    agree (their CV at most ``max_cv``)."""
+def pool(results: Sequence[TrialResult], times_s: Sequence[float], confidence: float) -> Pooled:
+    """Pool one candidate's fresh-process runs (ended at ``times_s``), each metric as the registry
+    says. Not stable when a run failed or the device throttled; the tests against the machine's
+    noise come later, when the figures are read (``search.noise.assess_pooled``)."""
     failed = [r.failure for r in results if r.state != COMPLETE or r.measurement is None]
     if failed:
         return Pooled({}, False, f"a re-validation run failed: {failed[0]}")
@@ -112,30 +116,21 @@ def pool(results: Sequence[TrialResult], max_cv: float, confidence: float) -> Po
         "n_processes": float(len(runs)),
         "n_windows": float(sum(run["n_windows"] for run in runs)),
         "n_steps": float(len(steps)),
+        "stall_steps": float(sum(run["stall_steps"] for run in runs)),
     }
     for metric in METRICS.values():
         metrics |= _POOL[metric.pooling](metric, runs, steps, confidence)
+    figures = tuple(RunFigures.of(run, t) for run, t in zip(runs, times_s, strict=True))
     throttled = [
         r.throttle_reasons
         for r in results
         if SLOWDOWN_NAMES.intersection(r.throttle_reasons.split(", "))
     ]
     if throttled:
-        return Pooled(metrics, False, f"the device throttled during a run ({throttled[0]})")
-    if metrics["throughput_cv"] > max_cv:
         return Pooled(
-            metrics,
-            False,
-            f"median within-run CV {metrics['throughput_cv']:.1%} above {max_cv:.0%}",
+            metrics, False, f"the device throttled during a run ({throttled[0]})", figures
         )
-    if metrics["between_process_cv"] > max_cv:
-        return Pooled(
-            metrics,
-            False,
-            f"fresh processes disagree: CV of their means "
-            f"{metrics['between_process_cv']:.1%} above {max_cv:.0%}",
-        )
-    return Pooled(metrics, True, "")
+    return Pooled(metrics, True, "", figures)
 
 
 def revalidate(
@@ -143,7 +138,6 @@ def revalidate(
     processes: int,
     measure: Callable[[TrialRecord], TrialResult],
     seed: int,
-    max_cv: float,
     confidence: float,
     progress: Callable[[int, int, TrialRecord, TrialResult], None],
 ) -> dict[int, Pooled]:
@@ -152,8 +146,10 @@ def revalidate(
     schedule = [c for c in candidates for _ in range(processes)]
     random.Random(seed).shuffle(schedule)
     results: dict[int, list[TrialResult]] = {c.number: [] for c in candidates}
+    times: dict[int, list[float]] = {c.number: [] for c in candidates}
     for done, candidate in enumerate(schedule, start=1):
         result = measure(candidate)
         results[candidate.number].append(result)
+        times[candidate.number].append(time.time())
         progress(done, len(schedule), candidate, result)
-    return {number: pool(runs, max_cv, confidence) for number, runs in results.items()}
+    return {number: pool(runs, times[number], confidence) for number, runs in results.items()}

@@ -115,16 +115,63 @@ class RunnerSettings:
 
 @dataclass
 class StableSettings:
-    """When a measured configuration counts as stable (only stable ones are recommended)."""
+    """When a measured configuration counts as stable (only stable ones are recommended): when its
+    variability is not significantly and materially larger than the control's (``search.noise``)."""
 
-    max_cv: float
-    """Largest coefficient of variation of the window throughputs of a stable configuration
-    (fraction, e.g. 0.05 for 5%)."""
+    alpha: float
+    """False-alarm rate: the chance that a configuration as steady as the control is called
+    unstable (fraction, split evenly over the three tests)."""
+
+    excess_cv: float
+    """Window-to-window CV beyond the control's, ``sqrt(cv^2 - cv_control^2)``, that makes a
+    configuration unstable when it is also significant (fraction)."""
+
+    excess_stalls: float
+    """Share of steps stalled (over twice the median step) beyond the control's share that makes a
+    configuration unstable when it is also significant (fraction)."""
+
+    excess_between_cv: float
+    """Between-process CV of a re-validated configuration beyond what the machine's between-run
+    noise explains that makes it unstable when it is also significant (fraction)."""
+
+    max_cv: float | None
+    """Optional absolute cap on the window-to-window CV (fraction); null: none."""
 
     def __post_init__(self) -> None:
-        _finite("stable.max_cv", self.max_cv)
+        _finite("stable.alpha", self.alpha)
+        _require(0 < self.alpha < 1, f"stable.alpha must lie in (0, 1), but got {self.alpha!r}")
+        for name in ("excess_cv", "excess_stalls", "excess_between_cv"):
+            value = getattr(self, name)
+            _finite(f"stable.{name}", value)
+            _require(value >= 0, f"stable.{name} must be a fraction >= 0, but got {value!r}")
+        _optional_finite("stable.max_cv", self.max_cv, "null for no cap")
         _require(
-            self.max_cv > 0, f"stable.max_cv must be a positive fraction, but got {self.max_cv!r}"
+            self.max_cv is None or self.max_cv > 0,
+            f"stable.max_cv must be a positive fraction or null, but got {self.max_cv!r}",
+        )
+
+
+@dataclass
+class NoiseSettings:
+    """The control configuration measured in fresh processes to read the machine's noise."""
+
+    control: dict[str, Any] | None
+    """Knob values of the control (any subset; the rest as in the default control); null: each
+    knob's smallest value (the first choice of a categorical, false for a flag)."""
+
+    budget: float
+    """Largest share of the invocation's time spent on control runs during the study (fraction);
+    the start and end runs are always made. 0: no control at all (intervals within-run only)."""
+
+    start_runs: int
+    """Control runs at the start of every invocation (at least 2 for a between-run figure)."""
+
+    def __post_init__(self) -> None:
+        _finite("noise.budget", self.budget)
+        _require(0 <= self.budget < 1, f"noise.budget must lie in [0, 1), but got {self.budget!r}")
+        _require(
+            _is_int(self.start_runs) and self.start_runs >= 2,
+            f"noise.start_runs must be an integer >= 2, but got {self.start_runs!r}",
         )
 
 
@@ -191,6 +238,9 @@ class Settings:
 
     stable: StableSettings
     """When a configuration counts as stable."""
+
+    noise: NoiseSettings
+    """The control runs that measure the machine's noise."""
 
     revalidate: RevalidateSettings
     """Re-measurement of the Pareto candidates at the end."""

@@ -32,11 +32,17 @@ from search.config import ConfigError, redact
 from search.guards import KnownOutcomes, Proposal, Verdict, guards
 from search.liveness import Heartbeat, Recovery, owner
 from search.metrics import objective_values, ranked_on, trial_metrics
-from search.pareto import is_stable
+from search.noise import NoiseFloor, RunFigures, assess
 from search.records import COMPLETE, FAILED, TrialRecord, fault_kind
 from search.runner import TrialRequest, TrialResult, run_isolated
 from search.space import CategoricalParam, FixedParam, FloatParam, IntParam, Param, SearchSpace
-from search.trial_store import store_measured, study_history, tell_failed
+from search.trial_store import (
+    noise_floor,
+    save_control,
+    store_measured,
+    study_history,
+    tell_failed,
+)
 
 if TYPE_CHECKING:
     from search.settings import Settings
@@ -151,6 +157,11 @@ class StudyDriver:
     ``request(config)`` makes the trial request of a configuration; ``log_trial(record, result)``
     records a measured trial elsewhere (MLflow) and returns its run id (None when not logged);
     ``progress(record, history)`` is called after each measured trial with the study's history.
+
+    With a ``control`` configuration, it is measured in fresh processes too (``run_control``):
+    ``noise.start_runs`` times before the first trial, then after a trial whenever the control's
+    share of the time so far stays within ``noise.budget``; ``on_control(result, floor)`` is
+    called after each control run.
     """
 
     def __init__(
@@ -164,6 +175,8 @@ class StudyDriver:
         progress: Callable[[TrialRecord, list[TrialRecord]], None],
         recovery: Recovery | None = None,
         heartbeat: Heartbeat | None = None,
+        control: Mapping[str, Any] | None = None,
+        on_control: Callable[[TrialResult, NoiseFloor], None] | None = None,
     ):
         self.settings, self.space, self.study, self.fingerprint = (
             settings,
@@ -180,8 +193,42 @@ class StudyDriver:
         self.known = KnownOutcomes.load(study, space, fingerprint, settings.runner.memory_limit_mb)
         self.guards = guards(study, space, self.known)
         self.started_s = time.monotonic()
+        self.control, self.on_control = control, on_control
+        self.control_s = 0.0
+        """Time spent on control runs in this invocation, s."""
+        self.control_runs = 0
+
+    def run_control(self) -> TrialResult | None:
+        """Measure the control configuration in a fresh process and keep its figures (None
+        without a control)."""
+        if self.control is None:
+            return None
+        started = time.monotonic()
+        result = run_isolated(self.request(self.control))
+        self.control_s += time.monotonic() - started
+        self.control_runs += 1
+        if result.state == COMPLETE and result.measurement is not None:
+            metrics = trial_metrics(result, self.settings.measure.confidence)
+            who = f"{owner()['host']}-{owner()['pid']}"
+            save_control(self.study, self.fingerprint, RunFigures.of(metrics, time.time()), who)
+        if self.on_control is not None:
+            self.on_control(result, self.floor())
+        return result
+
+    def floor(self) -> NoiseFloor:
+        """The machine's noise floor as the study knows it now."""
+        return noise_floor(self.study, self.fingerprint)
+
+    def _control_due(self) -> bool:
+        if self.control is None:
+            return False
+        per_run_s = self.control_s / max(1, self.control_runs)
+        return self.control_s + per_run_s <= self.settings.noise.budget * self.elapsed_s()
 
     def run(self) -> StudyOutcome:
+        if self.control is not None:
+            for _ in range(self.settings.noise.start_runs):
+                self.run_control()
         repeats = 0
         while len(self.outcome.records) < self.settings.study.n_trials:
             stop = self._stop_before_asking(repeats)
@@ -212,6 +259,8 @@ class StudyDriver:
                 repeats = 0
                 if self._too_many_failures():
                     break
+                if self._control_due():
+                    self.run_control()
             else:
                 repeats += 1
                 if not self._queue_unmeasured():
@@ -276,14 +325,36 @@ class StudyDriver:
     def _measure(self, trial: Trial, config: dict[str, Any]) -> bool:
         """Measure and tell ``trial``; False when another process had already failed it as stale."""
         result = run_isolated(self.request(config))
-        metrics = trial_metrics(result, self.settings.measure.confidence)
+        measured_at = time.time()
+        stored = trial_metrics(result, self.settings.measure.confidence)
+        metrics, stable, reason = stored, False, ""
+        if result.state == COMPLETE:
+            metrics, verdict = assess(
+                stored,
+                measured_at,
+                self.floor(),
+                self.settings.stable,
+                self.settings.measure.confidence,
+            )
+            stable, reason = verdict.stable, verdict.reason
         values = objective_values(metrics, [o.metric for o in self.space.objectives])
         state, failure = result.state, result.failure
         if state == COMPLETE and None in values:
-            state, failure = FAILED, "error: an objective could not be measured on this device"
-        stable = state == COMPLETE and is_stable(metrics, self.settings.stable.max_cv)
+            state, failure, stable = (
+                FAILED,
+                "error: an objective could not be measured on this device",
+                False,
+            )
         record = TrialRecord(
-            trial.number, config, state, metrics, stable, failure, unit=result.unit
+            trial.number,
+            config,
+            state,
+            metrics,
+            stable,
+            failure,
+            unit=result.unit,
+            time_s=measured_at,
+            reason=reason,
         )
         record = replace(record, run_id=self.log_trial(record, result))
         try:
@@ -294,6 +365,7 @@ class StudyDriver:
                 fingerprint=self.fingerprint,
                 memory_limit_mb=self.settings.runner.memory_limit_mb,
                 stderr_tail=result.stderr_tail,
+                stored_metrics=stored if state == COMPLETE else None,
             )
         except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
             if not self.study._storage.get_trial(trial._trial_id).state.is_finished():
@@ -358,8 +430,9 @@ class StudyDriver:
         return True
 
     def history(self) -> list[TrialRecord]:
-        """Every measured trial of this fingerprint within the space, stability judged now."""
-        return study_history(self.study, self.fingerprint, self.space, self.settings.stable.max_cv)
+        """Every measured trial of this fingerprint within the space, judged against the noise
+        floor now."""
+        return study_history(self.study, self.fingerprint, self.space, self.settings)
 
     def elapsed_s(self) -> float:
         return time.monotonic() - self.started_s

@@ -28,7 +28,7 @@ from search.space import SearchSpace
 from search.stores import open_stores, quiet_libraries
 from search.telemetry import environment
 from search.tracking import Tracker
-from search.trial_store import record_synced_run, study_history, study_revalidations
+from search.trial_store import judged_revalidations, record_synced_run, study_history
 
 
 def run_sync(cfg_node: DictConfig) -> int:
@@ -51,7 +51,7 @@ def run_sync(cfg_node: DictConfig) -> int:
 
     env = environment(device)
     print_fn = fingerprint(space, env)
-    history = study_history(study, print_fn, space, settings.stable.max_cv)
+    history = study_history(study, print_fn, space, settings)
     present, cut_off = tracker.trial_runs(study_name)
     _require_online(tracker, uri)
     out = console()
@@ -70,7 +70,9 @@ def run_sync(cfg_node: DictConfig) -> int:
     stale = [run_id for number, run_id in cut_off if number in run_ids]
     for run_id in stale:
         tracker.delete_run(run_id)
-    front = results.final_front(history, study_revalidations(study, print_fn), settings, space)
+    front = results.final_front(
+        history, judged_revalidations(study, print_fn, settings), settings, space
+    )
     results.mark_front(tracker, study_name, front, run_ids)
     _require_online(tracker, uri, f"after copying {len(copied)} of {len(missing)} trial(s)")
 
@@ -168,7 +170,7 @@ def _copy(
         },
     )
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
-    revalidated = study_revalidations(study, print_fn)
+    revalidated = judged_revalidations(study, print_fn, settings)
     copied: dict[int, str] = {}
     status = "FAILED"
     try:

@@ -359,10 +359,19 @@ class Tracker:
         if run_id is not None:
             self._guard(lambda: self._log(run_id, tags=tags))
 
-    def log_metrics(self, run_id: str | None, metrics: Mapping[str, float]) -> None:
-        """Metrics on run ``run_id``; nothing for None (a parent run that was never started)."""
+    def log_metrics(
+        self,
+        run_id: str | None,
+        metrics: Mapping[str, float],
+        step: int = 0,
+        timestamp_ms: int | None = None,
+    ) -> None:
+        """Metrics on run ``run_id`` at ``step`` (a later step of a metric is its latest value in
+        the UI); nothing for None (a parent run that was never started)."""
         if run_id is not None:
-            self._guard(lambda: self._log(run_id, metrics=metrics))
+            self._guard(
+                lambda: self._log(run_id, metrics=metrics, step=step, timestamp_ms=timestamp_ms)
+            )
 
     def log_text(self, text: str, artifact_file: str) -> None:
         """``text`` as artifact ``artifact_file`` of the parent run."""
@@ -399,13 +408,15 @@ class Tracker:
         params: Mapping[str, Any] = {},
         metrics: Mapping[str, float] = {},
         tags: Mapping[str, str] = {},
+        step: int = 0,
+        timestamp_ms: int | None = None,
     ) -> None:
-        now_ms = int(time.time() * 1000)
+        now_ms = timestamp_ms if timestamp_ms is not None else int(time.time() * 1000)
         # One call: MlflowClient.log_batch splits into requests within the server's per-request
         # limits (100 params or tags, 1000 metrics) itself.
         self._client.log_batch(
             run_id,
-            metrics=[Metric(k, float(v), now_ms, 0) for k, v in metrics.items()],
+            metrics=[Metric(k, float(v), now_ms, step) for k, v in metrics.items()],
             params=[Param(k, str(v)) for k, v in params.items()],
             tags=[RunTag(k, str(v)) for k, v in tags.items()],
         )

@@ -10,28 +10,34 @@ A trial's figures live in its user attributes (Optuna's values hold only what it
 
 A trial cannot change once told, so what is learned later is kept on the study: the MLflow run of a
 trial logged by ``sync`` (``mlflow_run:<number>``) and re-validated figures
-(``revalidated:<fingerprint>:<number>``). Optuna is used here, by ``search.study`` and by
+(``revalidated:<fingerprint>:<number>``), and the control runs that measure the machine's noise
+(``control:<fingerprint>:...``). Optuna is used here, by ``search.study`` and by
 ``search.liveness``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from search.pareto import is_stable
+from search.noise import NoiseFloor, RunFigures, assess, assess_pooled
 from search.records import COMPLETE, FAILED, TrialRecord
 from search.revalidate import Pooled
 from search.space import SearchSpace
+
+if TYPE_CHECKING:
+    from search.settings import Settings
 
 SYNCED_RUN_PREFIX = "mlflow_run:"
 """Study user attr ``mlflow_run:<trial number>``: the MLflow run of a trial logged after it
 finished."""
 REVALIDATED_PREFIX = "revalidated:"
 """Study user attr ``revalidated:<fingerprint>:<trial number>``: a candidate's pooled figures."""
+CONTROL_PREFIX = "control:"
+"""Study user attr ``control:<fingerprint>:<time>:<owner>``: one control run's figures."""
 OUTCOME_ATTRS = ("config", "fingerprint", "state", "failure", "metrics", "unit", "mlflow_run_id")
 """What a repeated proposal copies from the trial whose outcome it is told again."""
 
@@ -44,15 +50,17 @@ def store_measured(
     fingerprint: str,
     memory_limit_mb: float | None,
     stderr_tail: str = "",
+    stored_metrics: Mapping[str, float] | None = None,
 ) -> FrozenTrial:
     """Keep a measured trial's record in its user attrs and tell it: COMPLETE with ``values``, else
-    FAIL."""
+    FAIL. ``stored_metrics``: the run's own figures, kept instead of the record's (which may span
+    runs or be corrected for drift: ``search.noise.assess`` derives those again when read)."""
     attrs = {
         "config": dict(record.config),
         "fingerprint": fingerprint,
         "state": record.state,
         "failure": record.failure,
-        "metrics": dict(record.metrics),
+        "metrics": dict(record.metrics if stored_metrics is None else stored_metrics),
         "mlflow_run_id": record.run_id,
         "unit": record.unit,
         "memory_limit_mb": memory_limit_mb,
@@ -88,54 +96,123 @@ def own_trials(study: optuna.Study, fingerprint: str, space: SearchSpace) -> lis
     ]
 
 
-def record_of(trial: FrozenTrial, max_cv: float, synced: Mapping[str, Any]) -> TrialRecord:
-    """The record of a stored trial; stability judged now, with ``max_cv``, from the stored
-    figures."""
+def _time_s(trial: FrozenTrial) -> float:
+    end = trial.datetime_complete or trial.datetime_start
+    return end.timestamp() if end is not None else 0.0
+
+
+def record_of(
+    trial: FrozenTrial, floor: NoiseFloor, settings: Settings, synced: Mapping[str, Any]
+) -> TrialRecord:
+    """The record of a stored trial: its interval spanning runs and its stability judged now,
+    against ``floor``, from the stored figures (``search.noise.assess``)."""
     attrs = trial.user_attrs
+    metrics, stable, reason, time_s = attrs["metrics"], False, "", _time_s(trial)
+    if attrs["state"] == COMPLETE:
+        metrics, verdict = assess(
+            metrics, time_s, floor, settings.stable, settings.measure.confidence
+        )
+        stable, reason = verdict.stable, verdict.reason
     return TrialRecord(
         trial.number,
         attrs["config"],
         attrs["state"],
-        attrs["metrics"],
-        attrs["state"] == COMPLETE and is_stable(attrs["metrics"], max_cv),
+        metrics,
+        stable,
         attrs.get("failure", ""),
         attrs.get("mlflow_run_id") or synced.get(f"{SYNCED_RUN_PREFIX}{trial.number}"),
         attrs.get("unit", "items"),
+        time_s,
+        reason,
     )
 
 
 def study_history(
-    study: optuna.Study, fingerprint: str, space: SearchSpace, max_cv: float
+    study: optuna.Study,
+    fingerprint: str,
+    space: SearchSpace,
+    settings: Settings,
+    floor: NoiseFloor | None = None,
 ) -> list[TrialRecord]:
-    """Every measured (not reused) trial of ``fingerprint`` within ``space``, oldest first.
+    """Every measured (not reused) trial of ``fingerprint`` within ``space``, oldest first, judged
+    against ``floor`` (by default the study's: ``noise_floor``).
 
     ``run_id`` is the MLflow child run, from the trial or, for a trial logged later by ``sync``,
     from the study.
     """
     synced = study.user_attrs
+    floor = floor or noise_floor(study, fingerprint)
     return [
-        record_of(t, max_cv, synced)
+        record_of(t, floor, settings, synced)
         for t in own_trials(study, fingerprint, space)
         if "reused_from" not in t.user_attrs
     ]
+
+
+def save_control(study: optuna.Study, fingerprint: str, run: RunFigures, who: str) -> None:
+    """Keep one control run's figures in the study."""
+    study.set_user_attr(f"{CONTROL_PREFIX}{fingerprint}:{run.time_s:.3f}:{who}", run.as_dict())
+
+
+def study_controls(study: optuna.Study, fingerprint: str) -> list[RunFigures]:
+    """The control runs of ``fingerprint``, oldest first."""
+    prefix = f"{CONTROL_PREFIX}{fingerprint}:"
+    runs = [RunFigures.from_dict(v) for k, v in study.user_attrs.items() if k.startswith(prefix)]
+    return sorted(runs, key=lambda r: r.time_s)
+
+
+def noise_floor(study: optuna.Study, fingerprint: str) -> NoiseFloor:
+    """The machine's noise floor from the study's control runs and re-validation replicates."""
+    groups = [p.runs for p in study_revalidations(study, fingerprint).values() if p.runs]
+    return NoiseFloor.estimate(study_controls(study, fingerprint), groups)
 
 
 def save_revalidation(study: optuna.Study, fingerprint: str, number: int, pooled: Pooled) -> None:
     """Keep a candidate's re-validated figures in the study."""
     study.set_user_attr(
         f"{REVALIDATED_PREFIX}{fingerprint}:{number}",
-        {"metrics": dict(pooled.metrics), "stable": pooled.stable, "reason": pooled.reason},
+        {
+            "metrics": dict(pooled.metrics),
+            "stable": pooled.stable,
+            "reason": pooled.reason,
+            "runs": [r.as_dict() for r in pooled.runs],
+        },
     )
 
 
 def study_revalidations(study: optuna.Study, fingerprint: str) -> dict[int, Pooled]:
-    """Re-validated figures of ``fingerprint``'s trials, by trial number."""
+    """Re-validated figures of ``fingerprint``'s trials as stored, by trial number."""
     prefix = f"{REVALIDATED_PREFIX}{fingerprint}:"
     return {
-        int(key[len(prefix) :]): Pooled(v["metrics"], v["stable"], v["reason"])
+        int(key[len(prefix) :]): Pooled(
+            v["metrics"],
+            v["stable"],
+            v["reason"],
+            tuple(RunFigures.from_dict(r) for r in v.get("runs", ())),
+        )
         for key, v in study.user_attrs.items()
         if key.startswith(prefix)
     }
+
+
+def judged_revalidations(
+    study: optuna.Study, fingerprint: str, settings: Settings, floor: NoiseFloor | None = None
+) -> dict[int, Pooled]:
+    """Re-validated figures with the throughput interval of the mean of the fresh runs and the
+    verdict judged now, against ``floor`` (by default the study's); a failed or throttled
+    candidate keeps its stored verdict."""
+    stored = study_revalidations(study, fingerprint)
+    floor = floor or noise_floor(study, fingerprint)
+    judged = {}
+    for number, pooled in stored.items():
+        if not pooled.stable or len(pooled.runs) < 2:
+            judged[number] = pooled
+            continue
+        metrics, verdict = assess_pooled(
+            pooled.metrics, pooled.runs, floor, settings.stable, settings.measure.confidence
+        )
+        judged[number] = Pooled(metrics, verdict.stable, verdict.reason, pooled.runs)
+    return judged
 
 
 def record_synced_run(study: optuna.Study, number: int, run_id: str) -> None:

@@ -93,6 +93,14 @@ BAD_INPUT = {
         ["+space=llm", "study.storage=notaurl"],
         "cannot open study.storage 'notaurl'",
     ),
+    "control with an unknown knob": (
+        ["+space=llm", "+noise.control.batch=8"],
+        "noise.control names batch, which space 'llm' does not have",
+    ),
+    "control that breaks a constraint": (
+        ["+space=llm", "+noise.control.micro_batch_size=8"],
+        "batch_size % micro_batch_size == 0",
+    ),
     "tracking uri that cannot be opened": (
         ["+space=llm", "tracking.uri=foo://bar"],
         "cannot open tracking.uri",

@@ -19,7 +19,7 @@ import optuna
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
-from tiny import CONTRACT_METRICS, KNOBS, TINY  # tests/ is on sys.path
+from tiny import CONTRACT_METRICS, KNOBS, LENIENT, TINY  # tests/ is on sys.path
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -68,7 +68,7 @@ def test_llm_study_end_to_end(runs_dir):
     result = search(
         "+space=llm",
         "study.n_trials=3",
-        "stable.max_cv=1.0",
+        *LENIENT,
         *TINY,
         "revalidate.processes=2",
         "revalidate.max_candidates=2",
@@ -90,7 +90,9 @@ def test_llm_study_end_to_end(runs_dir):
         if t.state == optuna.trial.TrialState.COMPLETE:
             m = t.user_attrs["metrics"]
             # Optuna ranks the conservative end of each figure: see README "How it measures".
-            assert t.values == [m["throughput_ci_low"], m["latency_p95_ms_ub"], m["peak_memory_mb"]]
+            # The lower bound spans runs (README "Noise floor"): never above the run's own.
+            assert t.values[1:] == [m["latency_p95_ms_ub"], m["peak_memory_mb"]]
+            assert t.values[0] <= m["throughput_within_ci_low"] == m["throughput_ci_low"]
             assert m["latency_p95_ms_ub"] >= m["latency_p95_ms"]
             assert m["throughput_ci_low"] <= m["throughput"] <= m["throughput_ci_high"]
 
@@ -110,7 +112,7 @@ def test_llm_study_end_to_end(runs_dir):
             assert CONTRACT_METRICS <= set(child.data.metrics)
     on_front = {c.info.run_id for c in children if c.data.tags["pareto"] == "true"}
     assert on_front, (
-        "with stable.max_cv=1.0 every complete trial is stable, so the front is not empty"
+        "with such lenient margins every complete trial is stable, so the front is not empty"
     )
     revalidated = {c.info.run_id for c in children if c.data.tags.get("revalidated") == "true"}
     assert 1 <= len(revalidated) <= 2 and on_front <= revalidated
@@ -118,11 +120,18 @@ def test_llm_study_end_to_end(runs_dir):
         if child.info.run_id in revalidated:
             m = child.data.metrics
             assert m["revalidated_n_processes"] == 2 and "revalidated_between_process_cv" in m
+            assert m["revalidated_throughput_ci_high"] >= m["revalidated_throughput"]
             assert m["revalidated_throughput_ci_low"] <= m["revalidated_throughput"]
-    assert "re-validation:" in result.stdout and "kept their place" in result.stdout
+    assert "re-validation:" in result.stdout and "on the front" in result.stdout
+    assert "this machine: between-run CV" in result.stdout
+    assert {"noise_between_run_cv", "noise_within_run_cv", "noise_drift"} <= set(
+        parent.data.metrics
+    )
+    controls = client.get_metric_history(parent.info.run_id, "control_throughput")
+    assert len(controls) >= 3  # two at the start, one at the end
 
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
-    assert {"pareto.csv", "pareto.png", "best.yaml", "config.yaml"} <= artifacts
+    assert {"pareto.csv", "pareto.png", "best.yaml", "config.yaml", "noise.png"} <= artifacts
     study_dir = runs_dir / "llm-cpu"
     with (study_dir / "pareto.csv").open() as f:
         assert {row["mlflow_run_id"] for row in csv.DictReader(f)} == on_front

@@ -93,7 +93,7 @@ def result(throughput: float, energy_j: float) -> TrialResult:
 def test_a_trial_and_a_pooled_candidate_carry_every_metric_and_its_ranked_figure():
     runs = [result(1000.0, 0.01), result(1010.0, 0.012), result(990.0, 0.011)]
     stored = trial_metrics(runs[0], 0.95)
-    pooled = pool(runs, 0.05, 0.95).metrics
+    pooled = pool(runs, (1.0, 2.0, 3.0), 0.95).metrics
     for name in METRICS:
         for figures in (stored, pooled):
             assert name in figures and ranked_on(name) in figures, name

@@ -1,61 +1,105 @@
-"""The summary names an unstable configuration that is surely faster than the recommendation."""
+"""The summary says why each measured configuration is unstable, and why a configuration surely
+faster than the recommendation was not recommended, with the figures."""
 
+from search.noise import NoiseFloor, RunFigures
 from search.records import TrialRecord
 from search.report import summary_lines
+from search.results import noise_lines, passed_over
+from search.revalidate import Pooled
+from search.space import parse_space
 from search.study import StudyOutcome
+
+SPACE = parse_space(
+    "s",
+    {
+        "workload": {"_target_": "x"},
+        "params": {"batch_size": {"type": "int", "low": 1, "high": 64}},
+        "objectives": {"throughput": "maximize", "latency_p95_ms": "minimize"},
+    },
+)
 
 
 def _record(
-    number: int, low: float, mean: float, high: float, cv: float, stable: bool
+    number: int, low: float, mean: float, high: float, stable: bool, p95: float = 10.0, reason=""
 ) -> TrialRecord:
     metrics = {
         "throughput": mean,
         "throughput_ci_low": low,
         "throughput_ci_high": high,
-        "throughput_cv": cv,
+        "throughput_cv": 0.03,
+        "latency_p95_ms": p95,
+        "latency_p95_ms_ub": p95,
     }
     return TrialRecord(
-        number=number,
-        config={"batch_size": number},
-        state="complete",
-        metrics=metrics,
-        stable=stable,
-        unit="tokens",
+        number, {"batch_size": number}, "complete", metrics, stable, unit="tokens", reason=reason
     )
 
 
-SLOW_STABLE = _record(1, 1040.0, 1110.0, 1180.0, 0.028, True)
+SLOW_STABLE = _record(1, 1040.0, 1110.0, 1180.0, True)
+STALLS = "stalls: 40 of 900 steps (4.4%) over 2x the median step, control 0.1% (Fisher p=1e-9)"
 
 
-def _summary(history, best):
-    return summary_lines(
-        StudyOutcome("llm-cpu", records=list(history)), history, best=best, max_cv=0.05
+def test_each_unstable_configuration_is_listed_with_the_test_it_failed():
+    fast = _record(13, 12000.0, 12400.0, 12700.0, False, reason=STALLS)
+    lines = summary_lines(StudyOutcome("s", records=[SLOW_STABLE, fast]), [SLOW_STABLE, fast])
+    assert "1 measured configuration(s) were unstable and are left off the front:" in lines
+    assert f"  #13 {STALLS}" in lines
+
+
+def test_a_surely_faster_configuration_passed_over_is_named_with_the_reason():
+    fast = _record(13, 12000.0, 12400.0, 12700.0, False, reason=STALLS)
+    overlapping = _record(5, 1150.0, 1300.0, 1450.0, False, reason="dispersion: ...")
+    lines = passed_over([SLOW_STABLE, fast, overlapping], [SLOW_STABLE], SLOW_STABLE, {}, {}, SPACE)
+    assert lines[0].startswith("configurations surely faster than the recommendation")
+    assert len(lines) == 2  # #5's interval overlaps the recommendation's: not surely faster
+    assert lines[1] == (
+        "  #13 measured faster (12.4k tokens/s [12k, 12.7k]) than the recommendation #1 "
+        f"(1.11k tokens/s [1.04k, 1.18k]) but is not recommended: unstable: {STALLS}"
     )
 
 
-def test_an_unstable_configuration_surely_faster_than_the_recommendation_is_named():
-    fast = _record(13, 12000.0, 12400.0, 12700.0, 0.051, False)
-    noisy = _record(14, 8890.0, 9330.0, 9850.0, 0.098, False)
-    lines = _summary([SLOW_STABLE, fast, noisy], SLOW_STABLE)
-    assert "2 measured configuration(s) were unstable" in lines[-2]
-    assert lines[-1].startswith("  the fastest of them, #13 (12.4k tokens/s [12k, 12.7k], cv 5.1%)")
-    assert "10.2x as fast as the recommendation (#1)" in lines[-1]  # 12000 / 1180
-    assert "stable.max_cv (now 5%)" in lines[-1]
-
-
-def test_an_unstable_configuration_whose_interval_overlaps_the_recommendation_is_not_named():
-    overlapping = _record(5, 1150.0, 1300.0, 1450.0, 0.09, False)
-    lines = _summary([SLOW_STABLE, overlapping], SLOW_STABLE)
-    assert lines[-1].startswith("1 measured configuration(s) were unstable")
-
-
-def test_with_no_recommendation_the_fastest_unstable_configuration_is_named():
-    lines = _summary([_record(2, 900.0, 1000.0, 1100.0, 0.2, False)], None)
-    assert lines[-1].startswith(
-        "  nothing is recommended; the fastest of them is #2 (1k tokens/s [900, 1.1k], cv 20.0%)"
-    )
+def test_passed_over_after_re_validation_by_the_slo_or_by_domination():
+    reval = _record(2, 5000.0, 5100.0, 5200.0, True)
+    slow_lat = _record(3, 6000.0, 6100.0, 6200.0, True, p95=90.0)
+    best = _record(4, 2000.0, 2100.0, 2200.0, True, p95=5.0)
+    fails = Pooled({"throughput_ci_low": 5000.0, "throughput_ci_high": 5200.0}, False, "throttled")
+    lines = passed_over([reval, best], [best], best, {2: fails}, {}, SPACE)
+    assert lines[1].endswith("not recommended: after re-validation: throttled")
+    lines = passed_over([slow_lat, best], [slow_lat, best], best, {}, {"latency_p95_ms": 50}, SPACE)
+    assert lines[1].endswith("does not meet the slo latency_p95_ms 90 (limit 50)")
+    dominated = _record(6, 2300.0, 2400.0, 2500.0, True, p95=95.0)
+    lines = passed_over([slow_lat, dominated, best], [slow_lat, best], best, {}, {}, SPACE)
+    assert "#6" in lines[2] and "dominated by #3" in lines[2]
 
 
 def test_no_unstable_configuration_no_line():
-    lines = _summary([SLOW_STABLE], SLOW_STABLE)
+    lines = summary_lines(StudyOutcome("s", records=[SLOW_STABLE]), [SLOW_STABLE])
     assert not any("unstable" in line for line in lines)
+
+
+def test_the_noise_lines_say_how_far_one_run_moves():
+    controls = tuple(RunFigures(float(t * 60), 100.0, 0.01, 5, 5, 0) for t in range(4))
+    lines = noise_lines(NoiseFloor(controls, 0.02, 10, -0.01, 0.4, False, session_end=180.0), 0.95)
+    assert lines[0].startswith("this machine: between-run CV 2.0% (10 df), within-run 1.0%")
+    assert "drift -1.0% over 3 min (not significant, p=0.4)" in lines[0]
+    assert "within about ±3.9% of the long-run level" in lines[1]
+
+
+def test_when_every_candidate_fails_re_validation_what_it_dominated_is_next():
+    from search.config import compose_config, load_settings
+    from search.results import final_front, next_candidates
+
+    settings = load_settings(
+        compose_config(["+space=llm", "device=cpu", "revalidate.max_candidates=1"])
+    )
+    fast = _record(1, 5000.0, 5100.0, 5200.0, True, p95=5.0)
+    dominated = _record(2, 4000.0, 4100.0, 4200.0, True, p95=6.0)
+    history = [fast, dominated]
+    assert [r.number for r in next_candidates(history, {}, settings, SPACE)] == [1]
+    assert [r.number for r in final_front(history, {}, settings, SPACE)] == [1]  # not yet measured
+    failed = {1: Pooled({}, False, "throttled: ...")}
+    assert final_front(history, failed, settings, SPACE) == []
+    assert [r.number for r in next_candidates(history, failed, settings, SPACE)] == [2]
+    kept = {**failed, 2: Pooled({"throughput_ci_low": 3900.0}, True, "")}
+    front = final_front(history, kept, settings, SPACE)
+    assert [r.number for r in front] == [2] and front[0].metrics["throughput_ci_low"] == 3900.0

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from search.records import TrialRecord
 from search.metrics import quantile_upper_bound
+from search.noise import NoiseFloor, RunFigures, assess_pooled
 from search.revalidate import pool, revalidate
+from search.settings import StableSettings
 from search.records import COMPLETE, FAILED
 from search.runner import TrialResult
 from tiny import measurement
@@ -39,35 +42,62 @@ def test_quantile_upper_bound_is_the_maximum_when_samples_are_too_few():
     assert quantile_upper_bound(samples, 0.95, 0.95) == 58
 
 
-def test_pool_uses_the_process_means_for_the_interval():
-    pooled = pool([run(100.0), run(102.0), run(98.0)], max_cv=0.05, confidence=0.95)
+TIMES = (1.0, 2.0, 3.0)
+STABLE = StableSettings(0.01, 0.10, 0.01, 0.05, None)
+
+
+def test_pool_keeps_every_run_and_the_process_means():
+    pooled = pool([run(100.0), run(102.0), run(98.0)], TIMES, confidence=0.95)
     m = pooled.metrics
     assert pooled.stable and m["throughput"] == pytest.approx(100.0)
     # t(0.975, 2 df) * sd(100, 102, 98) / sqrt(3) = 4.303 * 2 / 1.732
     assert m["throughput_ci_high"] - m["throughput"] == pytest.approx(4.303 * 2 / 3**0.5, rel=1e-3)
     assert m["between_process_cv"] == pytest.approx(0.02) and m["n_processes"] == 3
     assert m["peak_memory_mb"] == 100.0 and m["n_steps"] == 9
+    assert [r.throughput for r in pooled.runs] == [100.0, 102.0, 98.0]
+    assert [r.time_s for r in pooled.runs] == list(TIMES)
 
 
-def test_processes_that_disagree_make_the_candidate_unstable():
-    pooled = pool([run(100.0), run(130.0), run(80.0)], max_cv=0.05, confidence=0.95)
-    assert not pooled.stable and "fresh processes disagree" in pooled.reason
+def _floor(between_cv: float, df: int = 20, cv: float = 0.01) -> NoiseFloor:
+    controls = tuple(RunFigures(float(t), 100.0, cv, 5, 5, 0) for t in range(3))
+    return NoiseFloor(controls, between_cv, df, 0.0, 1.0, False)
 
 
-def test_a_noisy_run_or_a_failed_run_makes_the_candidate_unstable():
-    assert (
-        "within-run CV"
-        in pool([run(100.0, cv=0.2), run(100.0, cv=0.1), run(100.0)], 0.05, 0.95).reason
-    )
-    # One disturbed run among steady ones: the median CV is fine and the means agree.
-    assert pool([run(100.0, cv=0.2), run(100.0), run(100.0)], 0.05, 0.95).stable
-    failed = pool([run(100.0), TrialResult(FAILED, failure="oom: out of memory")], 0.05, 0.95)
+def test_the_judged_interval_is_the_machines_between_run_spread_over_the_runs():
+    pooled = pool([run(100.0), run(102.0), run(98.0)], TIMES, confidence=0.95)
+    m, verdict = assess_pooled(pooled.metrics, pooled.runs, _floor(0.03), STABLE, 0.95)
+    assert verdict.stable
+    # between 3%, within 1% / sqrt(5) per run; k = 3; df by Welch-Satterthwaite
+    var = (0.03**2 + 0.01**2 / 5) / 3
+    df = var**2 / ((0.03**2 / 3) ** 2 / 20 + (0.01**2 / 5 / 3) ** 2 / 12)
+    half = stats.t.ppf(0.975, df) * var**0.5
+    assert m["throughput_ci_high"] == pytest.approx(m["throughput"] * np.exp(half))
+    assert m["throughput_ci_low"] == pytest.approx(m["throughput"] * np.exp(-half))
+
+
+def test_processes_that_disagree_beyond_the_machine_make_the_candidate_unstable():
+    pooled = pool([run(100.0), run(130.0), run(80.0)], TIMES, confidence=0.95)
+    _, verdict = assess_pooled(pooled.metrics, pooled.runs, _floor(0.01), STABLE, 0.95)
+    assert not verdict.stable and verdict.reason.startswith("disagreement")
+    # The same spread on a machine whose runs move that much anyway is the machine's.
+    _, verdict = assess_pooled(pooled.metrics, pooled.runs, _floor(0.25), STABLE, 0.95)
+    assert verdict.stable
+
+
+def test_noisy_runs_or_a_failed_run_make_the_candidate_unstable():
+    noisy = pool([run(100.0, cv=0.3), run(100.0, cv=0.2), run(100.0)], TIMES, 0.95)
+    _, verdict = assess_pooled(noisy.metrics, noisy.runs, _floor(0.01), STABLE, 0.95)
+    assert verdict.reason.startswith("dispersion")
+    # One disturbed run among steady ones: the median CV is the control's and the means agree.
+    one = pool([run(100.0, cv=0.3), run(100.0), run(100.0)], TIMES, 0.95)
+    assert assess_pooled(one.metrics, one.runs, _floor(0.01), STABLE, 0.95)[1].stable
+    failed = pool([run(100.0), TrialResult(FAILED, failure="oom: out of memory")], TIMES[:2], 0.95)
     assert not failed.stable and "oom" in failed.reason
 
 
 def test_a_run_that_throttled_makes_the_candidate_unstable():
     throttled = TrialResult(COMPLETE, run(100.0).measurement, 100.0, throttle_reasons="sw_thermal")
-    pooled = pool([run(100.0), throttled, run(100.0)], 0.05, 0.95)
+    pooled = pool([run(100.0), throttled, run(100.0)], TIMES, 0.95)
     assert not pooled.stable and "throttled" in pooled.reason and "sw_thermal" in pooled.reason
 
 
@@ -79,7 +109,6 @@ def test_every_candidate_is_measured_k_times_in_an_interleaved_order():
         3,
         lambda c: order.append(c.number) or run(100.0 + c.number),
         seed=1,
-        max_cv=0.05,
         confidence=0.95,
         progress=lambda *args: None,
     )
@@ -93,4 +122,4 @@ def test_a_power_capped_run_stays_stable():
     capped = TrialResult(
         COMPLETE, run(100.0).measurement, 100.0, throttle_reasons="sw_power_cap, sync_boost"
     )
-    assert pool([run(100.0), capped, run(100.0)], 0.05, 0.95).stable
+    assert pool([run(100.0), capped, run(100.0)], TIMES, 0.95).stable

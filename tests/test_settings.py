@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from search.config import CONF_DIR, SCHEMA_NAME, ConfigError, compose_config, load_settings, resolve
 from search.measure import MeasureSettings
 from search.settings import (
+    NoiseSettings,
     RevalidateSettings,
     RunnerSettings,
     Settings,
@@ -38,6 +39,9 @@ def _one_line_error(override: str) -> str:
 NOT_FINITE = [
     ("stable.max_cv=nan", "stable.max_cv"),
     ("stable.max_cv=inf", "stable.max_cv"),
+    ("stable.alpha=nan", "stable.alpha"),
+    ("stable.excess_cv=inf", "stable.excess_cv"),
+    ("noise.budget=nan", "noise.budget"),
     ("study.timeout_s=inf", "study.timeout_s"),
     ("study.timeout_s=nan", "study.timeout_s"),
     ("study.max_failure_rate=nan", "study.max_failure_rate"),
@@ -88,8 +92,11 @@ WRONG_TYPE = [
         "runner.memory_limit_mb=8GB",
         "runner.memory_limit_mb must be a number or null, but got '8GB'",
     ),
-    ("stable.max_cv=abc", "stable.max_cv must be a number, but got 'abc'"),
-    ("stable.max_cv=true", "stable.max_cv must be a number, but got true"),
+    ("stable.max_cv=abc", "stable.max_cv must be a number or null, but got 'abc'"),
+    ("stable.max_cv=true", "stable.max_cv must be a number or null, but got true"),
+    ("stable.alpha=often", "stable.alpha must be a number, but got 'often'"),
+    ("noise.start_runs=two", "noise.start_runs must be an integer"),
+    ("noise.control=fast", "noise.control must be a mapping"),
     ("measure.min_windows=abc", "measure.min_windows must be an integer"),
     ("measure.window_s=abc", "measure.window_s must be a number"),
     ("revalidate.processes=abc", "revalidate.processes must be an integer"),
@@ -98,6 +105,19 @@ WRONG_TYPE = [
     ("study=5", "study must be a mapping of its settings"),
     ("study.n_trials=${by_device:a,b}", "study.n_trials must be an integer, but got 'a'"),
 ]
+
+
+OUT_OF_RANGE = [
+    ("stable.alpha=0", "stable.alpha must lie in (0, 1), but got 0"),
+    ("stable.excess_cv=-0.1", "stable.excess_cv must be a fraction >= 0"),
+    ("noise.budget=1", "noise.budget must lie in [0, 1), but got 1"),
+    ("noise.start_runs=1", "noise.start_runs must be an integer >= 2, but got 1"),
+]
+
+
+@pytest.mark.parametrize("override, expected", OUT_OF_RANGE, ids=[o for o, _ in OUT_OF_RANGE])
+def test_out_of_range_is_refused(override, expected):
+    assert expected in _one_line_error(override)
 
 
 @pytest.mark.parametrize("override, expected", WRONG_TYPE, ids=[o for o, _ in WRONG_TYPE])
@@ -110,6 +130,7 @@ SECTIONS = {
     "runner": RunnerSettings,
     "measure": MeasureSettings,
     "stable": StableSettings,
+    "noise": NoiseSettings,
     "revalidate": RevalidateSettings,
     "tracking": TrackingSettings,
 }
@@ -143,6 +164,9 @@ def test_a_deleted_setting_is_named():
         "seed=7",
         "+slo.latency_p95_ms=200",
         "stable.max_cv=1",
+        "stable.max_cv=null",
+        "noise.budget=0",
+        "+noise.control.batch_size=16",
     ],
 )
 def test_good_values_compose(override):

@@ -43,7 +43,7 @@ def make_space(micro_choices=(1, 2), constraints=(), **extra):
     )
 
 
-def cfg(n_trials=1, max_cv=0.05, memory_limit_mb=None):
+def cfg(n_trials=1, excess_cv=0.10, memory_limit_mb=None):
     limit = "null" if memory_limit_mb is None else memory_limit_mb
     return load_settings(
         compose_config(
@@ -53,7 +53,7 @@ def cfg(n_trials=1, max_cv=0.05, memory_limit_mb=None):
                 f"study.n_trials={n_trials}",
                 "study.sampler=random",
                 "seed=0",
-                f"stable.max_cv={max_cv}",
+                f"stable.excess_cv={excess_cv}",
                 "runner.timeout_s=60",
                 f"runner.memory_limit_mb={limit}",
             ]
@@ -67,6 +67,8 @@ def stored(study, micro, *, state="complete", cv=0.02, fingerprint=FINGERPRINT, 
         "throughput_ci_low": 990.0 * micro,
         "throughput_ci_high": 1010.0 * micro,
         "throughput_cv": cv,
+        "n_windows": 10,
+        "n_steps": 30,
     }
     study.add_trial(
         create_trial(
@@ -120,11 +122,12 @@ def test_history_keeps_only_this_fingerprint_and_trials_that_lie_in_the_space():
     assert driver(study, make_space(micro_choices=(2,))).history() == []
 
 
-def test_stability_is_judged_with_the_current_bound():
+def test_stability_is_judged_with_the_current_settings():
     study = new_study()
-    stored(study, 1, cv=0.21)
-    assert driver(study, make_space(), cfg(max_cv=1.0)).history()[0].stable is True
-    assert driver(study, make_space(), cfg(max_cv=0.05)).history()[0].stable is False
+    stored(study, 1, cv=0.21)  # no control run: the margins alone judge
+    assert driver(study, make_space(), cfg(excess_cv=0.5)).history()[0].stable is True
+    record = driver(study, make_space(), cfg(excess_cv=0.10)).history()[0]
+    assert record.stable is False and record.reason.startswith("dispersion: window CV 21.0%")
 
 
 def test_a_measured_config_is_reused_and_the_exhausted_space_stops_without_measuring():
@@ -332,3 +335,31 @@ def test_a_proposal_gives_way_even_to_a_later_numbered_trial_of_the_same_configu
     measured = []
     outcome = driver(study, make_space(), cfg(n_trials=1), measured).run()
     assert outcome.in_flight >= 1 and {"batch_size": 4, "micro_batch_size": 1} not in measured
+
+
+def test_the_control_is_measured_at_the_start_and_kept_in_the_study():
+    from search.trial_store import study_controls
+
+    study = new_study()
+    space = make_space()
+    seen = []
+    control = {"batch_size": 4, "micro_batch_size": 1}
+    d = StudyDriver(
+        cfg(n_trials=1),
+        space,
+        study,
+        FINGERPRINT,
+        lambda c: TrialRequest(space.workload, c, "cpu", 0, QUICK),
+        lambda record, result: None,
+        lambda record, h: None,
+        control=control,
+        on_control=lambda result, floor: seen.append((result.state, floor.between_df)),
+    )
+    d.run()
+    assert [state for state, _ in seen[:2]] == ["complete", "complete"]
+    assert seen[1][1] == 1  # two control runs: one degree of freedom for the between-run spread
+    controls = study_controls(study, FINGERPRINT)
+    assert len(controls) == len(seen) >= 2 and controls[0].time_s <= controls[1].time_s
+    record = d.history()[0]
+    # the interval spans runs: never narrower than the run's own
+    assert record.metrics["throughput_ci_low"] <= record.metrics["throughput_within_ci_low"]

@@ -19,6 +19,12 @@ TINY = [
     "measure.max_time_s=1",
     "revalidate.processes=0",
 ]
+LENIENT = [
+    "stable.excess_cv=10",
+    "stable.excess_stalls=1",
+    "stable.excess_between_cv=10",
+]
+"""Stability margins no tiny configuration can exceed: every complete trial is stable."""
 KNOBS = {"batch_size", "micro_batch_size", "precision", "streams", "recompute"}
 CONTRACT_METRICS = {
     "throughput",

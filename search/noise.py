@@ -1,0 +1,468 @@
+"""The machine's noise floor, intervals that span runs, and stability judged against the machine.
+
+One run of a configuration (a fresh worker process, a few seconds of windows) says how steady that
+run was, not what the next run will get: a fresh process lands on other cores, other cache and
+memory placement, another neighbour's load, and the machine drifts over minutes. The study
+therefore measures a *control* configuration in fresh processes at its start, now and then during
+it and at its end, and reads the machine from those runs and from the re-validation replicates:
+
+- **between-run variance** σ_b² of a run's mean, relative: the one-way random-effects model
+  ``log(run mean) = log(level of the configuration) + b_run + e_run``, ``b_run ~ N(0, σ_b²)`` the
+  run's offset and ``e_run`` its within-run error (variance ``se²``, from its windows). σ_b² is the
+  method-of-moments estimate (as DerSimonian and Laird's): the runs' squared deviations from their
+  group's mean (the control is one group, each re-validated candidate another) less what their
+  own within-run errors explain, floored at zero; its degrees of freedom are the groups' runs less
+  one each (less two for the control when its drift is fitted).
+- **drift**: a straight line fitted to the control's log level against time. When its slope is
+  significant (``DRIFT_ALPHA``), every figure is *corrected* to the control's study-average level
+  (divided by the fitted level at its time) and the line's own uncertainty is added to its
+  interval; a slope that is not significant is reported but nothing is corrected, since a fitted
+  line from a few runs would add more noise than it removes.
+- **intervals that span runs**: a figure from one run gets the variance ``σ_b² + se²`` (plus the
+  drift line's), with Welch-Satterthwaite degrees of freedom; a mean of k fresh runs gets
+  ``(σ_b² + mean se²) / k``. The interval is never narrower than the run's own.
+
+Stability is a property of the configuration: a run is unstable when its variability is
+significantly larger than the control's measured nearest in time (``judge``), by tests whose
+false-alarm rates add up to ``stable.alpha`` (Bonferroni), and by at least a margin that matters.
+
+Nothing here knows Optuna, MLflow or processes: ``search.trial_store`` keeps the control runs,
+``search.app`` schedules them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from scipy import stats
+
+if TYPE_CHECKING:
+    from search.settings import StableSettings
+
+STALL_FACTOR = 2.0
+"""A step slower than this multiple of its run's median step counts as a stall."""
+DRIFT_ALPHA = 0.05
+"""Significance level of the drift line's slope (two-sided t-test)."""
+NEAREST_CONTROLS = 2
+"""Control runs nearest in time that a configuration's variability is compared with."""
+SESSION_GAP_S = 1800.0
+"""Control runs further apart than this belong to different sessions (see ``NoiseFloor``)."""
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    """What the noise model needs of one run of one configuration (a fresh process)."""
+
+    time_s: float
+    """When the run ended, s since the epoch."""
+    throughput: float
+    """Mean window throughput, items/s."""
+    cv: float
+    """Window-to-window coefficient of variation (fraction)."""
+    n_windows: int
+    n_steps: int
+    stalls: int
+    """Steps slower than ``STALL_FACTOR`` times the run's median step."""
+
+    @property
+    def se_rel(self) -> float:
+        """Relative standard error of the run's mean throughput, from its windows."""
+        return self.cv / math.sqrt(self.n_windows)
+
+    @classmethod
+    def of(cls, metrics: Mapping[str, float], time_s: float) -> RunFigures:
+        """The figures of a complete trial's stored metrics (``search.metrics.trial_metrics``)."""
+        return cls(
+            time_s,
+            float(metrics["throughput"]),
+            float(metrics["throughput_cv"]),
+            int(metrics["n_windows"]),
+            int(metrics["n_steps"]),
+            int(metrics.get("stall_steps", 0)),
+        )
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RunFigures:
+        return cls(
+            float(d["time_s"]),
+            float(d["throughput"]),
+            float(d["cv"]),
+            int(d["n_windows"]),
+            int(d["n_steps"]),
+            int(d["stalls"]),
+        )
+
+
+def stall_steps(step_latencies_ms: Sequence[float]) -> int:
+    """How many steps took longer than ``STALL_FACTOR`` times the median step."""
+    steps = np.asarray(step_latencies_ms, dtype=float)
+    return int(np.count_nonzero(steps > STALL_FACTOR * np.median(steps)))
+
+
+def _t(confidence: float, df: float) -> float:
+    return float(stats.t.ppf((1 + confidence) / 2, df)) if df > 0 else math.inf
+
+
+@dataclass(frozen=True)
+class NoiseFloor:
+    """The machine's noise as the control runs and re-validation replicates show it."""
+
+    controls: tuple[RunFigures, ...]
+    """The control runs, oldest first."""
+    between_cv: float
+    """σ_b: between-run standard deviation of a run's mean, relative (fraction)."""
+    between_df: int
+    """Degrees of freedom behind ``between_cv`` (0: unknown, no interval is widened)."""
+    drift: float
+    """Relative change of the control's fitted level from its first run to its last."""
+    drift_p: float
+    """Two-sided p-value of the drift line's slope (1.0 with fewer than 3 control runs)."""
+    corrected: bool
+    """Whether figures are corrected for drift (the slope is significant at ``DRIFT_ALPHA``)."""
+    slope: float = 0.0
+    """Fitted slope of the control's log level, per s."""
+    slope_var: float = 0.0
+    """Variance of ``slope``."""
+    t_ref: float = 0.0
+    """The time the corrected figures refer to: the control runs' mean time, s since the epoch."""
+    session_start: float = 0.0
+    """The first control run of the latest session, s since the epoch."""
+    session_end: float = 0.0
+    """Its last control run."""
+
+    @property
+    def within_cv(self) -> float:
+        """Median window-to-window CV of the latest session's control runs (NaN without any)."""
+        return float(np.median([c.cv for c in self.session])) if self.controls else math.nan
+
+    @classmethod
+    def estimate(
+        cls, controls: Sequence[RunFigures], groups: Sequence[Sequence[RunFigures]] = ()
+    ) -> NoiseFloor:
+        """The floor from ``controls`` and from ``groups`` of fresh runs of one configuration each
+        (re-validation replicates).
+
+        Control runs more than ``SESSION_GAP_S`` apart belong to different sessions (an earlier
+        invocation, another day): each session is its own group, and drift is fitted to the latest
+        one only; figures measured before it are not corrected."""
+        controls = tuple(sorted(controls, key=lambda c: c.time_s))
+        sessions = _sessions(controls)
+        latest = sessions[-1] if sessions else ()
+        slope, slope_var, t_ref, p, corrected = _drift_line(latest)
+        floor = cls(
+            controls,
+            0.0,
+            0,
+            math.expm1(slope * (latest[-1].time_s - latest[0].time_s)) if latest else 0.0,
+            p,
+            corrected,
+            slope if corrected else 0.0,
+            slope_var if corrected else 0.0,
+            t_ref,
+            latest[0].time_s if latest else 0.0,
+            latest[-1].time_s if latest else 0.0,
+        )
+        rss, explained, df = 0.0, 0.0, 0
+        for runs, fitted in [
+            *((s, 2 if s is latest and corrected else 1) for s in sessions),
+            *((g, 1) for g in groups),
+        ]:
+            if len(runs) <= fitted:
+                continue
+            y = np.log([r.throughput / floor.level(r.time_s)[0] for r in runs])
+            rss += float(np.sum((y - y.mean()) ** 2))
+            explained += (len(runs) - fitted) / len(runs) * sum(r.se_rel**2 for r in runs)
+            df += len(runs) - fitted
+        between_var = max(0.0, (rss - explained) / df) if df > 0 else 0.0
+        return replace(floor, between_cv=math.sqrt(between_var), between_df=df)
+
+    @property
+    def session(self) -> tuple[RunFigures, ...]:
+        """The control runs of the latest session."""
+        return tuple(c for c in self.controls if c.time_s >= self.session_start)
+
+    def level(self, time_s: float) -> tuple[float, float]:
+        """The control's fitted relative level at ``time_s`` (1.0 at ``t_ref``) and the variance of
+        its log; (1.0, 0.0) when drift is not corrected or ``time_s`` lies before the latest
+        session. Beyond the session's ends the line is held at its end values."""
+        if not self.corrected or time_s < self.session_start - SESSION_GAP_S:
+            return 1.0, 0.0
+        dt = min(max(time_s, self.session_start), self.session_end) - self.t_ref
+        return math.exp(self.slope * dt), self.slope_var * dt * dt
+
+    def single_run(
+        self,
+        throughput: float,
+        low: float,
+        high: float,
+        se_rel: float,
+        n_windows: int,
+        time_s: float,
+        confidence: float,
+    ) -> tuple[float, float, float]:
+        """(mean, low, high) of one run's throughput, spanning runs: corrected for drift where the
+        floor says so, and never narrower than the run's own interval ``[low, high]``."""
+        factor, drift_var = self.level(time_s)
+        components = [(self.between_cv**2, self.between_df), (se_rel**2, n_windows - 1)]
+        if drift_var:
+            components.append((drift_var, self.between_df))
+        half = _half_width(components, confidence)
+        mean = throughput / factor
+        return (
+            mean,
+            min(low / factor, mean * math.exp(-half)),
+            max(high / factor, mean * math.exp(half)),
+        )
+
+    def pooled(self, runs: Sequence[RunFigures], confidence: float) -> tuple[float, float, float]:
+        """(mean, low, high) of the mean of ``runs`` (fresh processes of one configuration)."""
+        k = len(runs)
+        corrected = [r.throughput / self.level(r.time_s)[0] for r in runs]
+        mean = float(np.mean(corrected))
+        within = float(np.mean([r.se_rel**2 for r in runs]))
+        components = [
+            (self.between_cv**2 / k, self.between_df),
+            (within / k, sum(r.n_windows - 1 for r in runs)),
+        ]
+        drift_var = float(np.mean([self.level(r.time_s)[1] for r in runs]))
+        if drift_var:
+            components.append((drift_var, self.between_df))
+        # A configuration whose processes disagree more than the machine's do is not stable
+        # (``judge``): its interval is the machine's.
+        half = _half_width(components, confidence)
+        return mean, mean * math.exp(-half), mean * math.exp(half)
+
+    def line(self) -> str:
+        """One line on the machine's noise, for the terminal."""
+        if not self.controls:
+            return "this machine: no control run measured; intervals are within-run only"
+        between = (
+            f"between-run CV {self.between_cv:.1%} ({self.between_df} df)"
+            if self.between_df
+            else "between-run CV unknown yet (needs 2 control runs)"
+        )
+        span_s = self.session_end - self.session_start
+        span = f"{span_s / 60:.0f} min" if span_s >= 120 else f"{span_s:.0f} s"
+        drift = (
+            f"drift {self.drift:+.1%} over {span} "
+            + (
+                f"(significant, p={self.drift_p:.2g}: figures corrected to the average level)"
+                if self.corrected
+                else f"(not significant, p={self.drift_p:.2g})"
+            )
+            if len(self.session) >= 3
+            else "drift not known yet (needs 3 control runs)"
+        )
+        return (
+            f"this machine: {between}, within-run {self.within_cv:.1%}, {drift}; "
+            f"from {len(self.controls)} control run(s)"
+        )
+
+    def metrics(self) -> dict[str, float]:
+        """The floor as MLflow metrics of the parent run."""
+        return {
+            "noise_between_run_cv": self.between_cv,
+            "noise_between_run_df": float(self.between_df),
+            "noise_within_run_cv": self.within_cv,
+            "noise_drift": self.drift,
+            "noise_drift_p": self.drift_p,
+            "noise_control_runs": float(len(self.controls)),
+        }
+
+    def nearest(self, time_s: float) -> list[RunFigures]:
+        """The control runs nearest to ``time_s`` (``NEAREST_CONTROLS`` of them)."""
+        return sorted(self.controls, key=lambda c: abs(c.time_s - time_s))[:NEAREST_CONTROLS]
+
+
+def _sessions(controls: Sequence[RunFigures]) -> list[tuple[RunFigures, ...]]:
+    """``controls`` (oldest first) split wherever two runs lie more than ``SESSION_GAP_S`` apart."""
+    sessions: list[list[RunFigures]] = []
+    for c in controls:
+        if sessions and c.time_s - sessions[-1][-1].time_s <= SESSION_GAP_S:
+            sessions[-1].append(c)
+        else:
+            sessions.append([c])
+    return [tuple(s) for s in sessions]
+
+
+def _drift_line(controls: Sequence[RunFigures]) -> tuple[float, float, float, float, bool]:
+    """(slope, its variance, mean time, two-sided p, significant) of log level against time."""
+    if not controls:
+        return 0.0, 0.0, 0.0, 1.0, False
+    t = np.array([c.time_s for c in controls])
+    t_ref = float(t.mean())
+    if len(controls) < 3 or float(np.ptp(t)) == 0:
+        return 0.0, 0.0, t_ref, 1.0, False
+    fit = stats.linregress(t - t_ref, np.log([c.throughput for c in controls]))
+    slope, se = float(fit.slope), float(fit.stderr)
+    p = float(fit.pvalue) if math.isfinite(fit.pvalue) else (0.0 if slope else 1.0)
+    return slope, se * se, t_ref, p, p < DRIFT_ALPHA
+
+
+def _half_width(components: Sequence[tuple[float, float]], confidence: float) -> float:
+    """t times the standard error of a sum of variance components, with Welch-Satterthwaite degrees
+    of freedom; components with no degrees of freedom are left out (nothing is known of them)."""
+    known = [(v, df) for v, df in components if df > 0 and v > 0]
+    total = sum(v for v, _ in known)
+    if total == 0:
+        return 0.0
+    df = total**2 / sum(v * v / df for v, df in known)
+    return _t(confidence, df) * math.sqrt(total)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether a configuration is stable, and if not, which test it failed with its figures."""
+
+    stable: bool
+    reason: str = ""
+
+
+def judge(
+    run: RunFigures,
+    floor: NoiseFloor,
+    settings: StableSettings,
+    *,
+    throttled: bool = False,
+    replicates: Sequence[RunFigures] = (),
+) -> Verdict:
+    """Judge one configuration against the control runs nearest in time.
+
+    Three one-sided tests, each at ``alpha / 3`` so that a configuration as steady as the control
+    is called unstable with probability at most ``alpha`` (Bonferroni), and each also asks for an
+    excess that matters:
+
+    - **stalls**: its share of steps slower than ``STALL_FACTOR`` times its median step exceeds
+      the control's (Fisher's exact test) by at least ``stable.excess_stalls``;
+    - **window dispersion**: its window CV exceeds the control's (F-test of the variances) and
+      the excess, ``sqrt(cv² - cv_control²)``, is at least ``stable.excess_cv``;
+    - **fresh processes disagree** (only with ``replicates``): their means vary more than the
+      machine's between-run variance plus their own within-run errors explain (F-test against
+      the floor's degrees of freedom), by an excess CV of at least ``stable.excess_between_cv``.
+
+    Thermal or hardware throttling, and ``stable.max_cv`` when set, are absolute.
+    """
+    if throttled:
+        return Verdict(False, "throttled: the device reported a thermal or hardware slowdown")
+    if settings.max_cv is not None and run.cv > settings.max_cv:
+        return Verdict(
+            False, f"max_cv: window CV {run.cv:.1%} above stable.max_cv {settings.max_cv:.0%}"
+        )
+    alpha = settings.alpha / 3
+    near = floor.nearest(run.time_s)
+    ctl_steps = sum(c.n_steps for c in near)
+    ctl_stalls = sum(c.stalls for c in near)
+    share, ctl_share = run.stalls / max(run.n_steps, 1), ctl_stalls / max(ctl_steps, 1)
+    if share - ctl_share >= settings.excess_stalls and run.stalls:
+        p = (
+            float(
+                stats.fisher_exact(
+                    [[run.stalls, run.n_steps - run.stalls], [ctl_stalls, ctl_steps - ctl_stalls]],
+                    alternative="greater",
+                ).pvalue
+            )
+            if near
+            else 0.0
+        )
+        if p < alpha:
+            return Verdict(
+                False,
+                f"stalls: {run.stalls} of {run.n_steps} steps ({share:.1%}) over "
+                f"{STALL_FACTOR:g}x the median step, control {ctl_share:.1%} "
+                f"(Fisher p={p:.2g} < {alpha:.2g})",
+            )
+    ctl_df = sum(c.n_windows - 1 for c in near)
+    ctl_var = sum(c.cv**2 * (c.n_windows - 1) for c in near) / ctl_df if ctl_df else 0.0
+    excess = math.sqrt(max(run.cv**2 - ctl_var, 0.0))
+    if excess >= settings.excess_cv and run.n_windows > 1:
+        p = float(stats.f.sf(run.cv**2 / ctl_var, run.n_windows - 1, ctl_df)) if ctl_var else 0.0
+        if p < alpha:
+            return Verdict(
+                False,
+                f"dispersion: window CV {run.cv:.1%}, the control's {math.sqrt(ctl_var):.1%}: "
+                f"excess {excess:.1%} >= {settings.excess_cv:.0%} (F-test p={p:.2g} < {alpha:.2g})",
+            )
+    if len(replicates) >= 2:
+        return _disagreement(replicates, floor, settings, alpha)
+    return Verdict(True)
+
+
+def _disagreement(
+    runs: Sequence[RunFigures], floor: NoiseFloor, settings: StableSettings, alpha: float
+) -> Verdict:
+    y = np.log([r.throughput / floor.level(r.time_s)[0] for r in runs])
+    spread = float(np.var(y, ddof=1))
+    within = float(np.mean([r.se_rel**2 for r in runs]))
+    expected = floor.between_cv**2 + within
+    excess = math.sqrt(max(spread - expected, 0.0))
+    if excess < settings.excess_between_cv:
+        return Verdict(True)
+    df_expected = floor.between_df or sum(r.n_windows - 1 for r in runs)
+    p = float(stats.f.sf(spread / expected, len(runs) - 1, df_expected)) if expected else 0.0
+    if p >= alpha:
+        return Verdict(True)
+    return Verdict(
+        False,
+        f"disagreement: CV of the fresh processes' means {math.sqrt(spread):.1%}, the machine's "
+        f"{math.sqrt(expected):.1%}: excess {excess:.1%} >= {settings.excess_between_cv:.0%} "
+        f"(F-test p={p:.2g} < {alpha:.2g})",
+    )
+
+
+def assess(
+    metrics: Mapping[str, float],
+    time_s: float,
+    floor: NoiseFloor,
+    settings: StableSettings,
+    confidence: float,
+) -> tuple[dict[str, float], Verdict]:
+    """One run's stored figures with its throughput interval spanning runs (and corrected for
+    drift where the floor says so), and its stability verdict against the control."""
+    run = RunFigures.of(metrics, time_s)
+    low = metrics.get("throughput_within_ci_low", metrics["throughput_ci_low"])
+    high = metrics.get("throughput_within_ci_high", metrics["throughput_ci_high"])
+    mean, low, high = floor.single_run(
+        run.throughput, low, high, run.se_rel, run.n_windows, time_s, confidence
+    )
+    out = {
+        **metrics,
+        "throughput_within_ci_low": metrics.get("throughput_within_ci_low", low),
+        "throughput_within_ci_high": metrics.get("throughput_within_ci_high", high),
+        "throughput": mean,
+        "throughput_ci_low": low,
+        "throughput_ci_high": high,
+    }
+    if floor.corrected:
+        out["throughput_uncorrected"] = run.throughput
+    return out, judge(run, floor, settings, throttled=bool(metrics.get("throttled", 0.0)))
+
+
+def assess_pooled(
+    metrics: Mapping[str, float],
+    runs: Sequence[RunFigures],
+    floor: NoiseFloor,
+    settings: StableSettings,
+    confidence: float,
+) -> tuple[dict[str, float], Verdict]:
+    """A re-validated candidate's pooled figures with the throughput interval of the mean of its
+    fresh runs (``NoiseFloor.pooled``), and its verdict: the stall and dispersion tests on all its
+    runs together (their median CV, their steps summed) and the disagreement of their means."""
+    mean, low, high = floor.pooled(runs, confidence)
+    median_run = sorted(runs, key=lambda r: r.cv)[len(runs) // 2]
+    together = RunFigures(
+        float(np.median([r.time_s for r in runs])),
+        mean,
+        median_run.cv,
+        median_run.n_windows,
+        sum(r.n_steps for r in runs),
+        sum(r.stalls for r in runs),
+    )
+    out = {**metrics, "throughput": mean, "throughput_ci_low": low, "throughput_ci_high": high}
+    return out, judge(together, floor, settings, replicates=runs)

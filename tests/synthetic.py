@@ -1,0 +1,107 @@
+"""A synthetic machine whose long-run behaviour is known, for the noise-floor tests.
+
+Each "run" stands for a fresh process: it draws its own offset (log-normal, ``between_cv``), sees
+the machine's level at the current time (``drift`` over ``span_s``, linear in log), and times its
+steps with the real ``measure`` on a virtual clock: Gaussian step noise (``step_cv``) and, with
+probability ``stall_p``, a stall of ``stall_x`` times the step. A run's figures are what
+``search.metrics.trial_metrics`` stores for a complete trial.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from search.measure import MeasureSettings, measure
+from search.metrics import step_quantiles
+from search.noise import RunFigures, stall_steps
+
+ITEMS = 64
+SETTINGS = MeasureSettings(
+    warmup_steps=2,
+    warmup_s=0.0,
+    window_s=0.05,
+    min_windows=5,
+    max_windows=30,
+    target_rel_ci=0.01,
+    max_time_s=2.0,
+)
+
+
+class _Timer:
+    def __init__(self, machine: Machine) -> None:
+        self.machine = machine
+        self.marks: list[float] = []
+
+    def now_s(self) -> float:
+        return self.machine.clock_s
+
+    def begin_window(self) -> None:
+        self.marks = [self.machine.clock_s]
+
+    def mark_step(self) -> None:
+        self.marks.append(self.machine.clock_s)
+
+    def end_window(self) -> list[float]:
+        return [b - a for a, b in zip(self.marks, self.marks[1:], strict=False)]
+
+
+@dataclass
+class Machine:
+    between_cv: float = 0.02
+    drift: float = -0.03
+    """Relative change of the machine's level over ``span_s``."""
+    span_s: float = 300.0
+    seed: int = 0
+    clock_s: float = 1.0e9  # an epoch-like start
+    start_s: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rng = np.random.default_rng(self.seed)
+        self.start_s = self.clock_s
+
+    def level(self, t_s: float) -> float:
+        """The machine's speed factor at ``t_s`` (1.0 at the start)."""
+        return math.exp(math.log1p(self.drift) * (t_s - self.start_s) / self.span_s)
+
+    def mean_level(self) -> float:
+        """The machine's level averaged over the study's span (the long-run reference)."""
+        ts = np.linspace(self.start_s, self.start_s + self.span_s, 1001)
+        return float(np.mean([self.level(t) for t in ts]))
+
+    def run(
+        self,
+        throughput: float,
+        step_cv: float = 0.01,
+        stall_p: float = 0.0,
+        stall_x: float = 5.0,
+        gap_s: float = 0.0,
+        settings: MeasureSettings = SETTINGS,
+    ) -> tuple[dict[str, float], RunFigures]:
+        """One fresh-process run of a configuration whose long-run throughput at level 1.0 is
+        ``throughput`` items/s; ``gap_s`` of other work passes first."""
+        self.clock_s += gap_s
+        offset = math.exp(self.rng.normal(0.0, self.between_cv))
+        base_s = ITEMS / throughput
+
+        def step() -> None:
+            speed = offset * self.level(self.clock_s)
+            duration = base_s / speed * max(0.05, 1 + self.rng.normal(0.0, step_cv))
+            if stall_p and self.rng.random() < stall_p:
+                duration *= stall_x
+            self.clock_s += duration
+
+        m = measure(step, ITEMS, settings, _Timer(self))
+        metrics = {
+            "throughput": m.throughput,
+            "throughput_ci_low": m.throughput_ci_low,
+            "throughput_ci_high": m.throughput_ci_high,
+            "throughput_cv": m.throughput_cv,
+            "n_windows": m.n_windows,
+            "n_steps": m.n_steps,
+            "stall_steps": stall_steps(m.step_latencies_ms),
+            **step_quantiles(m.step_latencies_ms, 0.95),
+        }
+        return metrics, RunFigures.of(metrics, self.clock_s)
