@@ -332,7 +332,7 @@ def _finish(ctx: Context, driver: StudyDriver, outcome: StudyOutcome, tracker: T
     driver.run_control()  # the end of the study: drift needs both ends
     floor = driver.floor()
     history = driver.history()
-    done = judged_revalidations(study, fp, settings, floor)
+    done = judged_revalidations(study, fp, settings)
     front = results.final_front(history, done, settings, space)
     if settings.revalidate.processes and done:
         dropped = results.left_the_front(history, front, done)
@@ -344,8 +344,9 @@ def _finish(ctx: Context, driver: StudyDriver, outcome: StudyOutcome, tracker: T
     results.mark_front(tracker, outcome.study_name, front)
     best = results.recommend(front, settings.slo)
     study_dir = Path(settings.runs_dir) / outcome.study_name
+    final = results.with_revalidation(history, done)  # every file shows the final verdicts
     for path in results.write_files(
-        study_dir, history, front, best, settings, space, ctx.env["device_name"]
+        study_dir, final, front, best, settings, space, ctx.env["device_name"]
     ):
         tracker.log_artifact(path)
     mine = {r.number for r in outcome.records}
@@ -380,7 +381,8 @@ def _finish(ctx: Context, driver: StudyDriver, outcome: StudyOutcome, tracker: T
     ):
         out.print(line, markup=False)
     _print_front(ctx, front, best, history[0].unit if history else "items")
-    out.print(f"files: {study_dir}/best.yaml, pareto.csv, pareto.png, noise.png")
+    noise_png = ", noise.png" if floor.controls else ""
+    out.print(f"files: {study_dir}/best.yaml, pareto.csv, pareto.png{noise_png}")
     if tracker.offline_reason:
         out.print(
             f"MLflow: {tracker.offline_reason}. {tracker.unlogged_trials} trial(s) of this run "

@@ -50,7 +50,10 @@ DRIFT_ALPHA = 0.05
 NEAREST_CONTROLS = 2
 """Control runs nearest in time that a configuration's variability is compared with."""
 SESSION_GAP_S = 1800.0
-"""Control runs further apart than this belong to different sessions (see ``NoiseFloor``)."""
+"""Control runs of no named invocation further apart than this belong to different sessions."""
+SESSION_GRACE_S = 60.0
+"""A figure measured more than this before the latest session's first control run belongs to an
+earlier session: the latest session's drift line does not correct it."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,16 @@ class RunFigures:
     n_steps: int
     stalls: int
     """Steps slower than ``STALL_FACTOR`` times the run's median step."""
+    session: str = ""
+    """The invocation that measured it, for control runs ('' where unknown: sessions are then
+    told apart by gaps of ``SESSION_GAP_S``)."""
+    step_s: float = 0.0
+    """Mean step time, s (0.0 where unknown: steps then count as equally long)."""
+
+    @property
+    def steps_time_s(self) -> float:
+        """Time its timed steps took, s (their count where the step time is unknown)."""
+        return self.n_steps * (self.step_s or 1.0)
 
     @property
     def se_rel(self) -> float:
@@ -83,9 +96,10 @@ class RunFigures:
             int(metrics["n_windows"]),
             int(metrics["n_steps"]),
             int(metrics.get("stall_steps", 0)),
+            step_s=float(metrics.get("latency_mean_ms", 0.0)) / 1000.0,
         )
 
-    def as_dict(self) -> dict[str, float]:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
@@ -97,6 +111,8 @@ class RunFigures:
             int(d["n_windows"]),
             int(d["n_steps"]),
             int(d["stalls"]),
+            str(d.get("session", "")),
+            float(d.get("step_s", 0.0)),
         )
 
 
@@ -136,6 +152,8 @@ class NoiseFloor:
     """The first control run of the latest session, s since the epoch."""
     session_end: float = 0.0
     """Its last control run."""
+    drift_df: int = 0
+    """Degrees of freedom of the drift line (its session's runs less two)."""
 
     @property
     def within_cv(self) -> float:
@@ -168,6 +186,7 @@ class NoiseFloor:
             t_ref,
             latest[0].time_s if latest else 0.0,
             latest[-1].time_s if latest else 0.0,
+            max(len(latest) - 2, 0),
         )
         rss, explained, df = 0.0, 0.0, 0
         for runs, fitted in [
@@ -186,13 +205,14 @@ class NoiseFloor:
     @property
     def session(self) -> tuple[RunFigures, ...]:
         """The control runs of the latest session."""
-        return tuple(c for c in self.controls if c.time_s >= self.session_start)
+        sessions = _sessions(self.controls)
+        return sessions[-1] if sessions else ()
 
     def level(self, time_s: float) -> tuple[float, float]:
         """The control's fitted relative level at ``time_s`` (1.0 at ``t_ref``) and the variance of
         its log; (1.0, 0.0) when drift is not corrected or ``time_s`` lies before the latest
         session. Beyond the session's ends the line is held at its end values."""
-        if not self.corrected or time_s < self.session_start - SESSION_GAP_S:
+        if not self.corrected or time_s < self.session_start - SESSION_GRACE_S:
             return 1.0, 0.0
         dt = min(max(time_s, self.session_start), self.session_end) - self.t_ref
         return math.exp(self.slope * dt), self.slope_var * dt * dt
@@ -212,7 +232,7 @@ class NoiseFloor:
         factor, drift_var = self.level(time_s)
         components = [(self.between_cv**2, self.between_df), (se_rel**2, n_windows - 1)]
         if drift_var:
-            components.append((drift_var, self.between_df))
+            components.append((drift_var, self.drift_df))
         half = _half_width(components, confidence)
         mean = throughput / factor
         return (
@@ -233,7 +253,7 @@ class NoiseFloor:
         ]
         drift_var = float(np.mean([self.level(r.time_s)[1] for r in runs]))
         if drift_var:
-            components.append((drift_var, self.between_df))
+            components.append((drift_var, self.drift_df))
         # A configuration whose processes disagree more than the machine's do is not stable
         # (``judge``): its interval is the machine's.
         half = _half_width(components, confidence)
@@ -243,10 +263,11 @@ class NoiseFloor:
         """One line on the machine's noise, for the terminal."""
         if not self.controls:
             return "this machine: no control run measured; intervals are within-run only"
+        session = self.session
         between = (
             f"between-run CV {self.between_cv:.1%} ({self.between_df} df)"
             if self.between_df
-            else "between-run CV unknown yet (needs 2 control runs)"
+            else "between-run CV unknown yet (needs 2 control runs in one invocation)"
         )
         span_s = self.session_end - self.session_start
         span = f"{span_s / 60:.0f} min" if span_s >= 120 else f"{span_s:.0f} s"
@@ -257,13 +278,20 @@ class NoiseFloor:
                 if self.corrected
                 else f"(not significant, p={self.drift_p:.2g})"
             )
-            if len(self.session) >= 3
+            if len(session) >= 3
             else "drift not known yet (needs 3 control runs)"
         )
+        earlier = len(self.controls) - len(session)
         return (
             f"this machine: {between}, within-run {self.within_cv:.1%}, {drift}; "
-            f"from {len(self.controls)} control run(s)"
+            f"from {len(session)} control run(s) of this invocation"
+            + (f" and {earlier} of earlier ones" if earlier else "")
         )
+
+    def one_run_spread(self, confidence: float) -> float:
+        """How far one run's mean lands from the long-run level in ``confidence`` of fresh
+        processes, relative (the between-run part only)."""
+        return _t(confidence, self.between_df) * self.between_cv if self.between_df else math.nan
 
     def metrics(self) -> dict[str, float]:
         """The floor as MLflow metrics of the parent run."""
@@ -282,14 +310,19 @@ class NoiseFloor:
 
 
 def _sessions(controls: Sequence[RunFigures]) -> list[tuple[RunFigures, ...]]:
-    """``controls`` (oldest first) split wherever two runs lie more than ``SESSION_GAP_S`` apart."""
-    sessions: list[list[RunFigures]] = []
+    """``controls`` (oldest first) grouped by the invocation that measured them; runs without one
+    are split wherever two lie more than ``SESSION_GAP_S`` apart. Ordered by each session's last
+    run."""
+    named: dict[str, list[RunFigures]] = {}
+    unnamed: list[list[RunFigures]] = []
     for c in controls:
-        if sessions and c.time_s - sessions[-1][-1].time_s <= SESSION_GAP_S:
-            sessions[-1].append(c)
+        if c.session:
+            named.setdefault(c.session, []).append(c)
+        elif unnamed and c.time_s - unnamed[-1][-1].time_s <= SESSION_GAP_S:
+            unnamed[-1].append(c)
         else:
-            sessions.append([c])
-    return [tuple(s) for s in sessions]
+            unnamed.append([c])
+    return sorted((tuple(s) for s in [*named.values(), *unnamed]), key=lambda s: s[-1].time_s)
 
 
 def _drift_line(controls: Sequence[RunFigures]) -> tuple[float, float, float, float, bool]:
@@ -339,8 +372,10 @@ def judge(
     is called unstable with probability at most ``alpha`` (Bonferroni), and each also asks for an
     excess that matters:
 
-    - **stalls**: its share of steps slower than ``STALL_FACTOR`` times its median step exceeds
-      the control's (Fisher's exact test) by at least ``stable.excess_stalls``;
+    - **stalls**: its steps slower than ``STALL_FACTOR`` times its median step come at a higher
+      rate per second of steps than the control's (conditional binomial test of two Poisson
+      rates), and the excess over what the control's rate predicts is at least
+      ``stable.excess_stalls`` of its steps;
     - **window dispersion**: its window CV exceeds the control's (F-test of the variances) and
       the excess, ``sqrt(cv² - cv_control²)``, is at least ``stable.excess_cv``;
     - **fresh processes disagree** (only with ``replicates``): their means vary more than the
@@ -357,26 +392,40 @@ def judge(
         )
     alpha = settings.alpha / 3
     near = floor.nearest(run.time_s)
-    ctl_steps = sum(c.n_steps for c in near)
+    if near:  # else nothing to compare with (noise.budget=0, or every control run failed)
+        verdict = _against_control(run, near, settings, alpha)
+        if not verdict.stable:
+            return verdict
+    if len(replicates) >= 2 and (floor.between_df or near):
+        return _disagreement(replicates, floor, settings, alpha)
+    return Verdict(True)
+
+
+def _against_control(
+    run: RunFigures, near: Sequence[RunFigures], settings: StableSettings, alpha: float
+) -> Verdict:
+    """The stall and window-dispersion tests of ``judge``."""
+    # Stalls the machine causes (preemption, a neighbour's burst) come at a rate per second, so a
+    # configuration with longer steps catches more of them per step: compare rates over the time
+    # the steps took (conditional binomial test of two Poisson rates), not shares of steps.
     ctl_stalls = sum(c.stalls for c in near)
-    share, ctl_share = run.stalls / max(run.n_steps, 1), ctl_stalls / max(ctl_steps, 1)
-    if share - ctl_share >= settings.excess_stalls and run.stalls:
-        p = (
-            float(
-                stats.fisher_exact(
-                    [[run.stalls, run.n_steps - run.stalls], [ctl_stalls, ctl_steps - ctl_stalls]],
-                    alternative="greater",
-                ).pvalue
-            )
-            if near
-            else 0.0
+    ctl_time = sum(c.steps_time_s for c in near)
+    run_time = run.steps_time_s
+    expected = ctl_stalls * run_time / ctl_time if ctl_time else 0.0
+    excess_share = (run.stalls - expected) / max(run.n_steps, 1)
+    if excess_share >= settings.excess_stalls and run.stalls:
+        p = float(
+            stats.binomtest(
+                run.stalls, run.stalls + ctl_stalls, run_time / (run_time + ctl_time), "greater"
+            ).pvalue
         )
         if p < alpha:
             return Verdict(
                 False,
-                f"stalls: {run.stalls} of {run.n_steps} steps ({share:.1%}) over "
-                f"{STALL_FACTOR:g}x the median step, control {ctl_share:.1%} "
-                f"(Fisher p={p:.2g} < {alpha:.2g})",
+                f"stalls: {run.stalls} of {run.n_steps} steps over {STALL_FACTOR:g}x the median "
+                f"step, {expected:.1f} expected at the control's rate of "
+                f"{ctl_stalls / ctl_time if ctl_time else 0.0:.2g}/s "
+                f"(binomial p={p:.2g} < {alpha:.2g})",
             )
     ctl_df = sum(c.n_windows - 1 for c in near)
     ctl_var = sum(c.cv**2 * (c.n_windows - 1) for c in near) / ctl_df if ctl_df else 0.0
@@ -389,8 +438,6 @@ def judge(
                 f"dispersion: window CV {run.cv:.1%}, the control's {math.sqrt(ctl_var):.1%}: "
                 f"excess {excess:.1%} >= {settings.excess_cv:.0%} (F-test p={p:.2g} < {alpha:.2g})",
             )
-    if len(replicates) >= 2:
-        return _disagreement(replicates, floor, settings, alpha)
     return Verdict(True)
 
 
@@ -426,15 +473,17 @@ def assess(
     """One run's stored figures with its throughput interval spanning runs (and corrected for
     drift where the floor says so), and its stability verdict against the control."""
     run = RunFigures.of(metrics, time_s)
-    low = metrics.get("throughput_within_ci_low", metrics["throughput_ci_low"])
-    high = metrics.get("throughput_within_ci_high", metrics["throughput_ci_high"])
+    # The run's own interval, as measured (not corrected for drift). A trial stored before the
+    # noise floor has it under the spanning names.
+    within_low = metrics.get("throughput_within_ci_low", metrics["throughput_ci_low"])
+    within_high = metrics.get("throughput_within_ci_high", metrics["throughput_ci_high"])
     mean, low, high = floor.single_run(
-        run.throughput, low, high, run.se_rel, run.n_windows, time_s, confidence
+        run.throughput, within_low, within_high, run.se_rel, run.n_windows, time_s, confidence
     )
     out = {
         **metrics,
-        "throughput_within_ci_low": metrics.get("throughput_within_ci_low", low),
-        "throughput_within_ci_high": metrics.get("throughput_within_ci_high", high),
+        "throughput_within_ci_low": within_low,
+        "throughput_within_ci_high": within_high,
         "throughput": mean,
         "throughput_ci_low": low,
         "throughput_ci_high": high,
@@ -463,6 +512,7 @@ def assess_pooled(
         median_run.n_windows,
         sum(r.n_steps for r in runs),
         sum(r.stalls for r in runs),
+        step_s=float(np.mean([r.step_s for r in runs])),
     )
     out = {**metrics, "throughput": mean, "throughput_ci_low": low, "throughput_ci_high": high}
     return out, judge(together, floor, settings, replicates=runs)

@@ -44,11 +44,16 @@ def revalidation_candidates(front: Sequence[TrialRecord], settings: Settings) ->
 def with_revalidation(
     history: Sequence[TrialRecord], done: Mapping[int, Pooled]
 ) -> list[TrialRecord]:
-    """``history`` with the pooled figures and verdict of every re-validated trial."""
+    """``history`` with the pooled figures and verdict of every re-validated trial (the figures
+    only one run has, its own interval and its uncorrected mean, left out)."""
+    single_run = ("throughput_within_ci_low", "throughput_within_ci_high", "throughput_uncorrected")
     return [
         replace(
             r,
-            metrics={**r.metrics, **done[r.number].metrics},
+            metrics={
+                **{k: v for k, v in r.metrics.items() if k not in single_run},
+                **done[r.number].metrics,
+            },
             stable=done[r.number].stable,
             reason=done[r.number].reason,
         )
@@ -166,7 +171,10 @@ def _outranked(
                 if f.metrics[k] != figures[k]
             ]
             return f"dominated by #{f.number} on the ranked figures ({', '.join(worse)})"
-    return "not re-validated (beyond revalidate.max_candidates)"
+    return (
+        "not re-validated: it was not among the front's revalidate.max_candidates best "
+        "candidates when re-validation ran"
+    )
 
 
 def noise_lines(floor: NoiseFloor, confidence: float) -> list[str]:
@@ -174,12 +182,18 @@ def noise_lines(floor: NoiseFloor, confidence: float) -> list[str]:
     if not floor.controls:
         return []
     lines = [floor.line()]
-    if floor.between_df:
-        spread = floor.between_cv * 1.96
+    spread = floor.one_run_spread(confidence)
+    if spread > 0:
         lines.append(
-            f"  so one run's mean lands within about ±{spread:.1%} of the long-run level in 95% "
-            f"of fresh processes; every throughput interval above includes that spread "
-            f"({confidence:.0%} CI), and configurations closer than it are ties"
+            f"  so one run's mean lands within about ±{spread:.1%} of the long-run level in "
+            f"{confidence:.0%} of fresh processes; the throughput intervals include that spread "
+            "(a re-validated mean of k runs 1/sqrt(k) of it), and configurations closer than it "
+            "are ties"
+        )
+    elif floor.between_df:
+        lines.append(
+            "  the control runs agreed within their own window-to-window noise: no spread between "
+            "fresh processes was measured beyond it"
         )
     return lines
 

@@ -197,6 +197,8 @@ class StudyDriver:
         self.control_s = 0.0
         """Time spent on control runs in this invocation, s."""
         self.control_runs = 0
+        self.session = f"{owner()['host']}-{owner()['pid']}-{time.time():.0f}"
+        """This invocation, as its control runs name it (``search.noise`` sessions)."""
 
     def run_control(self) -> TrialResult | None:
         """Measure the control configuration in a fresh process and keep its figures (None
@@ -209,15 +211,15 @@ class StudyDriver:
         self.control_runs += 1
         if result.state == COMPLETE and result.measurement is not None:
             metrics = trial_metrics(result, self.settings.measure.confidence)
-            who = f"{owner()['host']}-{owner()['pid']}"
-            save_control(self.study, self.fingerprint, RunFigures.of(metrics, time.time()), who)
+            run = replace(RunFigures.of(metrics, time.time()), session=self.session)
+            save_control(self.study, self.fingerprint, run, self.session)
         if self.on_control is not None:
             self.on_control(result, self.floor())
         return result
 
     def floor(self) -> NoiseFloor:
         """The machine's noise floor as the study knows it now."""
-        return noise_floor(self.study, self.fingerprint)
+        return noise_floor(self.study, self.fingerprint, self.settings)
 
     def _control_due(self) -> bool:
         if self.control is None:

@@ -6,6 +6,7 @@ A trial's figures live in its user attributes (Optuna's values hold only what it
 - ``state`` (``COMPLETE``, ``FAILED``, ``INFEASIBLE``) and ``failure`` (one line);
 - ``metrics``: every figure (``search.metrics.trial_metrics``); ``unit``: what throughput counts;
 - ``mlflow_run_id``, ``memory_limit_mb``, ``stderr_tail`` (faults), ``owner`` (see liveness);
+- ``measured_at``: when its measurement ended (s since the epoch; the noise floor's clock);
 - ``reused_from``: the trial whose outcome a repeated proposal was told again.
 
 A trial cannot change once told, so what is learned later is kept on the study: the MLflow run of a
@@ -64,6 +65,7 @@ def store_measured(
         "mlflow_run_id": record.run_id,
         "unit": record.unit,
         "memory_limit_mb": memory_limit_mb,
+        "measured_at": record.time_s,
     }
     if record.state == FAILED and stderr_tail:
         attrs["stderr_tail"] = stderr_tail[-4000:]
@@ -97,6 +99,10 @@ def own_trials(study: optuna.Study, fingerprint: str, space: SearchSpace) -> lis
 
 
 def _time_s(trial: FrozenTrial) -> float:
+    """When the trial's measurement ended: stored as ``measured_at``; for a trial stored before
+    that, when it was told."""
+    if "measured_at" in trial.user_attrs:
+        return float(trial.user_attrs["measured_at"])
     end = trial.datetime_complete or trial.datetime_start
     return end.timestamp() if end is not None else 0.0
 
@@ -141,7 +147,7 @@ def study_history(
     from the study.
     """
     synced = study.user_attrs
-    floor = floor or noise_floor(study, fingerprint)
+    floor = floor or noise_floor(study, fingerprint, settings)
     return [
         record_of(t, floor, settings, synced)
         for t in own_trials(study, fingerprint, space)
@@ -161,10 +167,41 @@ def study_controls(study: optuna.Study, fingerprint: str) -> list[RunFigures]:
     return sorted(runs, key=lambda r: r.time_s)
 
 
-def noise_floor(study: optuna.Study, fingerprint: str) -> NoiseFloor:
+def noise_floor(study: optuna.Study, fingerprint: str, settings: Settings) -> NoiseFloor:
     """The machine's noise floor from the study's control runs and re-validation replicates."""
-    groups = [p.runs for p in study_revalidations(study, fingerprint).values() if p.runs]
-    return NoiseFloor.estimate(study_controls(study, fingerprint), groups)
+    return _judged(study, fingerprint, settings)[0]
+
+
+def _judged(
+    study: optuna.Study, fingerprint: str, settings: Settings
+) -> tuple[NoiseFloor, dict[int, Pooled]]:
+    """The noise floor and the re-validated candidates judged against it.
+
+    Each candidate is judged against a floor without its own runs, so that an erratic candidate
+    cannot set its own yardstick; the floor that figures are reported with holds only the
+    replicates of candidates judged stable (a throttled or erratic one says nothing about the
+    machine).
+    """
+    controls = study_controls(study, fingerprint)
+    stored = study_revalidations(study, fingerprint)
+    groups = {n: p.runs for n, p in stored.items() if p.stable and len(p.runs) >= 2}
+    confidence = settings.measure.confidence
+    verdicts = {}
+    for number, runs in groups.items():
+        others = NoiseFloor.estimate(controls, [g for m, g in groups.items() if m != number])
+        verdicts[number] = assess_pooled(
+            stored[number].metrics, runs, others, settings.stable, confidence
+        )[1]
+    floor = NoiseFloor.estimate(controls, [g for n, g in groups.items() if verdicts[n].stable])
+    judged = {}
+    for number, pooled in stored.items():
+        if number not in verdicts:
+            judged[number] = pooled  # failed or throttled: its stored verdict stands
+            continue
+        metrics, _ = assess_pooled(pooled.metrics, pooled.runs, floor, settings.stable, confidence)
+        verdict = verdicts[number]
+        judged[number] = Pooled(metrics, verdict.stable, verdict.reason, pooled.runs)
+    return floor, judged
 
 
 def save_revalidation(study: optuna.Study, fingerprint: str, number: int, pooled: Pooled) -> None:
@@ -181,7 +218,9 @@ def save_revalidation(study: optuna.Study, fingerprint: str, number: int, pooled
 
 
 def study_revalidations(study: optuna.Study, fingerprint: str) -> dict[int, Pooled]:
-    """Re-validated figures of ``fingerprint``'s trials as stored, by trial number."""
+    """Re-validated figures of ``fingerprint``'s trials as stored, by trial number. One stored by
+    a version before the noise floor (without its runs) counts as not re-validated: its verdict
+    was of another kind, and it is measured again."""
     prefix = f"{REVALIDATED_PREFIX}{fingerprint}:"
     return {
         int(key[len(prefix) :]): Pooled(
@@ -191,28 +230,17 @@ def study_revalidations(study: optuna.Study, fingerprint: str) -> dict[int, Pool
             tuple(RunFigures.from_dict(r) for r in v.get("runs", ())),
         )
         for key, v in study.user_attrs.items()
-        if key.startswith(prefix)
+        if key.startswith(prefix) and "runs" in v
     }
 
 
 def judged_revalidations(
-    study: optuna.Study, fingerprint: str, settings: Settings, floor: NoiseFloor | None = None
+    study: optuna.Study, fingerprint: str, settings: Settings
 ) -> dict[int, Pooled]:
     """Re-validated figures with the throughput interval of the mean of the fresh runs and the
-    verdict judged now, against ``floor`` (by default the study's); a failed or throttled
-    candidate keeps its stored verdict."""
-    stored = study_revalidations(study, fingerprint)
-    floor = floor or noise_floor(study, fingerprint)
-    judged = {}
-    for number, pooled in stored.items():
-        if not pooled.stable or len(pooled.runs) < 2:
-            judged[number] = pooled
-            continue
-        metrics, verdict = assess_pooled(
-            pooled.metrics, pooled.runs, floor, settings.stable, settings.measure.confidence
-        )
-        judged[number] = Pooled(metrics, verdict.stable, verdict.reason, pooled.runs)
-    return judged
+    verdict judged now (see ``_judged``); a failed or throttled candidate keeps its stored
+    verdict."""
+    return _judged(study, fingerprint, settings)[1]
 
 
 def record_synced_run(study: optuna.Study, number: int, run_id: str) -> None:

@@ -102,6 +102,7 @@ class Machine:
             "n_windows": m.n_windows,
             "n_steps": m.n_steps,
             "stall_steps": stall_steps(m.step_latencies_ms),
+            "latency_mean_ms": m.latency_mean_ms,
             **step_quantiles(m.step_latencies_ms, 0.95),
         }
         return metrics, RunFigures.of(metrics, self.clock_s)

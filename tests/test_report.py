@@ -82,7 +82,7 @@ def test_the_noise_lines_say_how_far_one_run_moves():
     lines = noise_lines(NoiseFloor(controls, 0.02, 10, -0.01, 0.4, False, session_end=180.0), 0.95)
     assert lines[0].startswith("this machine: between-run CV 2.0% (10 df), within-run 1.0%")
     assert "drift -1.0% over 3 min (not significant, p=0.4)" in lines[0]
-    assert "within about ±3.9% of the long-run level" in lines[1]
+    assert "within about ±4.5% of the long-run level" in lines[1]  # t(0.975, 10 df) x 2%
 
 
 def test_when_every_candidate_fails_re_validation_what_it_dominated_is_next():

@@ -43,7 +43,7 @@ def make_space(micro_choices=(1, 2), constraints=(), **extra):
     )
 
 
-def cfg(n_trials=1, excess_cv=0.10, memory_limit_mb=None):
+def cfg(n_trials=1, excess_cv=0.10, memory_limit_mb=None, max_cv=None):
     limit = "null" if memory_limit_mb is None else memory_limit_mb
     return load_settings(
         compose_config(
@@ -54,6 +54,7 @@ def cfg(n_trials=1, excess_cv=0.10, memory_limit_mb=None):
                 "study.sampler=random",
                 "seed=0",
                 f"stable.excess_cv={excess_cv}",
+                f"stable.max_cv={'null' if max_cv is None else max_cv}",
                 "runner.timeout_s=60",
                 f"runner.memory_limit_mb={limit}",
             ]
@@ -124,10 +125,10 @@ def test_history_keeps_only_this_fingerprint_and_trials_that_lie_in_the_space():
 
 def test_stability_is_judged_with_the_current_settings():
     study = new_study()
-    stored(study, 1, cv=0.21)  # no control run: the margins alone judge
-    assert driver(study, make_space(), cfg(excess_cv=0.5)).history()[0].stable is True
-    record = driver(study, make_space(), cfg(excess_cv=0.10)).history()[0]
-    assert record.stable is False and record.reason.startswith("dispersion: window CV 21.0%")
+    stored(study, 1, cv=0.21)  # no control run: only the absolute checks judge
+    assert driver(study, make_space(), cfg()).history()[0].stable is True
+    record = driver(study, make_space(), cfg(max_cv=0.1)).history()[0]
+    assert record.stable is False and record.reason.startswith("max_cv: window CV 21.0%")
 
 
 def test_a_measured_config_is_reused_and_the_exhausted_space_stops_without_measuring():
