@@ -1,9 +1,9 @@
 """One invocation: validate everything, open the stores, run the study, report.
 
 All validation happens before anything is written (``search.config``, ``search.prepare``), and a
-store that cannot be opened removes the ``runs_dir`` this invocation created (``search.stores``),
-so bad input leaves nothing behind. Once the parent run has started it is always ended: FINISHED,
-KILLED (Ctrl-C) or FAILED.
+store that cannot be opened removes what this invocation created in ``runs_dir``
+(``search.stores``), so bad input leaves nothing behind. Once the parent run has started it is
+always ended: FINISHED, KILLED (Ctrl-C) or FAILED.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 
 from search import results
-from search.config import load_settings, redact, resolve, resolve_device
+from search.config import load_settings, redact, redact_tree, resolve, resolve_device
 from search.gpu_telemetry import energy_unavailable_reason
 from search.liveness import Heartbeat, Recovery, owner
 from search.noise import NoiseFloor
@@ -48,7 +48,7 @@ from search.stores import open_stores, quiet_libraries, recover_runs
 from search.study import StudyDriver, StudyOutcome
 from search.telemetry import contention, environment
 from search.tracking import Tracker
-from search.trial_store import judged_revalidations, save_revalidation
+from search.trial_store import judged_revalidations, save_revalidation, set_aside
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,16 @@ def run(cfg_node: DictConfig) -> int:
             *recover_runs(tracker, settings.study.name, recovery.grace_s),
         ]:
             out.print(f"recovered: {note}", markup=False)
-        tracker.log_text(yaml.safe_dump(_redacted(cfg), sort_keys=False), "config.yaml")
+        tracker.log_text(yaml.safe_dump(redact_tree(cfg), sort_keys=False), "config.yaml")
+        aside = set_aside(study, ctx.fingerprint)
+        if aside:
+            out.print(
+                f"set aside: {sum(aside.values())} trial(s) measured under another workload "
+                f"fingerprint ({', '.join(f'{fp[:12]}: {n}' for fp, n in aside.items())}; this "
+                f"one is {ctx.fingerprint[:12]}): the workload's source or settings, the device or "
+                "torch changed, so they are kept in the study but not reused or put on the front",
+                markup=False,
+            )
         driver = _driver(ctx, study, tracker, recovery, heartbeat)
         outcome = driver.run()
         _finish(ctx, driver, outcome, tracker)
@@ -188,7 +197,7 @@ def _driver(
         if result.throttle_reasons:
             extra["throttle_reasons"] = result.throttle_reasons
         if record.state != COMPLETE and result.stderr_tail:
-            extra["stderr_tail"] = result.stderr_tail[-4000:]
+            extra["stderr_tail"] = redact(result.stderr_tail[-4000:])
         return tracker.log_trial(record, result.duration_s, {**tags, **extra})
 
     measured = itertools.count(1)
@@ -432,21 +441,14 @@ def _versions() -> dict[str, str]:
 
 
 def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``tree`` (redacted: ``redact_tree``) as ``a.b.c`` keys."""
     flat: dict[str, Any] = {}
-    for key, value in tree.items():
+    for key, value in redact_tree(tree).items():
         if isinstance(value, Mapping) and value:
             flat.update(_flatten(value, f"{prefix}{key}."))
         else:
-            flat[f"{prefix}{key}"] = redact(value) if isinstance(value, str) else value
+            flat[f"{prefix}{key}"] = value
     return flat
-
-
-def _redacted(tree: Any) -> Any:
-    if isinstance(tree, Mapping):
-        return {k: _redacted(v) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [_redacted(v) for v in tree]
-    return redact(tree) if isinstance(tree, str) else tree
 
 
 def _sync_command() -> str:

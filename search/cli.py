@@ -80,7 +80,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run(cfg)
     except ConfigError as e:
-        print(f"search: error: {e}", file=sys.stderr)
+        from search.config import redact
+
+        # A library's own message may repeat a URL with its password (a TLS or connection error).
+        print(f"search: error: {redact(str(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("search: interrupted", file=sys.stderr)

@@ -15,7 +15,7 @@ import importlib.util
 import re
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,9 +73,40 @@ def preset(root: DictConfig) -> str:
     return device_type(root) if chosen == "auto" else chosen
 
 
+_USERINFO = re.compile(
+    r"(?P<scheme>[A-Za-z][\w+.-]*://)(?P<user>[^:/@\s'\"]*)(?P<pw>:[^@/\s'\"]*)?@"
+)
+_SECRET_QUERY = re.compile(
+    r"(?i)(?P<key>[?&;](?:password|passwd|pwd|token|access_token|api_key|apikey|secret|key)=)"
+    r"[^&;\s'\"]+"
+)
+SECRET_KEYS = re.compile(r"(?i)(password|passwd|secret|token|api_?key|credential)")
+"""Config keys whose values are secrets as a whole (``db_password``, ``tracking.token``)."""
+
+
 def redact(text: str) -> str:
-    """``scheme://user:password@host`` with the password replaced, for logs and screens."""
-    return re.sub(r"(://[^:/@\s]+:)[^@\s]+@", r"\1***@", text)
+    """``text`` with the secrets URLs carry replaced by ``***``, for screens, logs and stores:
+    ``scheme://user:PASSWORD@host``, ``scheme://TOKEN@host``, ``scheme://:PASSWORD@host`` and
+    query parameters such as ``?password=...`` or ``&token=...``."""
+
+    def userinfo(m: re.Match[str]) -> str:
+        if m["pw"] is not None:
+            return f"{m['scheme']}{m['user']}:***@"
+        return f"{m['scheme']}***@"
+
+    return _SECRET_QUERY.sub(r"\g<key>***", _USERINFO.sub(userinfo, text))
+
+
+def redact_tree(tree: Any, key: str = "") -> Any:
+    """A config tree with every string redacted and the values under secret-looking keys
+    (``SECRET_KEYS``) replaced whole."""
+    if isinstance(tree, Mapping):
+        return {k: redact_tree(v, str(k)) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [redact_tree(v, key) for v in tree]
+    if key and SECRET_KEYS.search(key) and tree is not None:
+        return "***"
+    return redact(tree) if isinstance(tree, str) else tree
 
 
 def _register_resolvers() -> None:
@@ -102,7 +133,8 @@ def compose_config(overrides: Sequence[str], config_dirs: Sequence[str] = ()) ->
     _register_resolvers()
     overrides = list(overrides)
     if config_dirs:
-        roots = ",".join(f"file://{Path(d).resolve()}" for d in config_dirs)
+        # Quoted: a path may hold a comma, a bracket or a quote, which the list syntax would split.
+        roots = ",".join(_hydra_quoted(f"file://{Path(d).resolve()}") for d in config_dirs)
         overrides.append(f"hydra.searchpath=[{roots}]")
     GlobalHydra.instance().clear()
     try:
@@ -123,6 +155,11 @@ def compose_config(overrides: Sequence[str], config_dirs: Sequence[str] = ()) ->
     # as composed: printed and logged as written (a timeout of 120 stays 120, not 120.0).
     load_settings(cfg)
     return cfg
+
+
+def _hydra_quoted(text: str) -> str:
+    """``text`` as a quoted string of Hydra's override grammar."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _check_space_chosen(cfg: DictConfig, space_name: str | None) -> None:

@@ -20,7 +20,7 @@ import torch
 from search.config import ConfigError
 from search.gpu_telemetry import energy_unavailable_reason
 from search.knobs import GENERIC_KNOBS, PRECISIONS, unsupported_reason
-from search.space import FloatParam, Param, SearchSpace, SpaceError, parse_space
+from search.space import FloatParam, IntParam, Param, SearchSpace, SpaceError, parse_space
 from search.workloads import Workload
 
 
@@ -77,7 +77,11 @@ def _check_generic_knobs(space: SearchSpace) -> None:
         "recompute": (lambda v: isinstance(v, bool), "true or false"),
     }
     for name, (valid, expected) in rules.items():
-        values = space.params[name].values() if name in space.params else []
+        param = space.params.get(name)
+        # An int range is checked at its ends (every rule here is about sign and type).
+        values = (
+            param.extremes() if isinstance(param, IntParam) else param.values() if param else []
+        )
         bad = [v for v in values or [] if not valid(v)]
         if bad or (name in space.params and values is None):
             raise ConfigError(
@@ -173,6 +177,8 @@ def control_config(space: SearchSpace, chosen: Mapping[str, Any] | None) -> dict
 def _smallest(param: Param) -> Any:
     if isinstance(param, FloatParam):
         return param.low
+    if isinstance(param, IntParam):
+        return param.extremes()[0]
     values = param.values()
     assert values  # every other kind lists its values, smallest (or first) first
     return values[0]

@@ -217,14 +217,14 @@ def write_plot(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    on_front = {r.number for r in front}
-    groups = (
-        ("unstable", [r for r in history if r.state == COMPLETE and not r.stable], "tab:gray", "x"),
-        ("stable", [r for r in history if r.stable and r.number not in on_front], "tab:blue", "o"),
-        ("Pareto-optimal, stable", [r for r in history if r.number in on_front], "tab:red", "o"),
-    )
+    style = {
+        "unstable": ("tab:gray", "x"),
+        "stable": ("tab:blue", "o"),
+        "Pareto-optimal, stable": ("tab:red", "o"),
+    }
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
-    for label, rows, color, marker in groups:
+    for label, rows in plot_groups(history, front):
+        color, marker = style[label]
         if not rows:
             continue
         x = [r.metrics.get(x_metric, math.nan) for r in rows]
@@ -260,6 +260,20 @@ def write_plot(
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def plot_groups(
+    history: Sequence[TrialRecord], front: Sequence[TrialRecord]
+) -> list[tuple[str, list[TrialRecord]]]:
+    """The complete configurations of ``history`` as ``pareto.png`` draws them: unstable, stable,
+    Pareto-optimal. Pass the records with their final verdicts (``results.with_revalidation``)."""
+    on_front = {r.number for r in front}
+    done = [r for r in history if r.state == COMPLETE]
+    return [
+        ("unstable", [r for r in done if not r.stable and r.number not in on_front]),
+        ("stable", [r for r in done if r.stable and r.number not in on_front]),
+        ("Pareto-optimal, stable", [r for r in done if r.number in on_front]),
+    ]
 
 
 def write_noise_plot(path: Path, floor: NoiseFloor, title: str, unit: str = "items") -> None:

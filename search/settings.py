@@ -54,6 +54,11 @@ class StudySettings:
 
     def __post_init__(self) -> None:
         _require(
+            not ("'" in self.name and '"' in self.name),
+            f"study.name must not hold both ' and \" (MLflow cannot search for it), "
+            f"but got {self.name!r}",
+        )
+        _require(
             _is_int(self.n_trials) and self.n_trials >= 1,
             f"study.n_trials must be a positive integer, but got {self.n_trials!r}",
         )

@@ -63,6 +63,33 @@ class IntParam:
             return powers
         return list(range(self.low, self.high + 1, self.step))
 
+    def count(self) -> int:
+        """How many values the range holds, by arithmetic (a range may hold billions)."""
+        if self.pow2:
+            return len(self.values())  # at most one per bit
+        return max(0, (self.high - self.low) // self.step + 1)
+
+    def holds(self, value: Any) -> bool:
+        """Whether ``value`` is one of the range's values (an int, not a bool), by arithmetic."""
+        if type(value) is not int:
+            return False
+        if self.pow2:
+            return value in self.values()
+        return self.low <= value <= self.high and (value - self.low) % self.step == 0
+
+    def extremes(self) -> list[int]:
+        """The smallest and the largest value."""
+        if self.pow2:
+            values = self.values()
+            return [values[0], values[-1]]
+        return [self.low, self.low + (self.count() - 1) * self.step]
+
+    def draw(self, rng: random.Random) -> int:
+        """A value drawn uniformly."""
+        if self.pow2:
+            return rng.choice(self.values())
+        return self.low + self.step * rng.randrange(self.count())
+
 
 @dataclass(frozen=True)
 class FloatParam:
@@ -158,6 +185,9 @@ class SearchSpace:
             if isinstance(param, FloatParam):
                 if not isinstance(value, (int, float)) or not param.low <= value <= param.high:
                     return False
+            elif isinstance(param, IntParam):
+                if not param.holds(value):
+                    return False
             elif not any(value == v and type(value) is type(v) for v in param.values()):
                 return False  # the type check keeps True from matching 1
         return not self.violations(config)
@@ -168,12 +198,12 @@ class SearchSpace:
 
     def feasible_configs(self) -> list[dict[str, Any]] | None:
         """Every feasible configuration, or None when the space is continuous or too large."""
-        value_lists = [v for v in (p.values() for p in self.params.values()) if v is not None]
-        if (
-            len(value_lists) < len(self.params)
-            or math.prod(map(len, value_lists)) > ENUMERATION_LIMIT
-        ):
-            return None  # a float range, or too many to enumerate
+        if any(isinstance(p, FloatParam) for p in self.params.values()):
+            return None  # a float range
+        counts = [_count(p) for p in self.params.values()]
+        if math.prod(counts) > ENUMERATION_LIMIT:
+            return None  # too many to enumerate (counted, never listed)
+        value_lists = [p.values() or [] for p in self.params.values()]
         names = list(self.params)
         configs = (
             dict(zip(names, combo, strict=True)) for combo in itertools.product(*value_lists)
@@ -215,7 +245,16 @@ class SearchSpace:
         return replace(self, params=params), notes
 
 
+def _count(param: Param) -> int:
+    """How many values a discrete parameter holds."""
+    if isinstance(param, IntParam):
+        return param.count()
+    return len(param.values() or [])
+
+
 def _draw(param: Param, rng: random.Random) -> Any:
+    if isinstance(param, IntParam):
+        return param.draw(rng)
     if not isinstance(param, FloatParam):
         return rng.choice(param.values())
     if param.log:
@@ -355,7 +394,7 @@ def _parse_range(where: str, kind: str, spec: Mapping[str, Any]) -> Param:
             f"but got low={low}, step={step}, log={log}"
         )
     param = IntParam(low, high, step, log, pow2)
-    if not param.values():
+    if not param.count():
         raise SpaceError(f"{where}: no power of two lies in [{low}, {high}]")
     return param
 

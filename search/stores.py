@@ -1,7 +1,8 @@
 """The stores of one invocation: the Optuna study and the MLflow tracker, opened together.
 
-A store that cannot be opened is bad input (one line, exit 2), and the ``runs_dir`` this invocation
-created for it is removed again, so that bad input leaves nothing behind.
+A store that cannot be opened is bad input (one line, exit 2), and what this invocation created in
+``runs_dir`` for it is removed again, so that bad input leaves nothing behind; what other processes
+wrote there stays.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from search.liveness import Recovery, agree_on_heartbeat, stale_runs
 from search.settings import Settings
 from search.space import SearchSpace
 from search.study import open_study, with_retries
-from search.tracking import Tracker
+from search.tracking import Tracker, quoted
 
 
 def quiet_libraries() -> None:
@@ -37,22 +38,70 @@ def quiet_libraries() -> None:
 def open_stores(
     settings: Settings, space: SearchSpace, recovery: Recovery | None = None
 ) -> tuple[optuna.Study, Tracker]:
-    """The Optuna study and the MLflow tracker; on failure, remove the runs_dir made for them."""
+    """The Optuna study and the MLflow tracker; on failure, remove what this process created for
+    them, and nothing else.
+
+    Several processes may start on a fresh ``runs_dir`` together: the directory is this process's
+    only if its own ``mkdir`` made it, and even then other processes may have written into it, so
+    only the entries that were not there before are removed, and the directory only when that
+    leaves it empty.
+    """
     runs_dir = Path(settings.runs_dir)
-    created = not runs_dir.exists()
+    before: set[str] | None = None
     try:
-        runs_dir.mkdir(parents=True, exist_ok=True)
+        made = _make_dir(runs_dir)
+        before = set() if made else {p.name for p in runs_dir.iterdir()}
         study = open_study(settings.study.name, settings.study.storage, space, recovery)
         if recovery is not None:
             _agree_on_heartbeat(study, recovery.heartbeat_s)
         tracker = _open_tracker(settings, runs_dir)
     except (ConfigError, OSError) as e:
-        if created:
-            shutil.rmtree(runs_dir, ignore_errors=True)
+        if before is not None:
+            _remove_new(runs_dir, before, made, _own_names(settings, runs_dir))
         if isinstance(e, OSError):
             raise ConfigError(f"cannot write runs_dir {str(runs_dir)!r}: {e.strerror}") from None
         raise
     return study, tracker
+
+
+def _make_dir(path: Path) -> bool:
+    """Create ``path`` (and its parents); True when this call made it, False when it existed."""
+    try:
+        path.mkdir(parents=True)
+        return True
+    except FileExistsError:
+        if not path.is_dir():
+            raise
+        return False
+
+
+def _own_names(settings: Settings, runs_dir: Path) -> set[str]:
+    """The entries of ``runs_dir`` this invocation's stores create: the sqlite files its URLs name
+    there (with their journals) and the MLflow artifact folder."""
+    names = {"mlartifacts"}
+    for url in (settings.study.storage, settings.tracking.uri):
+        if url.startswith("sqlite:///"):
+            path = Path(url[len("sqlite:///") :])
+            if path.parent.resolve() == runs_dir.resolve():
+                names |= {path.name, f"{path.name}-journal", f"{path.name}-wal", f"{path.name}-shm"}
+    return names
+
+
+def _remove_new(runs_dir: Path, before: set[str], made: bool, ours: set[str]) -> None:
+    """Remove the entries of ``runs_dir`` that this invocation's stores create (``ours``) and that
+    were not there before; the directory too if this process made it and nothing else is left in
+    it. What other processes wrote there stays."""
+    for entry in runs_dir.iterdir():
+        if entry.name not in before and entry.name in ours:
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+    if made:
+        try:
+            runs_dir.rmdir()  # only when empty
+        except OSError:
+            pass
 
 
 def _agree_on_heartbeat(study: optuna.Study, heartbeat_s: int) -> None:
@@ -79,7 +128,7 @@ def _open_tracker(settings: Settings, runs_dir: Path) -> Tracker:
 
 def recover_runs(tracker: Tracker, study_name: str, grace_s: float) -> list[str]:
     """End KILLED the MLflow runs of ``study_name`` that a stopped process left RUNNING."""
-    runs = tracker.find_runs(f"attributes.status = 'RUNNING' and tags.study = '{study_name}'")
+    runs = tracker.find_runs(f"attributes.status = 'RUNNING' and tags.study = {quoted(study_name)}")
     parents = {
         r.info.run_id
         for r in stale_runs([r for r in runs if "mlflow.parentRunId" not in r.data.tags], grace_s)

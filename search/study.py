@@ -18,6 +18,7 @@ storage, see ``search.liveness``).
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -340,11 +341,18 @@ class StudyDriver:
             )
             stable, reason = verdict.stable, verdict.reason
         values = objective_values(metrics, [o.metric for o in self.space.objectives])
-        state, failure = result.state, result.failure
+        state, failure = result.state, redact(result.failure)
         if state == COMPLETE and None in values:
             state, failure, stable = (
                 FAILED,
                 "error: an objective could not be measured on this device",
+                False,
+            )
+        elif state == COMPLETE and not all(math.isfinite(v) for v in values if v is not None):
+            # e.g. inf throughput from steps the clock could not resolve: no figure to rank on
+            state, failure, stable = (
+                FAILED,
+                f"error: a non-finite figure to rank on ({values}): the measurement is unusable",
                 False,
             )
         record = TrialRecord(
@@ -366,7 +374,7 @@ class StudyDriver:
                 values,
                 fingerprint=self.fingerprint,
                 memory_limit_mb=self.settings.runner.memory_limit_mb,
-                stderr_tail=result.stderr_tail,
+                stderr_tail=redact(result.stderr_tail),
                 stored_metrics=stored if state == COMPLETE else None,
             )
         except (optuna.exceptions.UpdateFinishedTrialError, ValueError):

@@ -103,6 +103,16 @@ def _cause(error: BaseException) -> str:
     return f"{type(innermost).__name__}: {text}" if text else type(innermost).__name__
 
 
+def quoted(value: str) -> str:
+    """``value`` as a string literal of MLflow's filter syntax, which has no escapes: in single
+    quotes, or in double quotes when it holds a single quote (``study.name`` may not hold both)."""
+    if "'" not in value:
+        return f"'{value}'"
+    if '"' not in value:
+        return f'"{value}"'
+    raise ValueError(f"{value!r} holds both quote characters: MLflow cannot search for it")
+
+
 class Tracker:
     """Writes a study's runs to the MLflow store at ``uri``.
 
@@ -190,8 +200,8 @@ class Tracker:
         if not (isinstance(error, Exception) and unreachable(error)):
             return False
         if self.offline_reason is None:
-            self.offline_reason = (
-                f"MLflow server {redact(self.uri)} became unreachable: {_cause(error)}"
+            self.offline_reason = redact(
+                f"MLflow server {self.uri} became unreachable: {_cause(error)}"
             )
         return True
 
@@ -295,7 +305,7 @@ class Tracker:
         """
         complete: dict[int, str] = {}
         cut_off: list[tuple[int, str]] = []
-        for run in self.find_runs(f"tags.study = '{study}'"):
+        for run in self.find_runs(f"tags.study = {quoted(study)}"):
             number = run.data.tags.get("trial", "")
             if not number.isdigit():
                 continue  # the parent run of an invocation
@@ -340,7 +350,7 @@ class Tracker:
             lambda: self._client.search_runs(
                 [self._experiment_id],
                 max_results=10_000,
-                filter_string=f"tags.study = '{study}' and tags.pareto = 'true'",
+                filter_string=f"tags.study = {quoted(study)} and tags.pareto = 'true'",
             )
         )
         if tagged is None:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
+from search.config import redact
 from search.noise import NoiseFloor, RunFigures, assess, assess_pooled
 from search.records import COMPLETE, FAILED, TrialRecord
 from search.revalidate import Pooled
@@ -80,7 +81,7 @@ def tell_failed(trial: Trial, why: str) -> None:
     """Tell ``trial`` FAIL with ``why`` unless it was told already (the loop's last resort)."""
     try:
         trial.set_user_attr("state", FAILED)
-        trial.set_user_attr("failure", why.splitlines()[0])
+        trial.set_user_attr("failure", redact(why.splitlines()[0]))
         trial.study.tell(trial, state=TrialState.FAIL)
     except optuna.exceptions.UpdateFinishedTrialError:
         pass  # it was told before the error came
@@ -96,6 +97,18 @@ def own_trials(study: optuna.Study, fingerprint: str, space: SearchSpace) -> lis
         and "metrics" in t.user_attrs
         and space.contains(t.user_attrs["config"])
     ]
+
+
+def set_aside(study: optuna.Study, fingerprint: str) -> dict[str, int]:
+    """Measured trials of other fingerprints (another workload source, device or torch), counted
+    by fingerprint: they stay in the study but are not reused or put on the front."""
+    counts: dict[str, int] = {}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
+        theirs = t.user_attrs.get("fingerprint")
+        if theirs and theirs != fingerprint and "metrics" in t.user_attrs:
+            if "reused_from" not in t.user_attrs:
+                counts[theirs] = counts.get(theirs, 0) + 1
+    return counts
 
 
 def _time_s(trial: FrozenTrial) -> float:

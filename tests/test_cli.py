@@ -101,6 +101,36 @@ BAD_INPUT = {
         ["+space=llm", "+noise.control.micro_batch_size=8"],
         "batch_size % micro_batch_size == 0",
     ),
+    "slo not a mapping": (["+space=llm", "slo=5"], "slo must be a mapping of metric name"),
+    "negative seed": (["+space=llm", "seed=-1"], "seed must be an integer >= 0"),
+    "nan timeout": (["+space=llm", "runner.timeout_s=nan"], "runner.timeout_s must be a finite"),
+    "inf memory limit": (
+        ["+space=llm", "runner.memory_limit_mb=inf"],
+        "runner.memory_limit_mb must be a finite",
+    ),
+    "nan max_cv": (["+space=llm", "stable.max_cv=nan"], "stable.max_cv must be a finite"),
+    "nan int bound": (["+space=llm", "space.params.batch_size.high=nan"], "params.batch_size"),
+    "float bound on an int knob": (
+        ["+space=llm", "space.params.batch_size.low=1.5"],
+        "params.batch_size",
+    ),
+    "mixed-type choices": (
+        ["+space=llm", "space.params.precision.choices=[fp32,1]"],
+        "params.precision must be one of",
+    ),
+    "alpha out of range": (["+space=llm", "stable.alpha=1.5"], "stable.alpha must lie in (0, 1)"),
+    "control budget out of range": (
+        ["+space=llm", "noise.budget=-0.1"],
+        "noise.budget must lie in [0, 1)",
+    ),
+    "one control run at the start": (
+        ["+space=llm", "noise.start_runs=1"],
+        "noise.start_runs must be an integer >= 2",
+    ),
+    "huge int range on a knob the workload takes": (
+        ["+space=llm", "space.params.micro_batch_size.low=0"],
+        "params.micro_batch_size",
+    ),
     "tracking uri that cannot be opened": (
         ["+space=llm", "tracking.uri=foo://bar"],
         "cannot open tracking.uri",
@@ -220,3 +250,30 @@ def test_a_process_with_another_heartbeat_interval_than_the_study_exits_2(tmp_pa
         and "study.heartbeat_s=30" in err
     )
     assert not (runs_dir / "mlflow.db").exists()
+
+
+def test_a_failed_open_removes_only_what_this_process_created(tmp_path, capsys, monkeypatch):
+    """Several processes start on a fresh runs_dir; one whose store cannot be opened must not take
+    the others' files with it."""
+    import search.stores
+
+    runs_dir = tmp_path / "runs"
+    real_open = search.stores.open_study
+
+    def open_then_fail(*args, **kwargs):
+        (runs_dir / "other-process.db").write_text("another process's study")
+        real_open(*args, **kwargs)
+
+    monkeypatch.setattr(search.stores, "open_study", open_then_fail)
+    assert main(["+space=llm", "study.storage=notaurl", f"runs_dir={runs_dir}"]) == 2
+    assert (runs_dir / "other-process.db").read_text() == "another process's study"
+    assert sorted(p.name for p in runs_dir.iterdir()) == ["other-process.db"]
+
+
+def test_a_study_name_with_a_quote_runs(tmp_path, capsys):
+    from tiny import TINY
+
+    runs_dir = tmp_path / "runs"
+    argv = ["+space=llm", *TINY, "study.n_trials=1", 'study.name="it\'s"', "noise.budget=0"]
+    assert main([*argv, f"runs_dir={runs_dir}"]) == 0
+    assert "study: it's in" in capsys.readouterr().out

@@ -195,6 +195,16 @@ def test_user_space_composes_and_its_workload_imports(monkeypatch):
     assert Path(__import__(cls.__module__).__file__).resolve().parent == USER_DIR
 
 
+@pytest.mark.parametrize("name", ["my,spaces", "it's [here]"])
+def test_a_config_dir_with_a_comma_quote_or_bracket_in_its_path(tmp_path, name):
+    import shutil
+
+    where = tmp_path / name
+    shutil.copytree(USER_DIR, where)
+    cfg = compose_config(["+space=mlp", "preset=cpu"], config_dirs=[str(where)])
+    assert cfg.space.name == "mlp"
+
+
 def test_user_space_is_not_found_without_its_config_dir():
     with pytest.raises(ConfigError, match="unknown space 'mlp'"):
         compose_config(["+space=mlp"])

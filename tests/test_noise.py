@@ -368,3 +368,16 @@ def test_the_baseline_benchmark_pools_its_runs():
     spec.loader.exec_module(module)
     runs = [TrialResult(COMPLETE, measurement(t), 100.0) for t in (100.0, 102.0, 98.0)]
     assert module.summary(runs, 0.95)["throughput"] == pytest.approx(100.0)
+
+
+def test_re_validation_verdicts_are_judged_again_under_the_current_settings():
+    from search.config import compose_config, load_settings
+    from search.trial_store import judged_revalidations
+
+    study = _study_with(_runs([100.0, 101.0, 99.0, 100.5]), {4: _runs([100.0, 115.0, 87.0], 2e9)})
+    strict = judged_revalidations(study, "fp", _settings())
+    lenient = load_settings(
+        compose_config(["+space=llm", "device=cpu", "stable.excess_between_cv=0.5"])
+    )
+    assert not strict[4].stable and strict[4].reason.startswith("disagreement")
+    assert judged_revalidations(study, "fp", lenient)[4].stable

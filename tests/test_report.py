@@ -103,3 +103,14 @@ def test_when_every_candidate_fails_re_validation_what_it_dominated_is_next():
     kept = {**failed, 2: Pooled({"throughput_ci_low": 3900.0}, True, "")}
     front = final_front(history, kept, settings, SPACE)
     assert [r.number for r in front] == [2] and front[0].metrics["throughput_ci_low"] == 3900.0
+
+
+def test_the_plot_shows_the_final_verdicts():
+    from search.report import plot_groups
+    from search.results import with_revalidation
+
+    candidate = _record(7, 5000.0, 5100.0, 5200.0, True)
+    left = Pooled({"throughput_ci_low": 4000.0}, False, "disagreement: ...")
+    final = with_revalidation([candidate, SLOW_STABLE], {7: left})
+    groups = {label: [r.number for r in rows] for label, rows in plot_groups(final, [SLOW_STABLE])}
+    assert groups["unstable"] == [7] and groups["Pareto-optimal, stable"] == [1]

@@ -364,3 +364,33 @@ def test_the_control_is_measured_at_the_start_and_kept_in_the_study():
     record = d.history()[0]
     # the interval spans runs: never narrower than the run's own
     assert record.metrics["throughput_ci_low"] <= record.metrics["throughput_within_ci_low"]
+
+
+def test_trials_of_another_fingerprint_are_counted_as_set_aside():
+    from search.trial_store import set_aside
+
+    study = new_study()
+    stored(study, 1)
+    stored(study, 2, fingerprint="old-source")
+    stored(study, 1, fingerprint="old-source")
+    assert set_aside(study, FINGERPRINT) == {"old-source": 2}
+
+
+def test_an_infinite_throughput_is_a_failed_trial_not_a_complete_one(monkeypatch):
+    import math
+
+    import search.study
+    from tiny import measurement
+
+    from search.runner import TrialResult
+
+    def infinite(request):
+        m = measurement(math.inf, cv=0.0)
+        return TrialResult("complete", m, 10.0, unit="tokens")
+
+    monkeypatch.setattr(search.study, "run_isolated", infinite)
+    study = new_study()
+    outcome = driver(study, make_space(), cfg(n_trials=1)).run()
+    assert outcome.records[0].state == "failed"
+    assert "non-finite figure" in outcome.records[0].failure
+    assert study.trials[-1].state == TrialState.FAIL

@@ -1,0 +1,51 @@
+"""Secrets never reach the terminal, Optuna attributes or MLflow: URLs and keys are redacted."""
+
+import pytest
+
+from search.cli import main
+from search.config import redact, redact_tree
+
+SECRETS = [
+    ("https://alice:s3cret@host:5000/path", "https://alice:***@host:5000/path"),
+    ("postgresql://u:pw@db.example/optuna", "postgresql://u:***@db.example/optuna"),
+    ("https://TOKEN123@host", "https://***@host"),
+    ("redis://:pw@host:6379", "redis://:***@host:6379"),
+    (
+        "postgresql://host/db?password=x&sslmode=require",
+        "postgresql://host/db?password=***&sslmode=require",
+    ),
+    ("http://host/api?token=abc&user=bob", "http://host/api?token=***&user=bob"),
+    (
+        "Connection to 'https://alice:s3cret@host' failed: TLS error",
+        "Connection to 'https://alice:***@host' failed: TLS error",
+    ),
+    ("sqlite:///runs/optuna.db", "sqlite:///runs/optuna.db"),
+    ("http://mlflow:5000", "http://mlflow:5000"),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), SECRETS)
+def test_every_kind_of_secret_in_a_url_is_redacted(text, expected):
+    assert redact(text) == expected
+
+
+def test_values_under_secret_looking_keys_are_redacted_whole():
+    tree = {"tracking": {"uri": "http://h", "token": "abc"}, "db_password": "pw", "n": 3}
+    assert redact_tree(tree) == {
+        "tracking": {"uri": "http://h", "token": "***"},
+        "db_password": "***",
+        "n": 3,
+    }
+
+
+def test_an_error_line_that_carries_a_password_is_redacted(monkeypatch, capsys):
+    # e.g. a TLS failure: the library's own message repeats the URL with its password
+    import search.config
+
+    def fail(*args, **kwargs):
+        raise search.config.ConfigError("cannot open https://alice:s3cret@host: TLS error")
+
+    monkeypatch.setattr(search.config, "compose_config", fail)
+    assert main(["+space=llm"]) == 2
+    err = capsys.readouterr().err
+    assert "s3cret" not in err and "https://alice:***@host" in err
