@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -104,16 +104,8 @@ class RunFigures:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> RunFigures:
-        return cls(
-            float(d["time_s"]),
-            float(d["throughput"]),
-            float(d["cv"]),
-            int(d["n_windows"]),
-            int(d["n_steps"]),
-            int(d["stalls"]),
-            str(d.get("session", "")),
-            float(d.get("step_s", 0.0)),
-        )
+        """The figures ``as_dict`` stored (JSON keeps their types); fields added since default."""
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
 
 
 def stall_steps(step_latencies_ms: Sequence[float]) -> int:
