@@ -13,7 +13,7 @@ import itertools
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +24,11 @@ from omegaconf import DictConfig
 from rich.console import Console
 
 from search import results
-from search.config import load_settings, redact, redact_tree, resolve, resolve_device
+from search.config import for_logging, load_settings, redact, redact_tree, resolve_device
 from search.gpu_telemetry import energy_unavailable_reason
+from search.guards import KnownOutcomes, config_key
 from search.liveness import Heartbeat, Recovery, owner
-from search.noise import NoiseFloor
+from search.noise import NoiseFloor, assess_pooled
 from search.prepare import control_config, fingerprint, load_space
 from search.records import COMPLETE, TrialRecord
 from search.report import (
@@ -40,15 +41,36 @@ from search.report import (
     trial_line,
     write_noise_plot,
 )
-from search.revalidate import Pooled, revalidate
+from search.retune import (
+    RETUNE,
+    TUNE,
+    Figure,
+    Sessions,
+    Tuned,
+    baseline,
+    conclude,
+    measure_reference,
+    reference_figure,
+    save_tuned,
+    tuned_runs,
+    write_history,
+    write_report,
+)
+from search.revalidate import Pooled, Run, revalidate
 from search.runner import TrialRequest, TrialResult, run_isolated
 from search.settings import Settings
 from search.space import SearchSpace
-from search.stores import open_stores, quiet_libraries, recover_runs
-from search.study import StudyDriver, StudyOutcome
+from search.stores import open_stores, quiet_libraries, recover_runs, require_study
+from search.study import StudyDriver, StudyOutcome, optuna_names
 from search.telemetry import contention, environment
 from search.tracking import Tracker
-from search.trial_store import judged_revalidations, save_revalidation, set_aside
+from search.trial_store import (
+    judged_revalidations,
+    save_revalidation,
+    save_revalidation_run,
+    set_aside,
+    unfinished_revalidations,
+)
 
 
 @dataclass(frozen=True)
@@ -79,17 +101,25 @@ class Context:
         )
 
 
-def run(cfg_node: DictConfig) -> int:
+def run(cfg_node: DictConfig, kind: str = TUNE) -> int:
+    """A tuning (``kind`` ``tune``) or a re-tune against the study's last tuning (``retune``)."""
     quiet_libraries()
     settings = load_settings(cfg_node)
     device = resolve_device(settings.device)
     space, notes = load_space(settings.space, device)
     control = control_config(space, settings.noise.control) if settings.noise.budget > 0 else None
+    if kind == RETUNE:
+        require_study(settings.study.name, settings.study.storage)
     out = console()
     for note in notes:
         out.print(f"[yellow]note:[/] {note}")
     recovery = Recovery(settings.study.heartbeat_s)
     study, tracker = open_stores(settings, space, recovery)
+    base = (
+        baseline(study, settings.retune.baseline, environment(device)["device_name"])
+        if kind == RETUNE
+        else None
+    )
     if tracker.offline_reason:
         out.print(
             f"warning: {tracker.offline_reason}; going on without MLflow: results stay in the "
@@ -98,8 +128,13 @@ def run(cfg_node: DictConfig) -> int:
         )
     env = {**environment(device), **_versions()}
     ctx = Context(settings, space, device, env, fingerprint(space, env), out, control)
-    cfg = resolve(cfg_node)  # as written, for the parent run's params and config.yaml
+    cfg = for_logging(cfg_node)  # as written, for the parent run's params and config.yaml
     _start_parent(ctx, tracker, cfg)
+    if base is not None:
+        tracker.set_tags(
+            tracker.parent_id,
+            {"retune": "true", "baseline": base.name, "baseline_run_id": base.mlflow_run_id or "-"},
+        )
     status = "FAILED"
     heartbeat = Heartbeat(
         recovery.heartbeat_s, study._storage, lambda tags: tracker.set_tags(tracker.parent_id, tags)
@@ -121,14 +156,27 @@ def run(cfg_node: DictConfig) -> int:
                 "torch changed, so they are kept in the study but not reused or put on the front",
                 markup=False,
             )
+        started_at = time.time()
+        reference = _reference(ctx)
+        remeasured: dict[str, Pooled] = {}
+        if base is not None:
+            remeasured = _remeasure(ctx, study, base)
+            ctx = _warm_start(ctx, study, base)
         driver = _driver(ctx, study, tracker, recovery, heartbeat)
+        for note in driver.notes:
+            out.print(f"note: {note}", markup=False)
         outcome = driver.run()
-        _finish(ctx, driver, outcome, tracker)
+        if remeasured:
+            _adopt(ctx, driver, remeasured)
+        finished = _finish(ctx, driver, outcome, tracker)
+        code = _conclude(
+            ctx, study, tracker, kind, base, finished, reference, remeasured, started_at
+        )
         if outcome.failure_stop:
             print(f"search: error: stopped early: {outcome.failure_stop}", file=sys.stderr)
             return 1
         status = "FINISHED"
-        return 0
+        return code
     except KeyboardInterrupt:
         status = "KILLED"
         out.print(
@@ -198,7 +246,15 @@ def _driver(
             extra["throttle_reasons"] = result.throttle_reasons
         if record.state != COMPLETE and result.stderr_tail:
             extra["stderr_tail"] = redact(result.stderr_tail[-4000:])
-        return tracker.log_trial(record, result.duration_s, {**tags, **extra})
+        had_error = tracker.log_error is not None
+        run_id = tracker.log_trial(record, result.duration_s, {**tags, **extra})
+        if tracker.log_error is not None and not had_error:
+            ctx.out.print(
+                f"warning: {tracker.log_error}; going on: the trial is in the Optuna study, "
+                f"and {_sync_command()} copies it later",
+                markup=False,
+            )
+        return run_id
 
     measured = itertools.count(1)
 
@@ -280,8 +336,22 @@ def _revalidate(ctx: Context, study: optuna.Study, todo: list[TrialRecord]) -> N
         )
         out.print(f"  [revalidate {i}/{n}] #{candidate.number}: {figure}", markup=False)
 
+    kept = unfinished_revalidations(study, ctx.fingerprint)
+    resumed = {c.number: len(kept[c.number]) for c in todo if kept.get(c.number)}
+    if resumed:
+        out.print(
+            "  resuming an interrupted re-validation: "
+            + ", ".join(f"#{n} has {k} of {processes} runs" for n, k in resumed.items()),
+            markup=False,
+        )
+
+    def keep(candidate: TrialRecord, run: Run) -> None:
+        save_revalidation_run(study, ctx.fingerprint, candidate.number, run)
+
     seed = settings.seed + len(study.trials)
-    pooled = revalidate(todo, processes, measure, seed, settings.measure.confidence, progress)
+    pooled = revalidate(
+        todo, processes, measure, seed, settings.measure.confidence, progress, kept, keep
+    )
     for number, figures in pooled.items():
         save_revalidation(study, ctx.fingerprint, number, figures)
 
@@ -324,7 +394,17 @@ def _log_final(
                 results.log_revalidation(tracker, record.run_id, done[record.number])
 
 
-def _finish(ctx: Context, driver: StudyDriver, outcome: StudyOutcome, tracker: Tracker) -> None:
+@dataclass(frozen=True)
+class Finished:
+    """What a study ended with."""
+
+    front: list[TrialRecord]
+    best: TrialRecord | None
+    floor: NoiseFloor
+    unit: str
+
+
+def _finish(ctx: Context, driver: StudyDriver, outcome: StudyOutcome, tracker: Tracker) -> Finished:
     settings, space, out = ctx.settings, ctx.space, ctx.out
     study, fp = driver.study, ctx.fingerprint
     # When every candidate fails re-validation, what they dominated is re-validated in turn (at
@@ -392,15 +472,224 @@ def _finish(ctx: Context, driver: StudyDriver, outcome: StudyOutcome, tracker: T
     _print_front(ctx, front, best, history[0].unit if history else "items")
     noise_png = ", noise.png" if floor.controls else ""
     out.print(f"files: {study_dir}/best.yaml, pareto.csv, pareto.png{noise_png}")
-    if tracker.offline_reason:
+    if tracker.offline_reason or tracker.log_error:
         out.print(
-            f"MLflow: {tracker.offline_reason}. {tracker.unlogged_trials} trial(s) of this run "
-            "are in the Optuna study only; when the server is back, copy them with: "
-            f"{_sync_command()}",
+            f"MLflow: {tracker.offline_reason or tracker.log_error}. {tracker.unlogged_trials} "
+            "trial(s) of this run are in the Optuna study only; when MLflow works again, copy "
+            f"them with: {_sync_command()}",
             markup=False,
         )
     else:
         out.print(f"compare runs in the MLflow UI: [bold]{redact(tracker.ui_command())}[/]")
+    return Finished(front, best, floor, history[0].unit if history else "items")
+
+
+# -- the reference step and the re-tune ------------------------------------------------------
+
+
+def _reference(ctx: Context) -> Pooled | None:
+    """The built-in reference step, measured in fresh processes (``search.retune``)."""
+    runs = ctx.settings.retune.reference_runs
+    if runs < 1:
+        return None
+    reference = measure_reference(str(ctx.device), runs, ctx.settings.seed)
+    ctx.out.print(
+        f"reference step (a fixed tiny GPT, not your model; {runs} fresh runs): "
+        + (
+            f"{si(reference.metrics['throughput'])} tokens/s"
+            if reference is not None
+            else "failed: the machine's speed is not compared"
+        ),
+        markup=False,
+    )
+    return reference
+
+
+def _remeasure(ctx: Context, study: optuna.Study, base: Tuned) -> dict[str, Pooled]:
+    """The baseline's recommendation and up to ``retune.remeasure`` more of its front, measured
+    in fresh processes, interleaved: ``{config key: pooled figures}``."""
+    settings, out = ctx.settings, ctx.out
+    assert base.recommended is not None
+    wanted = [base.recommended] + [f for f in base.front if f.config != base.recommended.config][
+        : settings.retune.remeasure
+    ]
+    figures = [f for f in wanted if ctx.space.contains(f.config)]
+    for f in wanted:
+        if f not in figures:
+            out.print(
+                f"note: {knobs_text(f.config, list(ctx.space.searched))} of the baseline lies "
+                "outside the space now: not re-measured",
+                markup=False,
+            )
+    if not figures:
+        return {}
+    processes = settings.retune.processes
+    out.print(
+        f"\nre-measuring the baseline ({base.name})'s recommendation and {len(figures) - 1} more "
+        f"of its front, {processes} fresh processes each, interleaved:",
+        markup=False,
+    )
+    candidates = [
+        TrialRecord(-1 - i, f.config, COMPLETE, {}, True, unit=base.unit)
+        for i, f in enumerate(figures)
+    ]
+
+    def measure(candidate: TrialRecord) -> TrialResult:
+        return run_isolated(ctx.request(candidate.config))
+
+    def progress(i: int, n: int, candidate: TrialRecord, result: TrialResult) -> None:
+        m = result.measurement
+        figure = (
+            f"{si(m.throughput)} {candidate.unit}/s, cv {m.throughput_cv:.1%}"
+            if m is not None
+            else f"{result.state}: {result.failure}"
+        )
+        knobs = knobs_text(candidate.config, list(ctx.space.searched))
+        out.print(f"  [remeasure {i}/{n}] {knobs}: {figure}", markup=False)
+
+    pooled = revalidate(
+        candidates,
+        processes,
+        measure,
+        settings.seed + len(study.trials),
+        settings.measure.confidence,
+        progress,
+    )
+    return {config_key(c.config): pooled[c.number] for c in candidates}
+
+
+def _warm_start(ctx: Context, study: optuna.Study, base: Tuned) -> Context:
+    """Queue the baseline's front (its recommendation first) for the search, and measure
+    ``retune.n_trials`` new configurations after it. Configurations measured already under this
+    fingerprint (an unchanged model) are not queued: their re-measured runs stand for them."""
+    names, _ = optuna_names(study, ctx.space)
+    known = KnownOutcomes.load(
+        study, ctx.space, ctx.fingerprint, ctx.settings.runner.memory_limit_mb
+    )
+    queued = 0
+    front = [base.recommended, *base.front] if base.recommended is not None else list(base.front)
+    seen: set[str] = set()
+    for f in front:
+        key = config_key(f.config)
+        if key in seen or not ctx.space.contains(f.config) or known.measured(f.config):
+            continue  # a configuration measured already under this fingerprint is not queued
+        seen.add(key)
+        study.enqueue_trial(
+            {names[k]: v for k, v in f.config.items() if k in ctx.space.searched},
+            user_attrs={"proposed_by": f"the front of {base.name}"},
+        )
+        queued += 1
+    settings = ctx.settings
+    n_trials = settings.retune.n_trials + queued
+    ctx.out.print(
+        f"search: the baseline's front first ({queued} configuration(s)), then "
+        f"{settings.retune.n_trials} new one(s)",
+        markup=False,
+    )
+    return replace(
+        ctx, settings=replace(settings, study=replace(settings.study, n_trials=n_trials))
+    )
+
+
+def _adopt(ctx: Context, driver: StudyDriver, remeasured: Mapping[str, Pooled]) -> None:
+    """The re-measured runs of a configuration serve as the re-validation of its latest trial
+    (replacing an earlier one): it is not re-measured at the end, and its figures are today's."""
+    latest = {config_key(r.config): r for r in driver.history()}
+    for key, pooled in remeasured.items():
+        if key in latest and pooled.runs:
+            save_revalidation(driver.study, ctx.fingerprint, latest[key].number, pooled)
+
+
+def _conclude(
+    ctx: Context,
+    study: optuna.Study,
+    tracker: Tracker,
+    kind: str,
+    base: Tuned | None,
+    finished: Finished,
+    reference: Pooled | None,
+    remeasured: Mapping[str, Pooled],
+    started_at: float,
+) -> int:
+    """Keep what this run concluded in the study; for a re-tune, compare with the baseline, report
+    and return the exit code (3 on a regression)."""
+    settings, out = ctx.settings, ctx.out
+    now = time.time()
+    best = finished.best
+    if base is not None:
+        # A re-tune judges today's figures only: a configuration measured in an earlier run (the
+        # same fingerprint: reused, not re-run) would hide a machine that got slower since.
+        done = judged_revalidations(study, ctx.fingerprint, settings)
+
+        def today_s(r: TrialRecord) -> bool:
+            if r.number in done and done[r.number].runs:
+                return max(run.time_s for run in done[r.number].runs) >= started_at
+            return r.time_s >= started_at
+
+        best = results.recommend([r for r in finished.front if today_s(r)], settings.slo)
+    today = Tuned(
+        kind,
+        f"{kind} {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(now))}",
+        now,
+        ctx.fingerprint,
+        {k: str(v) for k, v in ctx.env.items()},
+        ctx.env["device_name"],
+        finished.unit,
+        Figure.of(best) if best is not None else None,
+        tuple(Figure.of(r) for r in finished.front),
+        reference_figure(reference, finished.floor, settings.stable, settings.measure.confidence)
+        if reference is not None
+        else None,
+        tracker.parent_id,
+    )
+    code = 0
+    study_dir = Path(settings.runs_dir) / settings.study.name
+    if base is not None:
+        old = remeasured.get(config_key(base.recommended.config)) if base.recommended else None
+        old_today = None
+        if old is not None and old.metrics and base.recommended is not None:
+            metrics, _ = assess_pooled(
+                old.metrics, old.runs, finished.floor, settings.stable, settings.measure.confidence
+            )
+            old_today = Figure(
+                base.recommended.config,
+                metrics["throughput"],
+                metrics["throughput_ci_low"],
+                metrics["throughput_ci_high"],
+            )
+        references = [t.reference for t in tuned_runs(study) if t.device == today.device]
+        sessions = Sessions.of(
+            [f for f in [*references, today.reference] if f is not None],
+            settings.measure.confidence,
+        )
+        if sessions is not None:
+            out.print(f"  {sessions.line()}", markup=False)
+        conclusion = conclude(
+            base,
+            today,
+            old_today,
+            settings.retune.threshold,
+            settings.measure.confidence,
+            sessions,
+        )
+        today = replace(today, verdict=conclusion.verdict)
+        out.print("")
+        for c in conclusion.comparisons:
+            out.print(f"  {c.line()}", markup=False)
+        for change in conclusion.changed:
+            out.print(f"  changed: {change}", markup=False)
+        md, js = write_report(study_dir, base, today, conclusion, list(ctx.space.searched))
+        tracker.set_tags(tracker.parent_id, {"verdict": conclusion.verdict})
+        tracker.log_artifact(md)
+        tracker.log_artifact(js)
+        out.print(f"report: {md}, {js.name}", markup=False)
+        out.print(conclusion.line, markup=False)
+        code = conclusion.exit_code
+    save_tuned(study, today)
+    runs = tuned_runs(study)
+    for path in write_history(study_dir, runs, f"{settings.study.name}: recommended, run by run"):
+        tracker.log_artifact(path)
+    return code
 
 
 def _print_front(

@@ -1,10 +1,13 @@
-"""Command line: ``python -m search [sync] +space=NAME [key=value ...] [--config-dir DIR] [--cfg]``.
+"""Command line: ``python -m search [sync|retune|history] +space=NAME [key=value ...]
+[--config-dir DIR] [--cfg]``.
 
-``sync`` copies to MLflow the trials a run could not log (see ``search.sync``); it takes the same
-overrides as the tuning run, so that it finds the same study and experiment.
+``sync`` copies to MLflow the trials a run could not log (see ``search.sync``); ``retune`` re-tunes
+against the study's last tuning and says whether it got slower (see ``search.retune``);
+``history`` lists the study's tunings. Each takes the same overrides as the tuning run, so that it
+finds the same study and experiment.
 
-Overrides use Hydra syntax. Exit codes: 0 done, 2 bad input (one line, no traceback), 130
-interrupted, 1 anything unexpected.
+Overrides use Hydra syntax. Exit codes: 0 done, 2 bad input (one line, no traceback), 3 a
+re-tune found a regression, 130 interrupted, 1 anything unexpected.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from collections.abc import Sequence
 
 USAGE = """usage: python -m search +space=NAME [key=value ...] [--config-dir DIR] [--cfg]
        python -m search sync +space=NAME [key=value ...] [--config-dir DIR]
+       python -m search retune +space=NAME [key=value ...] [--config-dir DIR]
+       python -m search history +space=NAME [key=value ...] [--config-dir DIR]
 
 Tunes a PyTorch workload: runs it under the settings a search space proposes, measures each one
 until its variance is known, and logs every trial to MLflow.
@@ -21,6 +26,10 @@ until its variance is known, and logs every trial to MLflow.
   sync               copy to MLflow the measured trials of the study that have no run there yet
                      (e.g. after the tracking server was down), then set the pareto tags; give it
                      the same overrides as the tuning run. Nothing is measured again.
+  retune             the nightly job: re-measure the last tuning's recommendation and front, search
+                     a little, and say whether the model got slower (exit 3), the optimum moved,
+                     or nothing changed; same overrides as the tuning run.
+  history            the study's tunings and re-tunes: the recommendation, run by run.
 
   +space=NAME        the search space: spaces/NAME.yaml, or DIR/space/NAME.yaml with --config-dir DIR
   key=value          override any config key, e.g. study.n_trials=40 device=cuda:1 runs_dir=/data/tuning
@@ -59,8 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     from search.config import ConfigError, compose_config  # imported late: --help stays fast
 
-    command = "sync" if argv[:1] == ["sync"] else "tune"
-    if command == "sync":
+    command = argv[0] if argv[:1] and argv[0] in ("sync", "retune", "history") else "tune"
+    if command != "tune":
         argv = argv[1:]
     try:
         overrides, config_dirs, show = _parse(argv)
@@ -76,9 +85,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             from search.sync import run_sync
 
             return run_sync(cfg)
+        if command == "history":
+            from search.retune import run_history
+
+            return run_history(cfg)
         from search.app import run
 
-        return run(cfg)
+        return run(cfg, command)
     except ConfigError as e:
         from search.config import redact
 
@@ -88,3 +101,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("search: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:
+        from search.trial_store import StoreError
+
+        if not isinstance(e, StoreError):
+            raise
+        print(f"search: error: {e}", file=sys.stderr)  # not bad input: the storage failed
+        return 1

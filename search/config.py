@@ -166,6 +166,17 @@ def _check_space_chosen(cfg: DictConfig, space_name: str | None) -> None:
     available = ", ".join(builtin_spaces())
     if "space" not in cfg:
         raise ConfigError(f"no search space chosen: add +space=NAME (built-in: {available})")
+    if space_name is not None and not isinstance(cfg.space, DictConfig):
+        held = "a list" if isinstance(cfg.space, ListConfig) else f"the value {cfg.space!r}"
+        raise ConfigError(
+            f"space '{space_name}' must be a mapping of workload, params and objectives, but its "
+            f"file holds {held}"
+        )
+    if space_name is not None and not cfg.space:
+        raise ConfigError(
+            f"space '{space_name}' is empty: it needs workload, params and objectives "
+            "(see spaces/llm.yaml)"
+        )
     if not isinstance(cfg.space, DictConfig) or space_name is None:
         # Hydra turns `+space=X` into the plain string "X" when the group cannot be found.
         raise ConfigError(
@@ -337,6 +348,49 @@ def _merge_override_message(text: str, cause: OmegaConfBaseException) -> str:
     if key and _field_type(key) is not Any:
         return f"{key} must be {_expected(_field_type(key))}, but got {value}"
     return f"{text}: {str(cause).splitlines()[0]}"
+
+
+ENV_RESOLVER = "oc.env:"
+"""An interpolation that reads an environment variable: its value is never logged."""
+MIN_MASKED_LEN = 4
+"""An environment value this long or longer is masked wherever it appears in a logged string."""
+
+
+def for_logging(cfg: DictConfig) -> dict[str, Any]:
+    """The config as ``resolve`` gives it, fit to store (MLflow params, ``config.yaml``): a value
+    read from the environment (``${oc.env:NAME}``) is shown as that interpolation, not as its
+    value, and the value is masked wherever else it appears (``${other.key}`` pointing at it, a
+    URL built from it); then ``redact_tree``."""
+    raw = OmegaConf.to_container(cfg, resolve=False)
+    resolved = resolve(cfg)
+    secrets: set[str] = set()
+
+    def from_env(raw_node: Any, node: Any) -> Any:
+        if isinstance(raw_node, Mapping) and isinstance(node, Mapping):
+            return {k: from_env(raw_node.get(k), v) for k, v in node.items()}
+        if isinstance(raw_node, list) and isinstance(node, list) and len(raw_node) == len(node):
+            return [from_env(r, v) for r, v in zip(raw_node, node, strict=True)]
+        if isinstance(raw_node, str) and ENV_RESOLVER in raw_node:
+            if node is not None and len(str(node)) >= MIN_MASKED_LEN:
+                secrets.add(str(node))
+            return raw_node
+        return node
+
+    shown = from_env(raw, resolved)
+
+    def masked(node: Any) -> Any:
+        if isinstance(node, Mapping):
+            return {k: masked(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [masked(v) for v in node]
+        if isinstance(node, str) and ENV_RESOLVER not in node:
+            for secret in sorted(secrets, key=len, reverse=True):
+                node = node.replace(secret, "***")
+        return node
+
+    tree = redact_tree(masked(shown))
+    assert isinstance(tree, dict)
+    return tree
 
 
 def resolve(cfg: DictConfig) -> dict[str, Any]:

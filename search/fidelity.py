@@ -27,8 +27,9 @@ class Tolerance:
     loss_rel: float
     """``|loss - reference| / |reference|`` of the batch's mean loss."""
     grad_norm_rel: float
-    """``|‖g‖ - ‖g_ref‖| / ‖g_ref‖`` of each parameter tensor's gradient (L2 norm), for every
-    tensor."""
+    """``|‖g‖ - ‖g_ref‖| / max(‖g_ref‖, floor)`` of each parameter tensor's gradient (L2 norm),
+    for every tensor; the floor is a tenth of the model's root-mean-square tensor gradient norm
+    (``_gradient_floor``)."""
 
 
 _U_TF32_FP16 = 2.0**-11
@@ -179,7 +180,8 @@ def _compare(
     pairs = {
         name: (grad_norms.get(name, 0.0), reference_grad_norms.get(name, 0.0)) for name in names
     }
-    errors = {name: _rel_error(*pair) for name, pair in pairs.items()}
+    floor = _gradient_floor(list(reference_grad_norms.values()))
+    errors = {name: _rel_error(norm, ref, floor) for name, (norm, ref) in pairs.items()}
     worst = max(errors, key=errors.__getitem__, default=None)
     loss_error = _rel_error(loss, reference_loss)
     grad_error = errors[worst] if worst is not None else 0.0
@@ -237,12 +239,35 @@ def _reason(
     return ""
 
 
-def _rel_error(value: float, reference: float) -> float:
+GRADIENT_FLOOR = 0.1
+"""A tensor's gradient norm is compared against at least this fraction of the model's
+root-mean-square tensor gradient norm (see ``_gradient_floor``)."""
+
+
+def _gradient_floor(reference_norms: list[float]) -> float:
+    """The smallest scale a tensor's gradient error is judged against: ``GRADIENT_FLOOR`` times the
+    root mean square of the reference's per-tensor gradient norms.
+
+    A gradient that is zero in exact arithmetic (a conv or linear bias right before BatchNorm,
+    which subtracts it again) comes out as rounding noise: about 1e-7 in fp32 and 1e-5 in bf16,
+    and its error relative to itself is thousands of percent while nothing is wrong. Rounding error
+    scales with the terms of a sum, not with what is left of it after they cancel, so such a
+    tensor is judged against the size of the model's gradients instead; a tensor whose gradient is
+    not tiny is still judged against its own norm. Overflow (non-finite values) and a drifting loss
+    are checked as before."""
+    finite = [n for n in reference_norms if math.isfinite(n)]
+    if not finite:
+        return 0.0
+    return GRADIENT_FLOOR * math.sqrt(sum(n * n for n in finite) / len(finite))
+
+
+def _rel_error(value: float, reference: float, floor: float = 0.0) -> float:
     if not (math.isfinite(value) and math.isfinite(reference)):
         return math.inf
-    if reference == 0.0:
+    scale = max(abs(reference), floor)
+    if scale == 0.0:
         return 0.0 if value == 0.0 else math.inf
-    return abs(value - reference) / abs(reference)
+    return abs(value - reference) / scale
 
 
 def _describe(knobs: Knobs) -> str:

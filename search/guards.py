@@ -31,7 +31,7 @@ from optuna.trial import FrozenTrial, TrialState
 from search.liveness import duplicate_retry
 from search.records import COMPLETE, FAILED, INFEASIBLE, fault_kind
 from search.space import SearchSpace
-from search.trial_store import OUTCOME_ATTRS, own_trials
+from search.trial_store import OUTCOME_ATTRS, over_limit, own_trials
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ class KnownOutcomes:
         """What the study holds at the start; of repeated outcomes the latest is reused."""
         known = cls(space, fingerprint, memory_limit_mb)
         for trial in own_trials(study, fingerprint, space):
-            if trial.user_attrs["state"] in (COMPLETE, INFEASIBLE):
+            if known._reusable(trial):
                 known.reusable[config_key(trial.user_attrs["config"])] = trial
             known._learn_oom(trial)
         return known
@@ -100,9 +100,15 @@ class KnownOutcomes:
     def refresh(self, study: optuna.Study) -> None:
         """Take in outcomes stored since (by another process); what is known already stays."""
         for trial in own_trials(study, self.fingerprint, self.space):
-            if trial.user_attrs["state"] in (COMPLETE, INFEASIBLE):
+            if self._reusable(trial):
                 self.reusable.setdefault(config_key(trial.user_attrs["config"]), trial)
             self._learn_oom(trial)
+
+    @staticmethod
+    def _reusable(trial: FrozenTrial) -> bool:
+        """Complete or infeasible (a complete one above this invocation's memory limit is told
+        out of memory by ``Reuse``)."""
+        return trial.user_attrs["state"] in (COMPLETE, INFEASIBLE)
 
     def learn(self, trial: FrozenTrial) -> None:
         """Take in a trial measured here; its failure too is not measured again in this
@@ -117,8 +123,11 @@ class KnownOutcomes:
             self.ran_out.append(trial)
 
     def _ran_out_under_our_limit(self, trial: FrozenTrial) -> bool:
-        """An OOM trial whose limit was at least this invocation's (None: the whole device)."""
+        """An OOM trial whose limit was at least this invocation's (None: the whole device), or a
+        complete one whose peak memory lies above this invocation's limit."""
         attrs = trial.user_attrs
+        if over_limit(attrs, self.memory_limit_mb):
+            return True  # it ran within a looser limit, above this one
         if attrs["state"] != FAILED or fault_kind(attrs.get("failure", "")) != "oom":
             return False
         theirs, ours = attrs.get("memory_limit_mb"), self.memory_limit_mb
@@ -194,6 +203,14 @@ class Reuse:
         earlier = self.known.measured(proposal.config)
         if earlier is None:
             return None
+        over = over_limit(earlier.user_attrs, self.known.memory_limit_mb)
+        if over:
+            return _not_run(
+                "skipped_oom",
+                proposal.config,
+                f"certain to run out of memory: trial #{earlier.number}'s "
+                f"{over.removeprefix('oom: ')}",
+            )
         attrs = {k: earlier.user_attrs[k] for k in OUTCOME_ATTRS if k in earlier.user_attrs}
         attrs["reused_from"] = earlier.number
         if earlier.state == TrialState.COMPLETE:

@@ -79,6 +79,19 @@ def _dead_here(who: Any) -> bool:
     return _started(who["pid"]) != who["started"]  # gone, or its pid now names a later process
 
 
+SQLITE_BUSY_S = 30.0
+"""How long a sqlite connection waits for another process's lock before it fails with 'database
+is locked' (sqlite's default through SQLAlchemy is 5 s): processes sharing one file wait for each
+other instead of failing; a measurement's write is retried beyond that (``search.trial_store``)."""
+
+
+def engine_kwargs(url: str) -> dict:
+    """SQLAlchemy engine settings for the study's storage ``url``."""
+    if url.startswith("sqlite:"):
+        return {"connect_args": {"timeout": SQLITE_BUSY_S}}
+    return {}
+
+
 class Recovery:
     """Fails stale trials of a study and queues their configurations again; keeps one note each."""
 
@@ -93,6 +106,7 @@ class Recovery:
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             return optuna.storages.RDBStorage(
                 url,
+                engine_kwargs=engine_kwargs(url),
                 heartbeat_interval=self.heartbeat_s,
                 grace_period=self.grace_s,
                 heartbeat_stale_trial_callback=self._requeue_stale,

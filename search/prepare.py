@@ -11,6 +11,7 @@ import hashlib
 import importlib
 import inspect
 import json
+import random
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -35,12 +36,18 @@ def load_space(raw: Mapping[str, Any], device: torch.device) -> tuple[SearchSpac
             )
         )
         feasible = space.feasible_configs()
+        if feasible is None:  # too large to list, or continuous: probe it instead
+            rng = random.Random(0)
+            space.probe_constraints(rng)
+            feasible = [] if space.random_feasible(rng) is None else None
     except SpaceError as e:
         raise ConfigError(str(e)) from None
     if feasible is not None and not feasible:
         raise ConfigError(
             f"space '{space.name}': no configuration satisfies the constraints "
-            f"{[c.text for c in space.constraints]}; loosen them or widen the ranges"
+            f"{[c.text for c in space.constraints]}"
+            + (" (none of 10000 random draws did)" if space.feasible_configs() is None else "")
+            + "; loosen them or widen the ranges"
         )
     _check_generic_knobs(space)
     _check_workload(space)

@@ -126,9 +126,9 @@ def summary_lines(
         lines.append(
             f"trial(s) {', '.join(f'#{n}' for n in outcome.lost_to_recovery)} were taken for stale "
             "by another process while measured here (heartbeat silent past the grace period; "
-            "raise study.heartbeat_s on a busy store): queued again, "
-            "the figures kept in MLflow only"
+            "raise study.heartbeat_s on a busy store): queued again and measured anew"
         )
+    lines += [f"dropped: {note}" for note in outcome.dropped]
     failed = [r for r in outcome.records if r.state == FAILED]
     if failed:
         kinds = [fault_kind(r.failure) or "other" for r in failed]

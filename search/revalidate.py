@@ -34,7 +34,7 @@ from search.metrics import (
     trial_metrics,
 )
 from search.noise import RunFigures
-from search.records import COMPLETE, TrialRecord
+from search.records import COMPLETE, FAILED, TrialRecord
 from search.runner import TrialResult
 
 
@@ -103,15 +103,57 @@ _POOL = {
 }
 
 
+@dataclass(frozen=True)
+class Run:
+    """What one re-validation run measured, as kept in the study (so that an interrupted
+    re-validation resumes with the runs it had): its figures, its step times, when it ended."""
+
+    state: str
+    failure: str
+    metrics: Mapping[str, float]
+    steps_ms: tuple[float, ...]
+    throttle_reasons: str
+    time_s: float
+
+    @classmethod
+    def of(cls, result: TrialResult, time_s: float, confidence: float) -> Run:
+        m = result.measurement
+        if result.state != COMPLETE or m is None:
+            state = FAILED if result.state == COMPLETE else result.state
+            return cls(state, result.failure or "no measurement", {}, (), "", time_s)
+        return cls(
+            COMPLETE,
+            "",
+            trial_metrics(result, confidence),
+            tuple(float(x) for x in m.step_latencies_ms),
+            result.throttle_reasons,
+            time_s,
+        )
+
+    def as_dict(self) -> dict:
+        return {**self.__dict__, "metrics": dict(self.metrics), "steps_ms": list(self.steps_ms)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> Run:
+        return cls(**{**d, "steps_ms": tuple(d["steps_ms"])})
+
+
 def pool(results: Sequence[TrialResult], times_s: Sequence[float], confidence: float) -> Pooled:
-    """Pool one candidate's fresh-process runs (ended at ``times_s``), each metric as the registry
-    says. Not stable when a run failed or the device throttled; the tests against the machine's
-    noise come later, when the figures are read (``search.noise.assess_pooled``)."""
-    failed = [r.failure for r in results if r.state != COMPLETE or r.measurement is None]
+    """Pool one candidate's fresh-process runs (ended at ``times_s``): ``pool_runs``."""
+    runs = [Run.of(r, t, confidence) for r, t in zip(results, times_s, strict=True)]
+    return pool_runs(runs, confidence)
+
+
+def pool_runs(kept: Sequence[Run], confidence: float) -> Pooled:
+    """Pool one candidate's fresh-process runs, each metric as the registry says. Not stable when a
+    run failed or the device throttled; the tests against the machine's noise come later, when the
+    figures are read (``search.noise.assess_pooled``)."""
+    failed = [r.failure for r in kept if r.state != COMPLETE]
     if failed:
         return Pooled({}, False, f"a re-validation run failed: {failed[0]}")
-    runs = [trial_metrics(r, confidence) for r in results]
-    steps = np.concatenate([r.measurement.step_latencies_ms for r in results if r.measurement])
+    runs = [r.metrics for r in kept]
+    steps = np.concatenate([np.asarray(r.steps_ms, dtype=float) for r in kept])
+    times_s = [r.time_s for r in kept]
     metrics = {
         "n_processes": float(len(runs)),
         "n_windows": float(sum(run["n_windows"] for run in runs)),
@@ -123,7 +165,7 @@ def pool(results: Sequence[TrialResult], times_s: Sequence[float], confidence: f
     figures = tuple(RunFigures.of(run, t) for run, t in zip(runs, times_s, strict=True))
     throttled = [
         r.throttle_reasons
-        for r in results
+        for r in kept
         if SLOWDOWN_NAMES.intersection(r.throttle_reasons.split(", "))
     ]
     if throttled:
@@ -140,16 +182,23 @@ def revalidate(
     seed: int,
     confidence: float,
     progress: Callable[[int, int, TrialRecord, TrialResult], None],
+    kept: Mapping[int, Sequence[Run]] | None = None,
+    on_run: Callable[[TrialRecord, Run], None] | None = None,
 ) -> dict[int, Pooled]:
     """Measure each candidate ``processes`` times, interleaved in a seeded random order; pool by
-    trial."""
-    schedule = [c for c in candidates for _ in range(processes)]
+    trial. ``kept``: runs an interrupted re-validation measured already (only the rest are
+    measured); ``on_run(candidate, run)`` is called after each run, to keep it."""
+    kept = kept or {}
+    runs: dict[int, list[Run]] = {
+        c.number: list(kept.get(c.number, ()))[:processes] for c in candidates
+    }
+    schedule = [c for c in candidates for _ in range(processes - len(runs[c.number]))]
     random.Random(seed).shuffle(schedule)
-    results: dict[int, list[TrialResult]] = {c.number: [] for c in candidates}
-    times: dict[int, list[float]] = {c.number: [] for c in candidates}
     for done, candidate in enumerate(schedule, start=1):
         result = measure(candidate)
-        results[candidate.number].append(result)
-        times[candidate.number].append(time.time())
+        run = Run.of(result, time.time(), confidence)
+        runs[candidate.number].append(run)
+        if on_run is not None:
+            on_run(candidate, run)
         progress(done, len(schedule), candidate, result)
-    return {number: pool(runs, times[number], confidence) for number, runs in results.items()}
+    return {number: pool_runs(done_runs, confidence) for number, done_runs in runs.items()}

@@ -12,6 +12,7 @@ cannot leak between trials, and a worker that dies takes only its trial with it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import faulthandler
 import functools
@@ -19,14 +20,14 @@ import gc
 import multiprocessing
 import multiprocessing.reduction
 import os
+import pickle
 import re
 import signal
 import sys
-import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -110,7 +111,11 @@ def run_trial(request: TrialRequest, on_memory_exceeded=None) -> TrialResult:
     limit = None
     try:
         knobs, settings = split_config(request.config)
-        workload = instantiate(dict(request.workload), _convert_="all", **settings)
+        # Not recursive: only the workload class is built (the space refuses nested targets, and
+        # this keeps it so for anything that reaches here another way).
+        workload = instantiate(
+            dict(request.workload), _convert_="all", _recursive_=False, **settings
+        )
         unit = workload.unit
         _prime(device)
         probe = MemoryProbe(device)
@@ -399,48 +404,50 @@ def run_isolated(request: TrialRequest) -> TrialResult:
     started = time.perf_counter()
     context = worker_context()
     receive, send = context.Pipe(duplex=False)
-    # The worker's stderr goes to a file that has no name from the start: nothing is left behind,
-    # even when the study is killed with kill -9.
-    log = tempfile.TemporaryFile(prefix="search-trial-", suffix=".stderr")
-    stderr_fd = log.fileno()
+    # The worker's stderr goes into a pipe of which only the end is kept: nothing is left behind on
+    # disk, even when the study is killed with kill -9, and a chatty workload cannot fill the disk
+    # or the memory.
+    stderr = _StderrTail()
     worker = context.Process(
-        target=_worker, args=(request, send, _InheritedFd(stderr_fd)), daemon=True
+        target=_worker, args=(request, send, _InheritedFd(stderr.write_fd)), daemon=True
     )
     reaped = False
     try:
-        # Ctrl-C is the study's to handle (it ends the worker itself). SIGINT is blocked, not
-        # ignored, while the worker starts: a Ctrl-C in that moment is held and raised right after,
-        # not lost; the worker starts with it blocked and then ignores it.
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        try:
+        with _ctrl_c_after():
             worker.start()
-        finally:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         send.close()
-        if not receive.poll(request.timeout_s):
+        stderr.close_writer()  # the worker has its own copy: EOF comes when it (and its kin) end
+        try:
+            result = receive.recv() if receive.poll(request.timeout_s) else None
+        except (EOFError, OSError, pickle.UnpicklingError):
+            # The worker died before it answered, or while it did: a message cut halfway reads as
+            # end of file, a reset connection or a broken pickle.
+            _kill_group(worker)  # what it started dies with it; its exit status is already fixed
+            worker.join()
+            reaped = True
+            tail = stderr.text()
+            said = _headline(tail)
+            return TrialResult(
+                FAILED,
+                failure=f"crash: worker {_exit_text(worker.exitcode)}"
+                + (f"; stderr: {said}" if said else ""),
+                stderr_tail=tail,
+                duration_s=time.perf_counter() - started,
+            )
+        if result is None:
             _kill_group(worker)
             return TrialResult(
                 FAILED,
                 duration_s=time.perf_counter() - started,
-                stderr_tail=_tail(stderr_fd),
+                stderr_tail=stderr.text(),
                 failure=f"timeout: still running after runner.timeout_s = {request.timeout_s:g} s; "
                 "killed with the processes it started",
             )
-        result = receive.recv()
-        return replace(result, stderr_tail=_tail(stderr_fd)) if result.state == FAILED else result
-    except EOFError:  # the worker died before it could answer
-        _kill_group(worker)  # what it started dies with it; its exit status is already fixed
-        worker.join()
-        reaped = True
-        tail = _tail(stderr_fd)
-        said = _headline(tail)
-        return TrialResult(
-            FAILED,
-            failure=f"crash: worker {_exit_text(worker.exitcode)}"
-            + (f"; stderr: {said}" if said else ""),
-            stderr_tail=tail,
-            duration_s=time.perf_counter() - started,
-        )
+        if result.state != FAILED:
+            return result
+        worker.join(timeout=5)  # it exits once it has answered; then its stderr is complete
+        _kill_group(worker)
+        return replace(result, stderr_tail=stderr.text())
     except BaseException:
         if worker.pid is not None:
             _kill_group(worker)
@@ -454,7 +461,82 @@ def run_isolated(request: TrialRequest) -> TrialResult:
             if worker.exitcode is None:
                 worker.kill()
                 worker.join()
-        log.close()
+        stderr.close()
+
+
+@contextlib.contextmanager
+def _ctrl_c_after() -> Iterator[None]:
+    """Hold a Ctrl-C that comes while the block runs, and raise it right after: a worker is never
+    half started, so the study always knows its pid and can end it (the worker ignores SIGINT; the
+    study ends it).
+
+    Python runs signal handlers in the main thread whichever thread the kernel gave the signal to,
+    so a handler that only notes the signal holds it even while other threads (heartbeats, the
+    memory watchdog, stderr readers) run; blocking SIGINT in this thread would not, since the
+    kernel hands a blocked signal to another thread. Outside the main thread nothing is held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if held:
+        if callable(previous):
+            previous(signal.SIGINT, None)
+        elif previous == signal.SIG_DFL:
+            raise KeyboardInterrupt
+
+
+STDERR_KEPT_BYTES = 64_000
+"""How much of a worker's stderr is kept (its end): enough for a traceback and a fault dump."""
+
+
+class _StderrTail:
+    """A pipe for a worker's stderr, read by a thread that keeps only the last
+    ``STDERR_KEPT_BYTES``: the worker may write without limit, and nothing grows."""
+
+    def __init__(self) -> None:
+        self._read_fd, self.write_fd = os.pipe()
+        self._kept = bytearray()
+        self._reader = threading.Thread(target=self._read, name="worker-stderr", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        """Read to the pipe's end, then close it: the reader owns the read end, so a pipe a
+        process the worker started still holds open is closed when that process ends, not
+        leaked."""
+        try:
+            while True:
+                try:
+                    chunk = os.read(self._read_fd, 65536)
+                except OSError:
+                    return
+                if not chunk:
+                    return
+                self._kept += chunk
+                if len(self._kept) > 2 * STDERR_KEPT_BYTES:
+                    del self._kept[:-STDERR_KEPT_BYTES]
+        finally:
+            os.close(self._read_fd)
+
+    def close_writer(self) -> None:
+        if self.write_fd >= 0:
+            os.close(self.write_fd)
+            self.write_fd = -1
+
+    def text(self, wait_s: float = 2.0) -> str:
+        """The last lines written, once the pipe is read to its end (waiting up to ``wait_s``)."""
+        self._reader.join(timeout=wait_s)
+        return _tail_lines(bytes(self._kept[-STDERR_KEPT_BYTES:]))
+
+    def close(self) -> None:
+        self.close_writer()
+        self._reader.join(timeout=1.0)
+        # A reader still alive: a process the worker started holds the pipe open; the reader
+        # (a daemon thread) closes its end when that process is gone.
 
 
 def _kill_group(worker) -> None:
@@ -483,15 +565,9 @@ def _adopt_fd(duplicate) -> int:
     return duplicate.detach()
 
 
-def _tail(fd: int) -> str:
-    """The last lines written to the worker's stderr file. ``pread`` leaves the offset the worker
-    writes at untouched."""
-    try:
-        size = os.fstat(fd).st_size
-        start = max(size - 64_000, 0)
-        text = os.pread(fd, size - start, start).decode("utf-8", errors="replace")
-    except OSError:
-        return ""
+def _tail_lines(data: bytes) -> str:
+    """The last lines of a worker's stderr, without blank lines."""
+    text = data.decode("utf-8", errors="replace")
     # faulthandler's list of loaded extension modules is one very long line that says nothing here
     lines = [
         line.rstrip()

@@ -205,6 +205,61 @@ class RevalidateSettings:
 
 
 @dataclass
+class RetuneSettings:
+    """The nightly re-tune (``python -m search retune``) and the reference step of every run."""
+
+    baseline: str
+    """Which earlier run to compare with: ``last`` (the last tuning or re-tune of this study on
+    this device) or the name of one, as ``python -m search history`` lists them."""
+
+    remeasure: int
+    """Configurations of the baseline's front re-measured besides its recommendation (count)."""
+
+    processes: int
+    """Fresh processes that re-measure each of them (count, at least 2): more than a tuning's
+    re-validation, since the verdict rests on them."""
+
+    threshold: float
+    """A slowdown of the best stable throughput beyond this fraction, surely slower, is a
+    regression (exit 3)."""
+
+    n_trials: int
+    """New configurations a re-tune measures after the baseline's front (count)."""
+
+    reference_runs: int
+    """Fresh-process runs of the built-in reference step in every tuning and re-tune (a fixed tiny
+    training step that does not depend on the space's model: it tells a slower machine from a
+    slower model); 0: none."""
+
+    def __post_init__(self) -> None:
+        _require(
+            isinstance(self.baseline, str) and bool(self.baseline),
+            f"retune.baseline must be 'last' or a run's name, but got {self.baseline!r}",
+        )
+        _require(
+            _is_int(self.remeasure) and self.remeasure >= 0,
+            f"retune.remeasure must be an integer >= 0, but got {self.remeasure!r}",
+        )
+        _require(
+            _is_int(self.processes) and self.processes >= 2,
+            f"retune.processes must be an integer >= 2, but got {self.processes!r}",
+        )
+        _finite("retune.threshold", self.threshold)
+        _require(
+            0 < self.threshold < 1,
+            f"retune.threshold must lie in (0, 1), but got {self.threshold!r}",
+        )
+        _require(
+            _is_int(self.n_trials) and self.n_trials >= 0,
+            f"retune.n_trials must be an integer >= 0, but got {self.n_trials!r}",
+        )
+        _require(
+            _is_int(self.reference_runs) and self.reference_runs >= 0,
+            f"retune.reference_runs must be an integer >= 0, but got {self.reference_runs!r}",
+        )
+
+
+@dataclass
 class TrackingSettings:
     """Where MLflow records the runs."""
 
@@ -249,6 +304,9 @@ class Settings:
 
     revalidate: RevalidateSettings
     """Re-measurement of the Pareto candidates at the end."""
+
+    retune: RetuneSettings
+    """The nightly re-tune and the reference step."""
 
     slo: dict[str, float]
     """Limits for the recommended configuration: metric name to its largest (or, for a metric to

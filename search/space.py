@@ -210,6 +210,18 @@ class SearchSpace:
         )
         return [c for c in configs if not self.violations(c)]
 
+    def probe_constraints(self, rng: random.Random, draws: int = 200) -> None:
+        """Evaluate every constraint on the space's corners (each knob's extremes and choices,
+        at most 512 combinations) and on ``draws`` random configurations: ``SpaceError`` when one
+        cannot be evaluated (comparing a string with a number, say). For spaces too large to list,
+        so that such a constraint is refused before the study, not in the middle of it."""
+        corners = [_probe_values(p) for p in self.params.values()]
+        names = list(self.params)
+        for values in itertools.islice(itertools.product(*corners), 512):
+            self.violations(dict(zip(names, values, strict=True)))
+        for _ in range(draws):
+            self.violations({k: _draw(p, rng) for k, p in self.params.items()})
+
     def random_feasible(self, rng: random.Random, tries: int = 10_000) -> dict[str, Any] | None:
         """A uniformly drawn feasible configuration of a space too large to enumerate."""
         for _ in range(tries):
@@ -294,16 +306,55 @@ def parse_space(name: str, raw: Mapping[str, Any]) -> SearchSpace:
         raise SpaceError(
             f"{where}: workload._target_ must name the workload class (e.g. search.workloads.GPT)"
         )
+    nested = _nested_targets(workload, "workload")
+    if nested:
+        raise SpaceError(
+            f"{where}: {nested[0]} sets _target_: only the workload class itself is built from "
+            "the space; build inner objects in the workload's own code from plain settings"
+        )
     params_raw = raw.get("params")
     if not isinstance(params_raw, Mapping) or not params_raw:
         raise SpaceError(f"{where}: params must map at least one knob name to its range")
+    odd = [k for k in params_raw if not (isinstance(k, str) and k.isascii() and k.isidentifier())]
+    if odd:
+        raise SpaceError(
+            f"{where}: knob name {odd[0]!r} must be an ASCII identifier (letters, digits and _, "
+            "not starting with a digit): constraints, Optuna and MLflow name the knob by it"
+        )
     params = {str(k): _parse_param(f"{where}: params.{k}", v) for k, v in params_raw.items()}
+    raw_constraints = raw.get("constraints") or []
+    if not isinstance(raw_constraints, (list, tuple)):
+        raise SpaceError(
+            f"{where}: constraints must be a list of expressions, but got {raw_constraints!r}"
+        )
     constraints = tuple(
-        _parse_constraint(f"{where}: constraints", c, params) for c in raw.get("constraints") or []
+        _parse_constraint(f"{where}: constraints", c, params) for c in raw_constraints
     )
     objectives = _parse_objectives(where, raw.get("objectives"))
     grows = _parse_memory_grows_with(where, raw.get("memory_grows_with"), params)
     return SearchSpace(name, dict(workload), params, constraints, objectives, grows)
+
+
+def _probe_values(param: Param) -> list[Any]:
+    if isinstance(param, IntParam):
+        return param.extremes()
+    if isinstance(param, FloatParam):
+        return [param.low, param.high]
+    return list(param.values())
+
+
+def _nested_targets(node: Any, path: str, top: bool = True) -> list[str]:
+    """The paths below ``node`` that set ``_target_`` (Hydra would build and import them)."""
+    found = []
+    if isinstance(node, Mapping):
+        if not top and "_target_" in node:
+            found.append(path)
+        for key, value in node.items():
+            found += _nested_targets(value, f"{path}.{key}", top=False)
+    elif isinstance(node, (list, tuple)):
+        for i, value in enumerate(node):
+            found += _nested_targets(value, f"{path}[{i}]", top=False)
+    return found
 
 
 def _parse_memory_grows_with(where: str, raw: Any, params: Mapping[str, Param]) -> tuple[str, ...]:
@@ -333,7 +384,7 @@ def _parse_param(where: str, spec: Any) -> Param:
         "categorical": {"type", "choices"},
         "bool": {"type"},
     }
-    if kind not in allowed:
+    if not isinstance(kind, str) or kind not in allowed:
         raise SpaceError(
             f"{where}: type must be one of int, float, categorical, bool, but got {kind!r}"
         )
@@ -349,6 +400,26 @@ def _parse_param(where: str, spec: Any) -> Param:
         choices = spec.get("choices")
         if not isinstance(choices, (list, tuple)) or not choices:
             raise SpaceError(f"{where}: choices must be a non-empty list, but got {choices!r}")
+        odd = [
+            c
+            for c in choices
+            if not isinstance(c, (bool, int, float, str))
+            or (isinstance(c, float) and not math.isfinite(c))
+        ]
+        if odd:
+            raise SpaceError(
+                f"{where}: each choice must be a number, a string or true/false, but got {odd[0]!r}"
+            )
+        kinds = {
+            "true/false" if isinstance(c, bool) else "strings" if isinstance(c, str) else "numbers"
+            for c in choices
+        }
+        if len(kinds) > 1:
+            raise SpaceError(
+                f"{where}: choices must be all numbers, all strings or all true/false, but "
+                f"{list(choices)} mixes {' and '.join(sorted(kinds))}; quote the numbers to make "
+                "them strings"
+            )
         if len(set(map(repr, choices))) != len(choices):
             raise SpaceError(f"{where}: choices must be distinct, but got {list(choices)}")
         return CategoricalParam(tuple(choices))
@@ -360,9 +431,9 @@ def _parse_range(where: str, kind: str, spec: Mapping[str, Any]) -> Param:
     low: Any = spec.get("low")
     high: Any = spec.get("high")
     for key, value in (("low", low), ("high", high)):
-        if not isinstance(value, number) or isinstance(value, bool):
+        if not isinstance(value, number) or isinstance(value, bool) or not math.isfinite(value):
             raise SpaceError(
-                f"{where}: {key} must be a{'n int' if kind == 'int' else ' number'}, "
+                f"{where}: {key} must be a{'n int' if kind == 'int' else ' finite number'}, "
                 f"but got {value!r}"
             )
     if low > high:
@@ -376,7 +447,11 @@ def _parse_range(where: str, kind: str, spec: Mapping[str, Any]) -> Param:
     if kind == "float":
         step = spec.get("step")
         if step is not None and (
-            not isinstance(step, (int, float)) or isinstance(step, bool) or step <= 0 or log
+            not isinstance(step, (int, float))
+            or isinstance(step, bool)
+            or not math.isfinite(step)
+            or step <= 0
+            or log
         ):
             raise SpaceError(
                 f"{where}: step must be a positive number and cannot be combined with log, "

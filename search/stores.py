@@ -8,6 +8,7 @@ wrote there stays.
 from __future__ import annotations
 
 import shutil
+import tempfile
 from pathlib import Path
 
 import optuna
@@ -16,7 +17,7 @@ from search.config import ConfigError, redact
 from search.liveness import Recovery, agree_on_heartbeat, stale_runs
 from search.settings import Settings
 from search.space import SearchSpace
-from search.study import open_study, with_retries
+from search.study import open_study, study_id, with_retries
 from search.tracking import Tracker, quoted
 
 
@@ -51,10 +52,13 @@ def open_stores(
     try:
         made = _make_dir(runs_dir)
         before = set() if made else {p.name for p in runs_dir.iterdir()}
+        with tempfile.TemporaryFile(dir=runs_dir):  # writable? (no name: nothing is left)
+            pass
         study = open_study(settings.study.name, settings.study.storage, space, recovery)
         if recovery is not None:
             _agree_on_heartbeat(study, recovery.heartbeat_s)
         tracker = _open_tracker(settings, runs_dir)
+        tracker.bind(study_id(study))
     except (ConfigError, OSError) as e:
         if before is not None:
             _remove_new(runs_dir, before, made, _own_names(settings, runs_dir))
@@ -128,7 +132,9 @@ def _open_tracker(settings: Settings, runs_dir: Path) -> Tracker:
 
 def recover_runs(tracker: Tracker, study_name: str, grace_s: float) -> list[str]:
     """End KILLED the MLflow runs of ``study_name`` that a stopped process left RUNNING."""
-    runs = tracker.find_runs(f"attributes.status = 'RUNNING' and tags.study = {quoted(study_name)}")
+    runs = tracker.own(
+        tracker.find_runs(f"attributes.status = 'RUNNING' and tags.study = {quoted(study_name)}")
+    )
     parents = {
         r.info.run_id
         for r in stale_runs([r for r in runs if "mlflow.parentRunId" not in r.data.tags], grace_s)
@@ -145,3 +151,27 @@ def recover_runs(tracker: Tracker, study_name: str, grace_s: float) -> list[str]
                 f"MLflow run {run.info.run_name or run.info.run_id} was left running: ended KILLED"
             )
     return notes
+
+
+def require_study(name: str, storage: str) -> None:
+    """For commands that read an existing study (sync, retune, history): opening a missing one
+    would create an empty study (and file)."""
+    if storage.startswith("sqlite:///"):
+        path = storage[len("sqlite:///") :].split("?")[0]
+        if path and path != ":memory:" and not Path(path).exists():
+            raise ConfigError(
+                f"no study '{name}' in {redact(storage)} (no such file); run the tuning first, "
+                "or set study.storage to where it ran"
+            )
+    try:
+        names = optuna.study.get_all_study_names(storage)
+    except Exception as e:  # sqlalchemy, driver and connection errors alike: all about the URL
+        raise ConfigError(
+            f"cannot open study.storage {redact(storage)!r}: {type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}"
+        ) from None
+    if name not in names:
+        raise ConfigError(
+            f"no study '{name}' in {redact(storage)}; run the tuning first "
+            f"(studies there: {', '.join(sorted(names)) or 'none'})"
+        )

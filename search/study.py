@@ -21,17 +21,26 @@ from __future__ import annotations
 import math
 import random
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import optuna
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+    check_distribution_compatibility,
+)
 from optuna.study import StudyDirection
 from optuna.trial import Trial, TrialState
 
 from search.config import ConfigError, redact
 from search.guards import KnownOutcomes, Proposal, Verdict, guards
-from search.liveness import Heartbeat, Recovery, owner
+from search.liveness import Heartbeat, Recovery, engine_kwargs, owner
 from search.metrics import objective_values, ranked_on, trial_metrics
 from search.noise import NoiseFloor, RunFigures, assess
 from search.records import COMPLETE, FAILED, TrialRecord, fault_kind
@@ -39,6 +48,7 @@ from search.runner import TrialRequest, TrialResult, run_isolated
 from search.space import CategoricalParam, FixedParam, FloatParam, IntParam, Param, SearchSpace
 from search.trial_store import (
     noise_floor,
+    record_synced_run,
     save_control,
     store_measured,
     study_history,
@@ -81,12 +91,16 @@ class StudyOutcome:
     lost_to_recovery: list[int] = field(default_factory=list)
     """Trials another process failed as stale while this one measured them (a heartbeat starved
     for the whole grace period); their configurations were queued again."""
+    dropped: list[str] = field(default_factory=list)
+    """Queued trials not run because the space changed since they were queued (one line each)."""
     stop_reason: str = "n_trials"
     failure_stop: str = ""
     """Why the study stopped for too many failures ('' when it did not)."""
 
 
 def suggest(trial: Trial, name: str, param: Param) -> Any:
+    """A value of ``param`` for ``trial``, under the Optuna parameter ``name`` (see
+    ``optuna_names``)."""
     if isinstance(param, IntParam) and param.pow2:
         return trial.suggest_categorical(name, param.values())  # only powers of two, in order
     if isinstance(param, IntParam):
@@ -97,6 +111,72 @@ def suggest(trial: Trial, name: str, param: Param) -> Any:
         return trial.suggest_categorical(name, list(param.choices))
     assert isinstance(param, FixedParam)
     return param.value
+
+
+def distribution(param: Param) -> BaseDistribution:
+    """The Optuna distribution ``suggest`` draws ``param`` from."""
+    if isinstance(param, IntParam) and param.pow2:
+        return CategoricalDistribution(param.values())
+    if isinstance(param, IntParam):
+        return IntDistribution(param.low, param.high, log=param.log, step=param.step)
+    if isinstance(param, FloatParam):
+        return FloatDistribution(param.low, param.high, log=param.log, step=param.step)
+    assert isinstance(param, CategoricalParam)
+    return CategoricalDistribution(list(param.choices))
+
+
+RENAMED = "~"
+"""Separates a knob's name from the number of the distribution it is drawn from in Optuna
+(``batch_size~2``)."""
+
+
+def optuna_names(study: optuna.Study, space: SearchSpace) -> tuple[dict[str, str], list[str]]:
+    """The Optuna parameter name of each searched knob, and a note for each knob whose range
+    changed in a way Optuna cannot extend (other choices, a log scale, another kind).
+
+    An Optuna study keeps, per parameter name, the distribution it was first drawn from, and
+    refuses a later one that is not compatible with it (a categorical with other choices, say: a
+    narrowed power-of-two range). Such a knob is drawn under a numbered name instead
+    (``batch_size~2``), the first whose stored distribution is compatible, or a new one. Earlier
+    measurements stay (they are kept by configuration, not by Optuna name) and are reused; only the
+    sampler learns that knob afresh. A compatible change (an int or float range, widened or
+    narrowed) keeps its name.
+    """
+    stored: dict[str, BaseDistribution] = {}
+    for t in study.get_trials(deepcopy=False):
+        for name, dist in t.distributions.items():
+            stored.setdefault(name, dist)  # the first one, as Optuna's storage checks
+    names, notes = {}, []
+    for knob, param in space.searched.items():
+        wanted, n = distribution(param), 1
+        while True:
+            name = knob if n == 1 else f"{knob}{RENAMED}{n}"
+            if name not in stored or _compatible(stored[name], wanted):
+                break
+            n += 1
+        names[knob] = name
+        if n > 1 and name not in stored:
+            notes.append(
+                f"{knob}: its range changed since earlier trials ({_shown(stored[knob])} -> "
+                f"{_shown(wanted)}): earlier measurements stay and are reused; the sampler learns "
+                f"this knob afresh (Optuna parameter {name})"
+            )
+    return names, notes
+
+
+def _compatible(old: BaseDistribution, new: BaseDistribution) -> bool:
+    try:
+        check_distribution_compatibility(old, new)
+        return True
+    except ValueError:
+        return False
+
+
+def _shown(dist: BaseDistribution) -> str:
+    if isinstance(dist, CategoricalDistribution):
+        return f"choices {list(dist.choices)}"
+    assert isinstance(dist, (IntDistribution, FloatDistribution))
+    return f"{dist.low}..{dist.high}{', log' if dist.log else ''}"
 
 
 OPEN_ATTEMPTS = 4
@@ -124,17 +204,24 @@ def open_study(
     directions = [o.direction for o in space.objectives]
     metrics = [ranked_on(o.metric) for o in space.objectives]  # what Optuna ranks: see README
 
-    def create() -> optuna.Study:
-        backend = recovery.storage(storage) if recovery is not None else storage
-        return optuna.create_study(
-            study_name=name,
-            storage=backend,
-            directions=[StudyDirection[d.upper()] for d in directions],
-            load_if_exists=True,
+    def create() -> tuple[optuna.Study, bool]:
+        backend = (
+            recovery.storage(storage)
+            if recovery is not None
+            else optuna.storages.RDBStorage(storage, engine_kwargs=engine_kwargs(storage))
         )
+        try:
+            created = optuna.create_study(
+                study_name=name,
+                storage=backend,
+                directions=[StudyDirection[d.upper()] for d in directions],
+            )
+            return created, True
+        except optuna.exceptions.DuplicatedStudyError:
+            return optuna.load_study(study_name=name, storage=backend), False
 
     try:
-        study = with_retries(create)
+        study, created = with_retries(create)
     except Exception as e:  # sqlalchemy, driver and connection errors alike: all about the URL
         raise ConfigError(
             f"cannot open study.storage {redact(storage)!r}: {type(e).__name__}: "
@@ -149,14 +236,51 @@ def open_study(
             "or restore the objectives"
         )
     study.set_metric_names(metrics)
+    _give_id(study, created)
     return study
+
+
+STUDY_ID = "study_id"
+"""Study user attr: a random id given when the study is created, tagged on every MLflow run of
+the study, so that two studies of one name (say, each machine's own sqlite ``llm-cpu``) logging to
+one MLflow server never take each other's runs for their own."""
+STUDY_ID_WAIT_S = 5.0
+"""How long a process that found the study waits for its creator to write the id."""
+STUDY_ID_SETTLE_S = 0.5
+"""How long a process that gave an older study its id waits before reading back the one that
+stands (another process may have written its own meanwhile)."""
+
+
+def _give_id(study: optuna.Study, created: bool) -> None:
+    """Give a study its id: the process that created it writes one; one that found it reads the
+    creator's (waiting a moment for a creator that started together with it); a study created
+    before ids existed gets one from the first process that opens it."""
+    if created:
+        study.set_user_attr(STUDY_ID, uuid.uuid4().hex)
+        return
+    deadline = time.monotonic() + STUDY_ID_WAIT_S
+    while STUDY_ID not in study.user_attrs:
+        if study.trials or time.monotonic() > deadline:
+            # An older study: another process opening it now may write an id of its own. The last
+            # write stands; reading it back after a moment (``study_id``) makes every process use
+            # that one.
+            study.set_user_attr(STUDY_ID, uuid.uuid4().hex)
+            time.sleep(STUDY_ID_SETTLE_S)
+            return
+        time.sleep(0.1)
+
+
+def study_id(study: optuna.Study) -> str:
+    """The study's id (see ``STUDY_ID``)."""
+    return str(study.user_attrs[STUDY_ID])
 
 
 class StudyDriver:
     """Measures ``settings.study.n_trials`` new configurations of ``space`` into one Optuna study.
 
     ``request(config)`` makes the trial request of a configuration; ``log_trial(record, result)``
-    records a measured trial elsewhere (MLflow) and returns its run id (None when not logged);
+    records a measured trial elsewhere (MLflow) after it is told to Optuna, and returns its run id
+    (None when not logged), which is kept in the study;
     ``progress(record, history)`` is called after each measured trial with the study's history.
 
     With a ``control`` configuration, it is measured in fresh processes too (``run_control``):
@@ -193,6 +317,8 @@ class StudyDriver:
         self.outcome = StudyOutcome(study.study_name)
         self.known = KnownOutcomes.load(study, space, fingerprint, settings.runner.memory_limit_mb)
         self.guards = guards(study, space, self.known)
+        self.names, self.notes = optuna_names(study, space)
+        """Each searched knob's Optuna parameter name; a note for each one renamed."""
         self.started_s = time.monotonic()
         self.control, self.on_control = control, on_control
         self.control_s = 0.0
@@ -301,8 +427,13 @@ class StudyDriver:
 
     def _settle(self, trial: Trial) -> bool:
         """Tell ``trial`` a guard's verdict, or measure it; True when it was measured here."""
+        dropped = self._outside_space(trial)
+        if dropped:
+            self.outcome.dropped.append(f"queued trial #{trial.number}: {dropped}")
+            self._tell(trial, Verdict(None, {"failure": f"not run: {dropped}"}))
+            return False
         config = {
-            **{k: suggest(trial, k, p) for k, p in self.space.searched.items()},
+            **{k: suggest(trial, self.names[k], p) for k, p in self.space.searched.items()},
             **self.space.fixed,
         }
         proposal = Proposal(trial.number, config, trial.params, trial.user_attrs)
@@ -312,6 +443,26 @@ class StudyDriver:
                 self._tell(trial, verdict)
                 return False
         return self._measure(trial, config)
+
+    def _outside_space(self, trial: Trial) -> str:
+        """Why a queued trial (left waiting by a timeout, Ctrl-C or a stopped process) no longer
+        fits the space, which changed since; '' when it fits or was not queued."""
+        fixed = self.study._storage.get_trial(trial._trial_id).system_attrs.get("fixed_params")
+        if not fixed:
+            return ""
+        knobs = {name: knob for knob, name in self.names.items()}
+        unknown = sorted(set(fixed) - set(knobs))
+        if unknown:
+            return (
+                f"it was queued under parameters {unknown}, which the space no longer searches "
+                "in that form (a knob removed, or its range changed so that it is drawn under a "
+                "numbered name now): the space changed since it was queued"
+            )
+        config = {**{knobs[k]: v for k, v in fixed.items()}, **self.space.fixed}
+        if not self.space.contains(config):
+            shown = {knobs[k]: v for k, v in fixed.items()}
+            return f"{shown} lies outside the space as it is now (it changed since it was queued)"
+        return ""
 
     def _tell(self, trial: Trial, verdict: Verdict) -> None:
         for key, value in verdict.user_attrs.items():
@@ -366,8 +517,7 @@ class StudyDriver:
             time_s=measured_at,
             reason=reason,
         )
-        record = replace(record, run_id=self.log_trial(record, result))
-        try:
+        try:  # Optuna first: the measurement is kept whatever happens to MLflow after
             frozen = store_measured(
                 trial,
                 record,
@@ -376,14 +526,19 @@ class StudyDriver:
                 memory_limit_mb=self.settings.runner.memory_limit_mb,
                 stderr_tail=redact(result.stderr_tail),
                 stored_metrics=stored if state == COMPLETE else None,
+                runs_dir=Path(self.settings.runs_dir),
             )
         except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
             if not self.study._storage.get_trial(trial._trial_id).state.is_finished():
                 raise  # a ValueError of our own making, not another process's recovery
             # Another process took this trial for stale (no heartbeat for the grace period) and
-            # queued it again: the measurement stays in MLflow only, the retry measures it anew.
+            # queued it again: the retry measures it anew.
             self.outcome.lost_to_recovery.append(trial.number)
             return False
+        run_id = self.log_trial(record, result)
+        if run_id is not None:
+            record_synced_run(self.study, trial.number, run_id)
+            record = replace(record, run_id=run_id)
         self.known.learn(frozen)
         self.outcome.records.append(record)
         self.progress(record, self.history())
@@ -426,7 +581,7 @@ class StudyDriver:
                 for c in feasible
                 if self.known.measured(c) is None
                 and self.known.certain_oom(c) is None
-                and {k: c[k] for k in self.space.searched} not in running
+                and {self.names[k]: c[k] for k in self.space.searched} not in running
             ]
             choice = self.rng.choice(fresh) if fresh else None
         else:
@@ -434,7 +589,7 @@ class StudyDriver:
         if choice is None:
             return False
         self.study.enqueue_trial(
-            {k: v for k, v in choice.items() if k in self.space.searched},
+            {self.names[k]: v for k, v in choice.items() if k in self.space.searched},
             user_attrs={"proposed_by": "uniform draw after a rejected proposal"},
         )
         return True

@@ -25,10 +25,17 @@ from search.records import TrialRecord
 from search.report import console, knobs_text
 from search.settings import Settings
 from search.space import SearchSpace
-from search.stores import open_stores, quiet_libraries
+from search.stores import open_stores, quiet_libraries, require_study
+from search.study import distribution, optuna_names
 from search.telemetry import environment
 from search.tracking import Tracker
-from search.trial_store import judged_revalidations, record_synced_run, study_history
+from search.trial_store import (
+    UNSAVED,
+    judged_revalidations,
+    record_synced_run,
+    restore_unsaved,
+    study_history,
+)
 
 
 def run_sync(cfg_node: DictConfig) -> int:
@@ -38,10 +45,20 @@ def run_sync(cfg_node: DictConfig) -> int:
     device = resolve_device(settings.device)
     space, _ = load_space(settings.space, device)
     study_name, uri = settings.study.name, settings.tracking.uri
-    _require_study(study_name, settings.study.storage)  # before open_stores, which would create it
+    require_study(study_name, settings.study.storage)  # before open_stores, which would create it
     runs_dir = Path(settings.runs_dir)
     created = not runs_dir.exists()
     study, tracker = open_stores(settings, space)
+    names, _ = optuna_names(study, space)
+    restored = restore_unsaved(
+        study, runs_dir, {k: (names[k], distribution(p)) for k, p in space.searched.items()}
+    )
+    if restored:
+        print(
+            f"restored: {len(restored)} measurement(s) the study could not take at the time "
+            f"(trial(s) {', '.join(f'#{n}' for n in restored)}), from {runs_dir / UNSAVED}: "
+            "added to the study as new trials"
+        )
     try:
         _require_online(tracker, uri)
     except ConfigError:
@@ -91,40 +108,14 @@ def run_sync(cfg_node: DictConfig) -> int:
     return 0
 
 
-def _require_study(name: str, storage: str) -> None:
-    """Sync copies an existing study; opening a missing one would create an empty study (and
-    file)."""
-    import optuna  # only to list the storage's studies; the study itself is opened by search.study
-
-    if storage.startswith("sqlite:///"):
-        path = storage[len("sqlite:///") :].split("?")[0]
-        if path and path != ":memory:" and not Path(path).exists():
-            raise ConfigError(
-                f"no study '{name}' in {redact(storage)} (no such file); run the tuning first, "
-                "or set study.storage to where it ran"
-            )
-    try:
-        names = optuna.study.get_all_study_names(storage)
-    except Exception as e:  # sqlalchemy, driver and connection errors alike: all about the URL
-        raise ConfigError(
-            f"cannot open study.storage {redact(storage)!r}: {type(e).__name__}: "
-            f"{str(e).splitlines()[0] if str(e) else ''}"
-        ) from None
-    if name not in names:
-        raise ConfigError(
-            f"no study '{name}' in {redact(storage)}; run the tuning first "
-            f"(studies there: {', '.join(sorted(names)) or 'none'})"
-        )
-
-
 def _require_online(tracker: Tracker, uri: str, progress: str = "") -> None:
     """Sync exists to reach MLflow: an offline tracker is an error, never a silent no-op."""
-    reason = getattr(tracker, "offline_reason", None)
+    reason = getattr(tracker, "offline_reason", None) or getattr(tracker, "log_error", None)
     if reason:
         raise ConfigError(
             f"cannot reach tracking.uri {redact(uri)!r} ({reason})"
             f"{' ' + progress if progress else ''}; "
-            "start the server or fix tracking.uri, then run sync again"
+            "start the server, fix tracking.uri or its credentials, then run sync again"
         )
 
 

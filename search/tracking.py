@@ -132,6 +132,8 @@ class Tracker:
         self.parent_id: str | None = None
         self.offline_reason = None
         self.unlogged_trials = 0
+        self.log_error: str | None = None
+        self.study_id: str | None = None
         if _is_http(uri):
             _check_http_uri(uri)
             limit_network()
@@ -164,7 +166,20 @@ class Tracker:
             None,
         )
         tracker.offline_reason, tracker.unlogged_trials = reason, 0
+        tracker.log_error, tracker.study_id = None, None
         return tracker
+
+    def bind(self, study_id: str) -> None:
+        """Tag every run this tracker starts ``study_id=<study_id>``, and take for the study's own
+        only runs with that tag (or none: runs logged before studies had ids)."""
+        self.study_id = study_id
+
+    def own(self, runs: list) -> list:
+        """``runs`` (found by study name) less those of another study of the same name."""
+        return [r for r in runs if r.data.tags.get("study_id") in (None, self.study_id)]
+
+    def _tagged(self, tags: Mapping[str, str]) -> dict[str, str]:
+        return {**tags, **({"study_id": self.study_id} if self.study_id else {})}
 
     @property
     def _client(self) -> MlflowClient:
@@ -217,6 +232,17 @@ class Tracker:
                 return None
             raise
 
+    def _best_effort(self, call: Callable[[], Any], what: str) -> Any:
+        """``_guard(call)``, and None on any other error too (a 403 from an expired token, a TLS
+        error, a busy sqlite store): the study holds the results, so a failed copy to MLflow never
+        stops a run. The first such error is kept in ``log_error``."""
+        try:
+            return self._guard(call)
+        except Exception as e:
+            if self.log_error is None:
+                self.log_error = redact(f"{what} failed in MLflow: {_cause(e)}")
+            return None
+
     # -- runs ----------------------------------------------------------------------------------
 
     def start_parent(
@@ -225,7 +251,9 @@ class Tracker:
         """The parent run of this invocation; None when offline."""
 
         def start() -> str:
-            run = self._client.create_run(self._experiment_id, run_name=run_name, tags=dict(tags))
+            run = self._client.create_run(
+                self._experiment_id, run_name=run_name, tags=self._tagged(tags)
+            )
             self.parent_id = run.info.run_id
             self._log(self.parent_id, params=params)
             return self.parent_id
@@ -245,9 +273,12 @@ class Tracker:
 
         ``tags`` adds context (study, device, stop reason, ...) to ``state``, ``stable``,
         ``pareto``, ``trial``, ``throughput_unit`` and ``failure``. The run ends at ``end_ms`` (ms
-        since the epoch; default now) and starts ``duration_s`` before. Offline, or when the server
-        goes away while logging, nothing is logged: returns None and counts the trial in
-        ``unlogged_trials``.
+        since the epoch; default now) and starts ``duration_s`` before.
+
+        Best effort: the trial is in the Optuna study already, and ``sync`` copies what is missing.
+        Offline, when the server goes away while logging, or on any other error (a 403 from an
+        expired token, a TLS error, a busy sqlite store), nothing is logged: returns None, counts
+        the trial in ``unlogged_trials`` and keeps the first error in ``log_error``.
         """
         if self.offline_reason is not None:
             self.unlogged_trials += 1
@@ -258,8 +289,10 @@ class Tracker:
                 record, duration_s, tags, int(time.time() * 1000) if end_ms is None else end_ms
             )
         except Exception as e:
-            if not self._lost(e):
-                raise
+            if not self._lost(e) and self.log_error is None:
+                self.log_error = redact(
+                    f"trial {record.number} was not logged to MLflow: {_cause(e)}"
+                )
             self.unlogged_trials += 1
             return None
 
@@ -279,16 +312,17 @@ class Tracker:
             self._experiment_id,
             run_name=f"trial-{record.number}",
             start_time=end_ms - int(duration_s * 1000),
-            tags={"mlflow.parentRunId": self.parent_id, **tags, **contract},
+            tags={"mlflow.parentRunId": self.parent_id, **self._tagged(tags), **contract},
         )
         run_id = run.info.run_id
         try:
             self._log(run_id, params=record.config, metrics=record.metrics)
         except BaseException as e:
-            if not (
-                isinstance(e, Exception) and self._lost(e)
-            ):  # no point ending it on a dead server
-                self._client.set_terminated(run_id, status="FAILED", end_time=end_ms)
+            if not (isinstance(e, Exception) and self._lost(e)):  # not on a dead server
+                try:  # KILLED: a cut-off run, which sync deletes and logs again in full
+                    self._client.set_terminated(run_id, status="KILLED", end_time=end_ms)
+                except Exception:
+                    pass  # left RUNNING: cut off all the same
             raise
         self._client.set_terminated(
             run_id, status="FAILED" if record.state == FAILED else "FINISHED", end_time=end_ms
@@ -305,7 +339,7 @@ class Tracker:
         """
         complete: dict[int, str] = {}
         cut_off: list[tuple[int, str]] = []
-        for run in self.find_runs(f"tags.study = {quoted(study)}"):
+        for run in self.own(self.find_runs(f"tags.study = {quoted(study)}")):
             number = run.data.tags.get("trial", "")
             if not number.isdigit():
                 continue  # the parent run of an invocation
@@ -338,36 +372,42 @@ class Tracker:
 
     def end_run(self, run_id: str, status: str) -> None:
         """End a run (e.g. one a stopped process left RUNNING) with ``status``."""
-        self._guard(lambda: self._client.set_terminated(run_id, status=status))
+        self._best_effort(
+            lambda: self._client.set_terminated(run_id, status=status), f"ending run {run_id}"
+        )
 
     def delete_run(self, run_id: str) -> None:
-        self._guard(lambda: self._client.delete_run(run_id))
+        self._best_effort(lambda: self._client.delete_run(run_id), f"deleting run {run_id}")
 
     def mark_pareto(self, study: str, front_run_ids: set[str]) -> None:
         """Set ``pareto`` to true on exactly the runs of ``front_run_ids`` among the study's
         children."""
-        tagged = self._guard(
+        tagged = self._best_effort(
             lambda: self._client.search_runs(
                 [self._experiment_id],
                 max_results=10_000,
                 filter_string=f"tags.study = {quoted(study)} and tags.pareto = 'true'",
-            )
+            ),
+            "finding the runs tagged pareto",
         )
         if tagged is None:
             return
-        for run in tagged:
+        for run in self.own(tagged):
             if run.info.run_id not in front_run_ids:
                 self.set_tags(run.info.run_id, {"pareto": "false"})
         for run_id in front_run_ids:
             try:
-                self.set_tags(run_id, {"pareto": "true"})
+                self._guard(lambda run_id=run_id: self._log(run_id, tags={"pareto": "true"}))
             except MlflowException:
                 pass  # the run was deleted in MLflow (or lives in another store): nothing to tag
+            except Exception as e:
+                if self.log_error is None:
+                    self.log_error = redact(f"tagging the front failed in MLflow: {_cause(e)}")
 
     def set_tags(self, run_id: str | None, tags: Mapping[str, str]) -> None:
         """Tags on run ``run_id``; nothing for None (a parent run that was never started)."""
         if run_id is not None:
-            self._guard(lambda: self._log(run_id, tags=tags))
+            self._best_effort(lambda: self._log(run_id, tags=tags), f"tagging run {run_id}")
 
     def log_metrics(
         self,
@@ -379,27 +419,36 @@ class Tracker:
         """Metrics on run ``run_id`` at ``step`` (a later step of a metric is its latest value in
         the UI); nothing for None (a parent run that was never started)."""
         if run_id is not None:
-            self._guard(
-                lambda: self._log(run_id, metrics=metrics, step=step, timestamp_ms=timestamp_ms)
+            self._best_effort(
+                lambda: self._log(run_id, metrics=metrics, step=step, timestamp_ms=timestamp_ms),
+                f"logging metrics to run {run_id}",
             )
 
     def log_text(self, text: str, artifact_file: str) -> None:
         """``text`` as artifact ``artifact_file`` of the parent run."""
         parent_id = self.parent_id
         if parent_id is not None:
-            self._guard(lambda: self._client.log_text(parent_id, text, artifact_file))
+            self._best_effort(
+                lambda: self._client.log_text(parent_id, text, artifact_file),
+                f"logging {artifact_file}",
+            )
 
     def log_artifact(self, path: Path) -> None:
         if self.offline_reason is not None:
             return
         parent_id = self.parent_id
         assert parent_id is not None, "start_parent() first"
-        self._guard(lambda: self._client.log_artifact(parent_id, str(path)))
+        self._best_effort(
+            lambda: self._client.log_artifact(parent_id, str(path)), f"logging {path.name}"
+        )
 
     def end_parent(self, status: str = "FINISHED") -> None:
         parent_id = self.parent_id
         if parent_id is not None:
-            self._guard(lambda: self._client.set_terminated(parent_id, status=status))
+            self._best_effort(
+                lambda: self._client.set_terminated(parent_id, status=status),
+                "ending the parent run",
+            )
 
     def ui_command(self) -> str:
         if self.uri.startswith("sqlite:///") and not self.uri.startswith("sqlite:////"):

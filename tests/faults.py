@@ -3,6 +3,7 @@ in real trials and real studies (``_target_: faults.Faulty``, with ``tests/`` on
 
 from __future__ import annotations
 
+import multiprocessing.reduction
 import os
 import signal
 import subprocess
@@ -14,7 +15,7 @@ from torch import nn
 
 from search.workloads import Workload
 
-FAULTS = ("none", "oom", "segv", "abort", "exit", "error", "hang", "hostmem")
+FAULTS = ("none", "oom", "segv", "abort", "exit", "error", "hang", "hostmem", "chatty", "cut")
 
 
 class Faulty(Workload):
@@ -50,6 +51,20 @@ class Faulty(Workload):
                 with open(self.pid_file, "w") as f:
                     f.write(f"{os.getpid()} {child.pid}")
             time.sleep(3600)
+        if fault == "chatty":  # 200 MB of log lines, then a failure
+            line = b"x" * 1023 + b"\n"
+            for _ in range(200_000):
+                os.write(2, line)
+            raise ValueError("injected: failed after a long log")
+        if fault == "cut":  # the worker dies halfway through sending its answer
+            from multiprocessing.connection import Connection
+
+            def half(self, obj):
+                data = multiprocessing.reduction.ForkingPickler.dumps(obj)
+                os.write(self.fileno(), len(data).to_bytes(4, "big") + data[: len(data) // 2])
+                os._exit(0)
+
+            Connection.send = half  # in this worker only: its answer is cut in two
         if fault == "hostmem":
             hog = []
             for _ in range(400):  # up to 20 GB in 50 MB steps, touched so it is resident

@@ -14,6 +14,7 @@ from search.gpu_telemetry import CpuEnergyMonitor
 
 REPO = Path(__file__).resolve().parents[1]
 
+BAD_SPACES = str(REPO / "tests" / "bad_spaces")
 BAD_INPUT = {
     "no space": ([], "add +space=NAME"),
     "unknown space": (["+space=nope"], "built-in spaces are llm"),
@@ -116,7 +117,23 @@ BAD_INPUT = {
     ),
     "mixed-type choices": (
         ["+space=llm", "space.params.precision.choices=[fp32,1]"],
-        "params.precision must be one of",
+        "params.precision: choices must be all numbers, all strings or all true/false",
+    ),
+    "choices mixing numbers and strings": (
+        ["+space=llm", "+space.params.heads={type:categorical,choices:[2,four]}"],
+        "mixes numbers and strings",
+    ),
+    "choices mixing true/false and numbers": (
+        ["+space=llm", "+space.params.flag={type:categorical,choices:[true,0]}"],
+        "mixes numbers and true/false",
+    ),
+    "nan float bound": (
+        ["+space=llm", "+space.params.dropout={type:float,low:0.0,high:nan}"],
+        "params.dropout: high must be a finite number",
+    ),
+    "inf float bound": (
+        ["+space=llm", "+space.params.dropout={type:float,low:-inf,high:0.2}"],
+        "params.dropout: low must be a finite number",
     ),
     "alpha out of range": (["+space=llm", "stable.alpha=1.5"], "stable.alpha must lie in (0, 1)"),
     "control budget out of range": (
@@ -135,17 +152,65 @@ BAD_INPUT = {
         ["+space=llm", "tracking.uri=foo://bar"],
         "cannot open tracking.uri",
     ),
+    "space file that is a list": (
+        ["--config-dir", BAD_SPACES, "+space=a_list"],
+        "space 'a_list' must be a mapping",
+    ),
+    "space file that is empty": (
+        ["--config-dir", BAD_SPACES, "+space=empty"],
+        "space 'empty' is empty",
+    ),
+    "space file that is not YAML": (["--config-dir", BAD_SPACES, "+space=broken"], "broken.yaml"),
+    "unicode knob name": (
+        ["--config-dir", BAD_SPACES, "+space=unicode_knob"],
+        "knob name 'größe' must be an ASCII identifier",
+    ),
+    "nested _target_ in the workload settings": (
+        ["+space=llm", "+space.workload.inner={_target_:os.getcwd}"],
+        "workload.inner sets _target_",
+    ),
+    "constraint comparing a number with a string on a continuous space": (
+        [
+            "+space=llm",
+            "+space.params.dropout={type:float,low:0.0,high:0.2}",
+            "space.constraints=['dropout > \\'high\\'']",
+        ],
+        "cannot be evaluated",
+    ),
+    "impossible constraint on a continuous space": (
+        [
+            "+space=llm",
+            "+space.params.dropout={type:float,low:0.0,high:0.2}",
+            "space.constraints=['dropout > 0.5']",
+        ],
+        "none of 10000 random draws did",
+    ),
+    "runs_dir that is a file": (["+space=llm", "runs_dir={tmp}/a-file"], "cannot write runs_dir"),
+    "runs_dir on a read-only file system": (
+        ["+space=llm", "runs_dir=/sys/kernel"],
+        "cannot write runs_dir '/sys/kernel'",
+    ),
+    "study name with both quote characters": (
+        ["+space=llm", "study.name='it\\'s \"x\"'"],
+        "study.name",
+    ),
 }
 
 
 @pytest.mark.parametrize("argv, expected", BAD_INPUT.values(), ids=BAD_INPUT.keys())
 def test_bad_input_exits_2_with_one_line(argv, expected, tmp_path, capsys):
     runs_dir = tmp_path / "runs"
-    assert main([*argv, f"runs_dir={runs_dir}"]) == 2
+    (tmp_path / "a-file").write_text("")
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    before = sorted(tmp_path.rglob("*"))
+    if not any(a.startswith("runs_dir=") for a in argv):
+        argv.append(f"runs_dir={runs_dir}")
+    assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("search: error: "), err
     assert expected in err
-    assert not runs_dir.exists()
+    assert sorted(tmp_path.rglob("*")) == before, "nothing written"
+    assert (tmp_path / "a-file").read_text() == ""
 
 
 def test_bad_input_from_the_shell_has_no_traceback(tmp_path):

@@ -7,6 +7,7 @@ import io
 
 import pytest
 from rich.console import Console
+from tiny import measurement
 
 from search.metrics import METRICS, objective_values, ranked_on, step_quantiles, trial_metrics
 from search.records import COMPLETE, TrialRecord
@@ -14,7 +15,6 @@ from search.report import pareto_table, shown_metrics, trial_line, write_csv
 from search.revalidate import pool
 from search.runner import TrialResult
 from search.space import parse_space
-from tiny import measurement
 
 KNOBS = ["batch_size"]
 

@@ -49,3 +49,24 @@ def test_an_error_line_that_carries_a_password_is_redacted(monkeypatch, capsys):
     assert main(["+space=llm"]) == 2
     err = capsys.readouterr().err
     assert "s3cret" not in err and "https://alice:***@host" in err
+
+
+def test_a_value_read_from_the_environment_is_logged_as_its_interpolation(monkeypatch):
+    import json
+
+    from search.config import compose_config, for_logging
+
+    monkeypatch.setenv("HUB_SECRET", "hunter2hunter2")
+    cfg = compose_config(
+        [
+            "+space=llm",
+            "+space.workload.hub=${oc.env:HUB_SECRET}",  # a neutral key: no name gives it away
+            "+space.workload.copy=${space.workload.hub}",  # the value reached another way
+            "+space.workload.url=http://host/${oc.env:HUB_SECRET}/x",
+        ]
+    )
+    logged = for_logging(cfg)
+    assert "hunter2" not in json.dumps(logged)
+    assert logged["space"]["workload"]["hub"] == "${oc.env:HUB_SECRET}"
+    assert logged["space"]["workload"]["copy"] == "***"
+    assert logged["study"]["n_trials"] == cfg.study.n_trials, "the rest as resolved"

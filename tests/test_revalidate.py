@@ -5,15 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from scipy import stats
+from tiny import measurement
 
-from search.records import TrialRecord
 from search.metrics import quantile_upper_bound
 from search.noise import NoiseFloor, RunFigures, assess_pooled
+from search.records import COMPLETE, FAILED, TrialRecord
 from search.revalidate import pool, revalidate
-from search.settings import StableSettings
-from search.records import COMPLETE, FAILED
 from search.runner import TrialResult
-from tiny import measurement
+from search.settings import StableSettings
 
 
 def run(
@@ -123,3 +122,41 @@ def test_a_power_capped_run_stays_stable():
         COMPLETE, run(100.0).measurement, 100.0, throttle_reasons="sw_power_cap, sync_boost"
     )
     assert pool([run(100.0), capped, run(100.0)], TIMES, 0.95).stable
+
+
+def test_an_interrupted_revalidation_keeps_its_runs_and_resumes_with_them():
+    import optuna
+
+    from search.trial_store import save_revalidation_run, unfinished_revalidations
+
+    study = optuna.create_study(directions=["maximize"])
+    candidates = [
+        TrialRecord(n, {"batch_size": n}, COMPLETE, {"throughput": 100.0}, True) for n in (1, 2)
+    ]
+    measured = []
+
+    def interrupted_after_three(candidate):
+        if len(measured) == 3:
+            raise KeyboardInterrupt  # Ctrl-C during the fourth run
+        measured.append(candidate.number)
+        return run(100.0 + len(measured))
+
+    def keep(candidate, done):
+        save_revalidation_run(study, "fp", candidate.number, done)
+
+    with pytest.raises(KeyboardInterrupt):
+        revalidate(candidates, 3, interrupted_after_three, 0, 0.95, lambda *a: None, on_run=keep)
+    kept = unfinished_revalidations(study, "fp")
+    assert {n: len(runs) for n, runs in kept.items()} == {n: measured.count(n) for n in measured}
+    assert sum(len(r) for r in kept.values()) == 3, "every finished run is in the study"
+
+    again = []
+
+    def measure(candidate):
+        again.append(candidate.number)
+        return run(100.0)
+
+    pooled = revalidate(candidates, 3, measure, 0, 0.95, lambda *a: None, kept, keep)
+    assert len(again) == 3, "only the runs that were missing are measured"
+    assert all(p.metrics["n_processes"] == 3 for p in pooled.values())
+    assert {len(p.runs) for p in pooled.values()} == {3}

@@ -7,15 +7,14 @@ import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
 from torch import nn
 
-from search.measure import MeasureSettings
-from types import SimpleNamespace
-
 from search.gpu_telemetry import CpuEnergyMonitor
+from search.measure import MeasureSettings
 from search.records import COMPLETE, FAILED, INFEASIBLE, fault_kind
 from search.runner import TrialRequest, classify, run_isolated, run_trial, telemetry_metrics
 from search.workloads import Workload
@@ -193,6 +192,23 @@ def test_exception_keeps_its_traceback_in_the_stderr_tail():
     result = run_isolated(faulty("error"))
     assert result.failure == "error: ValueError: injected: the batch has the wrong shape"
     assert "Traceback" in result.stderr_tail and "faults.py" in result.stderr_tail
+
+
+def test_a_worker_that_dies_halfway_through_its_answer_is_a_crash():
+    # The pipe reads "got end of file during message" (OSError), not EOFError.
+    result = run_isolated(faulty("cut"))
+    assert result.state == FAILED and result.failure.startswith("crash: worker exited with code 0")
+
+
+def test_a_worker_that_writes_without_end_keeps_only_the_end_of_its_stderr(tmp_path):
+    started = time.monotonic()
+    result = run_isolated(faulty("chatty"))
+    assert result.failure == "error: ValueError: injected: failed after a long log"
+    assert "Traceback" in result.stderr_tail and result.stderr_tail.endswith(
+        "ValueError: injected: failed after a long log"
+    )
+    assert len(result.stderr_tail) < 64_000
+    assert time.monotonic() - started < 60
 
 
 def test_hung_trial_is_a_timeout_and_its_process_group_dies_with_it(tmp_path):
@@ -422,3 +438,39 @@ def test_ctrl_c_while_the_worker_starts_is_not_lost(monkeypatch):
         finally:
             signal.signal(signal.SIGINT, previous)
     assert time.monotonic() - started < 30  # raised at once, not after the hang's timeout
+
+
+def test_ctrl_c_while_the_worker_starts_waits_for_the_start_even_with_other_threads(monkeypatch):
+    # Heartbeats and watchdogs run in other threads; the kernel hands a SIGINT that the main
+    # thread blocks to one of them, and Python then raises it in the main thread at once.
+    import threading
+
+    from search.runner import worker_context
+
+    process_class = worker_context().Process
+    start = process_class.start
+    started, pids = [], []
+
+    def start_during_ctrl_c(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):  # bytecodes at which an interrupt can land
+            pass
+        start(self)
+        started.append(True)
+        pids.append(self.pid)
+
+    monkeypatch.setattr(process_class, "start", start_during_ctrl_c)
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, daemon=True)
+    other.start()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_isolated(faulty("hang", timeout_s=60))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        stop.set()
+    assert started, "the Ctrl-C landed inside the worker's start: a worker the study cannot end"
+    time.sleep(0.5)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pids[0], 0)  # ended with the study's interrupt

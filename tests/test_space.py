@@ -230,7 +230,7 @@ INVALID = [
     (
         "string_low_for_float",
         _param({"type": "float", "low": "1e-3", "high": 1.0}),
-        ["params.x", "low must be a number"],
+        ["params.x", "low must be a finite number"],
     ),
     (
         "float_log_low_zero",

@@ -303,27 +303,98 @@ def test_a_queued_trial_two_processes_took_is_left_to_the_later_one(monkeypatch)
 
 def test_a_trial_another_process_took_for_stale_does_not_stop_the_study():
     study = new_study()
-
-    def taken_for_stale(
-        record, result
-    ):  # meanwhile, another process fails the first trial as stale
-        if record.number == 0:
-            running = study.get_trials(states=(TrialState.RUNNING,))
-            study._storage.set_trial_state_values(running[0]._trial_id, state=TrialState.FAIL)
-        return None
-
     space = make_space()
+    logged = []
+
+    def taken_for_stale(c):  # while the first trial is measured, another process fails it as stale
+        running = study.get_trials(states=(TrialState.RUNNING,))
+        if running[0].number == 0:
+            study._storage.set_trial_state_values(running[0]._trial_id, state=TrialState.FAIL)
+        return TrialRequest(space.workload, c, "cpu", 0, QUICK)
+
     d = StudyDriver(
         cfg(n_trials=1),
         space,
         study,
         FINGERPRINT,
-        lambda c: TrialRequest(space.workload, c, "cpu", 0, QUICK),
         taken_for_stale,
+        lambda record, result: logged.append(record.number),
         lambda r, d: None,
     )
     outcome = d.run()
     assert outcome.lost_to_recovery == [0] and outcome.records and outcome.records[0].number != 0
+    assert 0 not in logged, "a measurement another process failed is not logged to MLflow"
+
+
+def test_a_trial_is_told_to_optuna_before_it_is_logged_and_its_run_id_kept():
+    # A kill -9 or an MLflow error while logging must find the measurement in the study already.
+    study = new_study()
+    seen = []
+
+    def log_trial(record, result):
+        seen.append(study.trials[record.number].state)
+        return f"run-{record.number}"
+
+    space = make_space()
+    outcome = StudyDriver(
+        cfg(n_trials=2),
+        space,
+        study,
+        FINGERPRINT,
+        lambda c: TrialRequest(space.workload, c, "cpu", 0, QUICK),
+        log_trial,
+        lambda r, d: None,
+    ).run()
+    assert seen == [TrialState.COMPLETE, TrialState.COMPLETE]
+    assert [r.run_id for r in outcome.records] == [f"run-{r.number}" for r in outcome.records]
+    history = driver(study, space).history()
+    assert {r.run_id for r in history} == {f"run-{r.number}" for r in outcome.records}
+
+
+def test_a_run_id_the_storage_will_not_take_does_not_stop_the_study(monkeypatch):
+    # The measurement is told already; the MLflow run id is bookkeeping that sync can redo.
+    import search.trial_store
+
+    study = new_study()
+    real = study.set_user_attr
+
+    def refuse_run_ids(key, value):
+        if key.startswith(search.trial_store.SYNCED_RUN_PREFIX):
+            raise optuna.exceptions.StorageInternalError("disk I/O error")
+        return real(key, value)
+
+    monkeypatch.setattr(study, "set_user_attr", refuse_run_ids)
+    monkeypatch.setattr(search.trial_store.time, "sleep", lambda s: None)
+    space = make_space()
+    outcome = StudyDriver(
+        cfg(n_trials=2),
+        space,
+        study,
+        FINGERPRINT,
+        lambda c: TrialRequest(space.workload, c, "cpu", 0, QUICK),
+        lambda record, result: f"run-{record.number}",
+        lambda r, d: None,
+    ).run()
+    assert [r.state for r in outcome.records] == ["complete", "complete"]
+    assert all(t.state == TrialState.COMPLETE for t in study.trials)
+
+
+def test_a_new_study_gets_an_id_that_every_process_reads_back(tmp_path):
+    from search.study import STUDY_ID, study_id
+
+    storage = f"sqlite:///{tmp_path}/s.db"
+    first = open_study("s", storage, make_space())
+    again = open_study("s", storage, make_space())
+    other = open_study("s", f"sqlite:///{tmp_path}/other.db", make_space())
+    assert len(study_id(first)) == 32 and study_id(again) == study_id(first)
+    assert study_id(other) != study_id(first), "the same name on another storage is another study"
+
+    older = optuna.create_study(study_name="old", storage=storage, directions=["maximize"])
+    stored(older, 1)  # a study of an older version: trials, no id
+    assert STUDY_ID not in older.user_attrs
+    assert study_id(open_study("old", storage, make_space())) == study_id(
+        open_study("old", storage, make_space())
+    )
 
 
 def test_a_proposal_gives_way_even_to_a_later_numbered_trial_of_the_same_configuration():
@@ -379,9 +450,9 @@ def test_trials_of_another_fingerprint_are_counted_as_set_aside():
 def test_an_infinite_throughput_is_a_failed_trial_not_a_complete_one(monkeypatch):
     import math
 
-    import search.study
     from tiny import measurement
 
+    import search.study
     from search.runner import TrialResult
 
     def infinite(request):
@@ -394,3 +465,190 @@ def test_an_infinite_throughput_is_a_failed_trial_not_a_complete_one(monkeypatch
     assert outcome.records[0].state == "failed"
     assert "non-finite figure" in outcome.records[0].failure
     assert study.trials[-1].state == TrialState.FAIL
+
+
+def sqlite_study(tmp_path, space):
+    return open_study("resume", f"sqlite:///{tmp_path}/s.db", space)
+
+
+def test_a_study_resumes_after_its_choices_change_keeping_what_it_measured(tmp_path):
+    # Optuna's storage refuses a categorical with other choices under the same parameter name
+    # ("CategoricalDistribution does not support dynamic value space"): the knob gets a new name.
+    narrow = make_space(micro_choices=(1, 2))
+    first = driver(sqlite_study(tmp_path, narrow), narrow, cfg(n_trials=2)).run()
+    assert len(first.records) == 2
+
+    wider = make_space(micro_choices=(1, 2, 4))
+    study = sqlite_study(tmp_path, wider)
+    measured = []
+    d = driver(study, wider, cfg(n_trials=1), measured)
+    assert d.names == {"micro_batch_size": "micro_batch_size~2"}
+    assert "micro_batch_size: its range changed" in d.notes[0] and "[1, 2] -> " in d.notes[0]
+    outcome = d.run()
+    assert measured == [{"batch_size": 4, "micro_batch_size": 4}], "1 and 2 were measured: reused"
+    assert {r.config["micro_batch_size"] for r in d.history()} == {1, 2, 4}
+
+    # back to the first choices: the first name fits again, and nothing is renamed
+    again = driver(sqlite_study(tmp_path, narrow), narrow, cfg(n_trials=1))
+    assert again.names == {"micro_batch_size": "micro_batch_size"} and not again.notes
+    assert outcome.records and again.run().records == [], "every configuration is measured"
+
+
+def test_an_int_range_that_changes_keeps_its_name():
+    study = new_study()
+    study.add_trial(
+        create_trial(
+            params={"n": 3},
+            distributions={"n": optuna.distributions.IntDistribution(1, 8)},
+            values=[1.0],
+        )
+    )
+    space = parse_space(
+        "t",
+        {
+            "workload": WORKLOAD,
+            "params": {"n": {"type": "int", "low": 2, "high": 64}},
+            "objectives": {"throughput": "maximize"},
+        },
+    )
+    from search.study import optuna_names
+
+    assert optuna_names(study, space) == ({"n": "n"}, [])
+
+
+def test_queued_trials_outside_an_edited_space_are_dropped_with_a_note(tmp_path):
+    # Left waiting by a timeout or Ctrl-C, then the space was narrowed.
+    wide = make_space(micro_choices=(1, 2, 4))
+    study = sqlite_study(tmp_path, wide)
+    study.enqueue_trial({"micro_batch_size": 4})
+    study.enqueue_trial({"micro_batch_size": 2})
+    narrow = make_space(micro_choices=(1, 2))
+    study = sqlite_study(tmp_path, narrow)
+    measured = []
+    d = driver(study, narrow, cfg(n_trials=1), measured)
+    outcome = d.run()
+    assert measured[0] == {"batch_size": 4, "micro_batch_size": 2}, "the one that fits still runs"
+    assert 4 not in [c["micro_batch_size"] for c in measured]
+    assert len(outcome.dropped) == 1 and "queued trial #0" in outcome.dropped[0]
+    assert "outside the space" in outcome.dropped[0]
+    assert study.trials[0].state == TrialState.PRUNED
+
+
+def test_a_queued_int_outside_a_narrowed_range_is_not_measured(tmp_path):
+    def space(high):
+        return parse_space(
+            "t",
+            {
+                "workload": WORKLOAD,
+                "params": {
+                    "batch_size": {"type": "int", "low": 1, "high": high},
+                    "micro_batch_size": 1,
+                },
+                "objectives": {"throughput": "maximize"},
+            },
+        )
+
+    study = sqlite_study(tmp_path, space(8))
+    study.enqueue_trial({"batch_size": 8})
+    measured = []
+    outcome = driver(sqlite_study(tmp_path, space(4)), space(4), cfg(n_trials=1), measured).run()
+    assert [c["batch_size"] for c in measured] != [8] and all(
+        c["batch_size"] <= 4 for c in measured
+    )
+    assert outcome.dropped and "{'batch_size': 8}" in outcome.dropped[0]
+
+
+def test_reused_trials_above_a_tighter_memory_limit_count_as_out_of_memory():
+    study = new_study()
+    for micro, peak in ((1, 100.0), (2, 500.0)):  # measured under no limit: 2 needed 500 MB
+        figures = {
+            "throughput": 1000.0 * micro,
+            "throughput_ci_low": 990.0 * micro,
+            "throughput_ci_high": 1010.0 * micro,
+            "throughput_cv": 0.02,
+            "n_windows": 10,
+            "n_steps": 30,
+            "peak_memory_mb": peak,
+        }
+        stored(study, micro, metrics=figures)
+    space = make_space()
+    loose = {r.number: r for r in driver(study, space, cfg(memory_limit_mb=1000)).history()}
+    assert [r.state for r in loose.values()] == ["complete", "complete"]
+
+    tight = driver(study, space, cfg(n_trials=1, memory_limit_mb=300))
+    history = {r.number: r for r in tight.history()}
+    assert history[0].state == "complete"
+    assert history[1].state == "failed" and history[1].failure.startswith("oom: peak memory 500")
+    assert "memory_limit_mb = 300" in history[1].failure
+    from search.guards import Proposal
+
+    def verdict(micro):
+        proposal = Proposal(9, {"batch_size": 4, "micro_batch_size": micro}, {}, {})
+        return next(v for v in (g(proposal) for g in tight.guards) if v is not None)
+
+    assert verdict(1).counted_as == "reused"
+    assert verdict(2).counted_as == "skipped_oom", "not reused, not measured again"
+    assert (
+        "certain to run out of memory: trial #1's peak memory 500 MB"
+        in (verdict(2).user_attrs["failure"])
+    )
+
+
+def locked_storage(study, monkeypatch, failures):
+    """The storage fails ``failures`` times to tell (as sqlite does when 'database is locked' outlasts
+    its own wait, or the disk is full), then works; the back-off waits are counted, not slept."""
+    import search.trial_store
+
+    waits, real = [], study._storage.set_trial_state_values
+
+    def tell(*args, **kwargs):
+        if len(waits) < failures:
+            raise optuna.exceptions.StorageInternalError(
+                "(sqlite3.OperationalError) database is locked"
+            )
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(study._storage, "set_trial_state_values", tell)
+    monkeypatch.setattr(search.trial_store.time, "sleep", waits.append)
+    return waits
+
+
+def test_a_locked_storage_is_waited_for_and_the_measurement_kept(tmp_path, monkeypatch):
+    study = sqlite_study(tmp_path, make_space())
+    waits = locked_storage(study, monkeypatch, failures=3)
+    outcome = driver(study, make_space(), cfg(n_trials=1)).run()
+    assert waits == [0.5, 1.0, 2.0], "back-off"
+    assert outcome.records[0].state == "complete"
+    assert study.trials[0].state == TrialState.COMPLETE
+
+
+def test_a_storage_that_stays_broken_keeps_the_measurement_for_sync(tmp_path, monkeypatch):
+    from search.study import distribution, optuna_names
+    from search.trial_store import UNSAVED, StoreError, restore_unsaved
+
+    space = make_space()
+    study = sqlite_study(tmp_path, space)
+    locked_storage(study, monkeypatch, failures=99)
+    config = load_settings(
+        compose_config(["+space=llm", "device=cpu", "study.n_trials=1", f"runs_dir={tmp_path}"])
+    )
+    with pytest.raises(StoreError) as raised:
+        driver(study, space, config).run()
+    message = str(raised.value)
+    assert "cannot store trial #0 in the study after 6 attempts" in message
+    assert "database is locked" in message and str(tmp_path / UNSAVED) in message
+    assert "python -m search sync" in message and "\n" not in message
+    monkeypatch.undo()  # the storage works again
+
+    study = sqlite_study(tmp_path, space)
+    names, _ = optuna_names(study, space)
+    dists = {k: (names[k], distribution(p)) for k, p in space.searched.items()}
+    assert restore_unsaved(study, tmp_path, dists) == [0]
+    complete = study.get_trials(states=(TrialState.COMPLETE,))
+    assert len(complete) == 1 and complete[0].user_attrs["restored_from"] == UNSAVED
+    assert complete[0].params == {
+        "micro_batch_size": complete[0].user_attrs["config"]["micro_batch_size"]
+    }
+    assert [r.state for r in driver(study, space).history()] == ["complete"]
+    assert not (tmp_path / UNSAVED).exists()
+    assert restore_unsaved(study, tmp_path, dists) == [], "restored once"

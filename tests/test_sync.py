@@ -18,11 +18,11 @@ from pathlib import Path
 import optuna
 import pytest
 from mlflow.tracking import MlflowClient
+from tiny import CONTRACT_METRICS, KNOBS, LENIENT, TINY  # tests/ is on sys.path
 
 from search.cli import main
-from search.trial_store import SYNCED_RUN_PREFIX
 from search.tracking import NETWORK_LIMITS, Tracker
-from tiny import CONTRACT_METRICS, KNOBS, LENIENT, TINY  # tests/ is on sys.path
+from search.trial_store import SYNCED_RUN_PREFIX
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -104,7 +104,10 @@ def test_sync_copies_each_missing_trial_once_with_its_own_times_and_front(tmp_pa
     trials = {
         t.number: t for t in measured(optuna.load_study(study_name="llm-cpu", storage=storage))
     }
-    assert len(trials) == 2 and all(t.user_attrs["mlflow_run_id"] for t in trials.values())
+    study = optuna.load_study(study_name="llm-cpu", storage=storage)
+    assert len(trials) == 2 and all(
+        study.user_attrs.get(f"{SYNCED_RUN_PREFIX}{n}") for n in trials
+    ), "every logged trial's run id is kept in the study"
 
     # Outages cut off the logging of both trials in the second store: one run stayed RUNNING, the
     # other was ended KILLED by the recovery of a stopped process. Neither counts as logged.
@@ -185,10 +188,10 @@ def test_a_run_against_a_dead_server_keeps_its_trials_and_sync_copies_them(tmp_p
     )
     assert f"warning: MLflow server {dead} unreachable" in tuned.stdout
     assert "2 trial(s) of this run are in the Optuna study only" in tuned.stdout
-    assert f"copy them with: python -m search sync +space=llm" in tuned.stdout
+    assert "copy them with: python -m search sync +space=llm" in tuned.stdout
     study = optuna.load_study(study_name="llm-cpu", storage=f"sqlite:///{runs_dir}/optuna.db")
     assert len(measured(study)) == 2 and not [
-        t for t in measured(study) if t.user_attrs.get("mlflow_run_id")
+        t for t in measured(study) if f"{SYNCED_RUN_PREFIX}{t.number}" in study.user_attrs
     ]
 
     uri = f"sqlite:///{runs_dir}/mlflow.db"

@@ -211,9 +211,13 @@ def test_other_mlflow_errors_keep_their_handling(store):
     tracker.start_parent("p", {}, {"study": "other"})
     # a run deleted in MLflow: nothing to tag, as before
     tracker.mark_pareto("other", {"no-such-run"})
-    with pytest.raises(MlflowException):
-        tracker.set_tags("no-such-run", {"k": "v"})
+    assert tracker.log_error is None
+    # Any other error after the start costs the copy, never the run: kept, said once, not offline
+    tracker.set_tags("no-such-run", {"k": "v"})
+    assert tracker.log_error is not None and "tagging run no-such-run failed" in tracker.log_error
     assert tracker.offline_reason is None
+    tracker.set_tags(tracker.parent_id, {"k": "v"})  # and the tracker goes on logging
+    assert tracker.client.get_run(tracker.parent_id).data.tags["k"] == "v"
 
 
 def test_log_trial_takes_the_trials_own_end_time(store):
@@ -263,3 +267,49 @@ def test_more_params_and_tags_than_one_mlflow_request_takes_are_all_logged(store
     data = tracker.client.get_run(parent).data
     assert data.params == {key: str(value) for key, value in params.items()}
     assert {key: data.tags[key] for key in tags} == tags
+
+
+def test_any_error_while_logging_a_trial_costs_the_run_not_the_study(store, monkeypatch):
+    # A 403 from a proxy, a TLS error, a busy sqlite store: not an outage, but the trial is in
+    # Optuna already. Nothing raises; the half-logged run is ended KILLED (cut off, so that sync
+    # deletes it and copies the trial again); the first error is kept, with no secret in it.
+    tracker = working(store, "forbidden")
+    tracker.uri = "https://alice:s3cret@mlflow.example"
+    tracker.start_parent("p", {}, {"study": "forbidden"})
+
+    def forbidden(*args, **kwargs):
+        raise MlflowException(
+            "API request to https://alice:s3cret@mlflow.example/api failed: 403 Forbidden"
+        )
+
+    monkeypatch.setattr(tracker.client, "log_batch", forbidden)
+    assert tracker.log_trial(RECORD, 1.0, {"study": "forbidden"}) is None
+    assert tracker.log_trial(RECORD, 1.0, {"study": "forbidden"}) is None
+    assert tracker.unlogged_trials == 2 and tracker.offline_reason is None
+    assert tracker.log_error is not None and "403 Forbidden" in tracker.log_error
+    assert "s3cret" not in tracker.log_error and "trial 3" in tracker.log_error
+    complete, cut_off = tracker.trial_runs("forbidden")
+    assert complete == {} and len(cut_off) == 2
+    statuses = {tracker.client.get_run(run_id).info.status for _, run_id in cut_off}
+    assert statuses == {"KILLED"}
+
+
+def test_two_studies_of_one_name_keep_to_their_own_runs(store):
+    # Two machines, each with its own sqlite study 'llm-cpu', one MLflow server: each sees, tags
+    # and repairs only the runs of its own study id (runs without an id are older ones: kept).
+    mine, theirs = working(store, "one-name"), working(store, "one-name")
+    mine.bind("aaaa"), theirs.bind("bbbb")
+    mine.start_parent("p", {}, {"study": "llm-cpu"})
+    theirs.start_parent("p", {}, {"study": "llm-cpu"})
+    my_run = mine.log_trial(RECORD, 1.0, {"study": "llm-cpu"})
+    their_run = theirs.log_trial(RECORD, 1.0, {"study": "llm-cpu"})
+    older = mine.client.create_run(mine.experiment_id, tags={"study": "llm-cpu", "trial": "7"})
+    mine.end_run(older.info.run_id, "FINISHED")
+    assert mine.client.get_run(my_run).data.tags["study_id"] == "aaaa"
+    assert mine.trial_runs("llm-cpu") == ({3: my_run, 7: older.info.run_id}, [])
+    assert theirs.trial_runs("llm-cpu")[0] == {3: their_run, 7: older.info.run_id}
+
+    theirs.mark_pareto("llm-cpu", {their_run})
+    mine.mark_pareto("llm-cpu", {my_run})
+    tags = {r: mine.client.get_run(r).data.tags["pareto"] for r in (my_run, their_run)}
+    assert tags == {my_run: "true", their_run: "true"}, "one study untagged the other's front"

@@ -2,8 +2,8 @@ import math
 
 import pytest
 import torch
-
 from conformance import WorkloadConformance
+
 from search.workloads import GPT
 
 TINY = dict(vocab_size=64, seq_len=16, d_model=32, n_layers=2, n_heads=2)

@@ -1,0 +1,46 @@
+"""A synthetic workload for the re-tune tests and benchmark: its step time is set by its settings.
+
+Each micro-batch's loss does ``base`` units of work times ``factor`` (half that when the step's
+precision is the ``fast`` one), so ``factor`` makes a model slower and ``fast`` moves the optimum.
+``work: sleep`` sleeps ``base`` ms per unit: far less noise than the machine's, for tests.
+``work: matmul`` multiplies 128x128 matrices ``base`` times: real compute, with the machine's own
+noise, for the benchmark.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+from search.workloads import Workload
+
+
+class Slowdown(Workload):
+    def __init__(
+        self, factor: float = 1.0, fast: str = "fp32", work: str = "sleep", base: float = 4.0
+    ):
+        if work not in ("sleep", "matmul"):
+            raise ValueError(f"work must be sleep or matmul, but got {work!r}")
+        self.factor, self.fast, self.work, self.base = factor, fast, work, base
+
+    def build_model(self):
+        return nn.Linear(8, 1)
+
+    def make_batch(self, size, generator):
+        return torch.randn(size, 8, generator=generator)
+
+    def loss(self, model, batch):
+        bf16 = (
+            torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+        )
+        units = self.base * self.factor * (0.5 if ("bf16" if bf16 else "fp32") == self.fast else 1)
+        if self.work == "sleep":
+            time.sleep(units / 1000)
+        else:
+            with torch.no_grad(), torch.autocast("cpu", enabled=False):
+                a = torch.full((128, 128), 0.01)
+                for _ in range(round(units)):
+                    a = torch.tanh(a @ a)
+        return model(batch).square().mean()
