@@ -1,14 +1,20 @@
 """False alarms and detection of ``python -m search retune``, on this machine.
 
-For each slowdown factor: one tuning of a synthetic workload at factor 1 (the baseline), then
-``--retunes`` re-tunes of the same workload made ``factor`` times slower, each compared with that
-tuning (``retune.baseline=<its name>``), and the share that exit 3 (a regression). Factor 1 counts
-false alarms; factor 1.1 (10% slower) detections.
+A chain of runs of one study, each re-tune compared with the run before it
+(``retune.baseline=last``, as a nightly job does):
+
+- ``--unchanged N``: a tuning, then N re-tunes of the same workload. Exit 3 is a false alarm.
+- ``--slower F --trials N``: a tuning at factor 1, then N times a re-tune of the workload made F
+  times slower (compared with a run at factor 1: exit 3 is a detection) followed by one back at
+  factor 1 (compared with the slower one: it got faster, so exit 3 there is a false alarm too).
 
 The workload (``tests/retune_space/slowdown.py``, ``work: matmul``) does real compute, so the
-machine's own noise is in every figure. Run it on an otherwise idle machine:
+machine's own noise is in every figure. Measurement settings are short; the re-tune's own
+settings (``retune.confirm``, ``retune.processes``, ``retune.threshold``, the reference step) are
+the defaults unless given after ``--``. Run it on an otherwise idle machine:
 
-    python benchmarks/retune_alarms.py --retunes 20 --factors 1.0 1.1
+    python benchmarks/retune_alarms.py --unchanged 20
+    python benchmarks/retune_alarms.py --slower 1.1 --trials 20
 """
 
 from __future__ import annotations
@@ -16,19 +22,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import optuna
 from scipy import stats
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from search.retune import tuned_runs  # noqa: E402
 
 SETTINGS = [
     "--config-dir",
@@ -40,9 +43,14 @@ SETTINGS = [
     "measure.warmup_s=0.2",
     "measure.window_s=0.1",
     "measure.min_windows=5",
-    "measure.max_time_s=2",
-    "study.n_trials=4",
+    "measure.max_time_s=1.5",
+    "study.n_trials=2",
     "study.sampler=random",
+    "noise.budget=0",  # no control runs: the verdict rests on the confirmation runs
+    "revalidate.processes=2",
+    "revalidate.max_candidates=1",
+    "retune.remeasure=0",
+    "retune.n_trials=1",
 ]
 
 
@@ -57,7 +65,7 @@ def search(*args: str) -> subprocess.CompletedProcess:
         env=env,
         capture_output=True,
         text=True,
-        timeout=1200,
+        timeout=1800,
     )
 
 
@@ -67,59 +75,97 @@ def clopper_pearson(k: int, n: int) -> tuple[float, float]:
     return float(low), float(high)
 
 
+class Chain:
+    """One study in a temporary runs_dir; each re-tune against the last run."""
+
+    def __init__(self, runs_dir: str, extra: list[str]):
+        self.common = [*SETTINGS, *extra, f"runs_dir={runs_dir}"]
+        self.runs_dir = Path(runs_dir)
+        self.seconds: list[float] = []
+
+    def tune(self, factor: float) -> None:
+        result = search(*self.common, f"space.workload.factor={factor}")
+        if result.returncode != 0:
+            sys.exit(f"the tuning failed:\n{result.stdout}\n{result.stderr}")
+
+    def retune(self, factor: float) -> tuple[int, str, dict]:
+        t0 = time.monotonic()
+        result = search("retune", *self.common, f"space.workload.factor={factor}")
+        self.seconds.append(time.monotonic() - t0)
+        if result.returncode not in (0, 3):
+            sys.exit(f"a re-tune failed (exit {result.returncode}):\n{result.stderr[-3000:]}")
+        reports = sorted((self.runs_dir / "slowdown-cpu" / "retune").glob("*.json"))
+        report = json.loads(reports[-1].read_text())
+        line = result.stdout.strip().splitlines()[-1]
+        return result.returncode, line, report
+
+
+def ratio(report: dict, what: str) -> float:
+    found = [c["ratio"] for c in report["comparisons"] if c["what"] == what]
+    return found[0] if found else float("nan")
+
+
+def summary(label: str, codes: list[int], ratios: list[float], expected: int) -> str:
+    hits = sum(c == expected for c in codes)
+    low, high = clopper_pearson(hits, len(codes))
+    what = "exit 3" if expected == 3 else "exit 0"
+    finite = [r for r in ratios if r == r]
+    return (
+        f"{label}: {what} in {hits}/{len(codes)} ({hits / len(codes):.0%}, 95% CI "
+        f"[{low:.0%}, {high:.0%}]); best ratio median {statistics.median(finite):.3f}, range "
+        f"{min(finite):.3f}-{max(finite):.3f}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--retunes", type=int, default=20)
-    parser.add_argument("--factors", type=float, nargs="+", default=[1.0, 1.1])
+    parser.add_argument("--unchanged", type=int, default=0, help="re-tunes of an unchanged model")
+    parser.add_argument("--slower", type=float, default=0.0, help="slowdown factor, e.g. 1.1")
+    parser.add_argument("--trials", type=int, default=20, help="slowdowns to detect")
+    parser.add_argument("extra", nargs="*", help="more overrides, after --")
     args = parser.parse_args()
     started = time.monotonic()
-    for factor in args.factors:
+    lines = []
+    if args.unchanged:
         with tempfile.TemporaryDirectory() as runs_dir:
-            common = [*SETTINGS, f"runs_dir={runs_dir}"]
-            tune = search(*common)
-            if tune.returncode != 0:
-                sys.exit(f"the tuning failed:\n{tune.stdout}\n{tune.stderr}")
-            study = optuna.load_study(
-                study_name="slowdown-cpu", storage=f"sqlite:///{runs_dir}/optuna.db"
+            chain = Chain(runs_dir, args.extra)
+            chain.tune(1.0)
+            codes, ratios, verdicts = [], [], []
+            for i in range(args.unchanged):
+                code, line, report = chain.retune(1.0)
+                codes.append(code)
+                ratios.append(ratio(report, "best, today vs baseline"))
+                verdicts.append(report["verdict"])
+                print(f"unchanged {i + 1}: exit {code}: {line}", flush=True)
+            lines.append(summary("unchanged, false alarms", codes, ratios, 3))
+            lines.append(
+                "  verdicts: "
+                + ", ".join(f"{v} {verdicts.count(v)}" for v in sorted(set(verdicts)))
+                + f"; a re-tune took {statistics.median(chain.seconds):.0f} s (median)"
             )
-            name = tuned_runs(study)[-1].name
-            codes, ratios, seconds = [], [], []
-            for i in range(args.retunes):
-                t0 = time.monotonic()
-                result = search(
-                    "retune",
-                    *common,
-                    f"space.workload.factor={factor}",
-                    f"retune.baseline={name}",
+    if args.slower:
+        with tempfile.TemporaryDirectory() as runs_dir:
+            chain = Chain(runs_dir, args.extra)
+            chain.tune(1.0)
+            slow_codes, slow_ratios, back_codes, back_ratios = [], [], [], []
+            for i in range(args.trials):
+                code, line, report = chain.retune(args.slower)
+                slow_codes.append(code)
+                slow_ratios.append(ratio(report, "best, today vs baseline"))
+                print(f"slower {i + 1}: exit {code}: {line}", flush=True)
+                code, line, report = chain.retune(1.0)
+                back_codes.append(code)
+                back_ratios.append(ratio(report, "best, today vs baseline"))
+                print(f"back {i + 1}: exit {code}: {line}", flush=True)
+            lines.append(summary(f"{args.slower}x slower, detections", slow_codes, slow_ratios, 3))
+            lines.append(
+                summary(
+                    f"back to 1x after {args.slower}x, false alarms", back_codes, back_ratios, 3
                 )
-                seconds.append(time.monotonic() - t0)
-                codes.append(result.returncode)
-                reports = sorted((Path(runs_dir) / "slowdown-cpu" / "retune").glob("*.json"))
-                best = next(
-                    (
-                        c
-                        for c in json.loads(reports[-1].read_text())["comparisons"]
-                        if c["what"].startswith("best")
-                    ),
-                    None,
-                )
-                ratios.append(best["ratio"] if best else float("nan"))
-                line = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
-                print(
-                    f"factor {factor}: retune {i + 1}: exit {result.returncode}: {line}", flush=True
-                )
-                if result.returncode not in (0, 3):
-                    print(result.stderr[-2000:], flush=True)
-            alarms = codes.count(3)
-            low, high = clopper_pearson(alarms, len(codes))
-            print(
-                f"factor {factor}: exit 3 in {alarms}/{len(codes)} re-tunes "
-                f"({alarms / len(codes):.0%}, 95% CI [{low:.0%}, {high:.0%}]); best ratio median "
-                f"{sorted(ratios)[len(ratios) // 2]:.3f}, range {min(ratios):.3f}-"
-                f"{max(ratios):.3f}; a re-tune took {sorted(seconds)[len(seconds) // 2]:.0f} s "
-                "(median)",
-                flush=True,
             )
+            lines.append(f"  a re-tune took {statistics.median(chain.seconds):.0f} s (median)")
+    for line in lines:
+        print(line, flush=True)
     print(f"total {time.monotonic() - started:.0f} s", flush=True)
 
 

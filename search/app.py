@@ -28,7 +28,7 @@ from search.config import for_logging, load_settings, redact, redact_tree, resol
 from search.gpu_telemetry import energy_unavailable_reason
 from search.guards import KnownOutcomes, config_key
 from search.liveness import Heartbeat, Recovery, owner
-from search.noise import NoiseFloor, assess_pooled
+from search.noise import NoiseFloor
 from search.prepare import control_config, fingerprint, load_space
 from search.records import COMPLETE, TrialRecord
 from search.report import (
@@ -45,12 +45,10 @@ from search.retune import (
     RETUNE,
     TUNE,
     Figure,
-    Sessions,
     Tuned,
     baseline,
     conclude,
-    measure_reference,
-    reference_figure,
+    confirm,
     save_tuned,
     tuned_runs,
     write_history,
@@ -157,7 +155,6 @@ def run(cfg_node: DictConfig, kind: str = TUNE) -> int:
                 markup=False,
             )
         started_at = time.time()
-        reference = _reference(ctx)
         remeasured: dict[str, Pooled] = {}
         if base is not None:
             remeasured = _remeasure(ctx, study, base)
@@ -169,9 +166,7 @@ def run(cfg_node: DictConfig, kind: str = TUNE) -> int:
         if remeasured:
             _adopt(ctx, driver, remeasured)
         finished = _finish(ctx, driver, outcome, tracker)
-        code = _conclude(
-            ctx, study, tracker, kind, base, finished, reference, remeasured, started_at
-        )
+        code = _conclude(ctx, study, tracker, kind, base, finished, remeasured, started_at)
         if outcome.failure_stop:
             print(f"search: error: stopped early: {outcome.failure_stop}", file=sys.stderr)
             return 1
@@ -487,24 +482,6 @@ def _finish(ctx: Context, driver: StudyDriver, outcome: StudyOutcome, tracker: T
 # -- the reference step and the re-tune ------------------------------------------------------
 
 
-def _reference(ctx: Context) -> Pooled | None:
-    """The built-in reference step, measured in fresh processes (``search.retune``)."""
-    runs = ctx.settings.retune.reference_runs
-    if runs < 1:
-        return None
-    reference = measure_reference(str(ctx.device), runs, ctx.settings.seed)
-    ctx.out.print(
-        f"reference step (a fixed tiny GPT, not your model; {runs} fresh runs): "
-        + (
-            f"{si(reference.metrics['throughput'])} tokens/s"
-            if reference is not None
-            else "failed: the machine's speed is not compared"
-        ),
-        markup=False,
-    )
-    return reference
-
-
 def _remeasure(ctx: Context, study: optuna.Study, base: Tuned) -> dict[str, Pooled]:
     """The baseline's recommendation and up to ``retune.remeasure`` more of its front, measured
     in fresh processes, interleaved: ``{config key: pooled figures}``."""
@@ -600,6 +577,78 @@ def _adopt(ctx: Context, driver: StudyDriver, remeasured: Mapping[str, Pooled]) 
             save_revalidation(driver.study, ctx.fingerprint, latest[key].number, pooled)
 
 
+def _confirm(ctx: Context, tracker: Tracker, best: TrialRecord, unit: str) -> Figure | None:
+    """The recommendation confirmed in ``retune.confirm`` fresh runs after it was chosen, each
+    after a fresh run of the reference step (``search.retune.confirm``); None when confirmation
+    is off or too many runs failed."""
+    settings, out = ctx.settings, ctx.out
+    pairs = settings.retune.confirm
+    if pairs == 0 or best is None:
+        return None
+    knobs = knobs_text(best.config, list(ctx.space.searched))
+    out.print(
+        f"\nconfirming the recommendation #{best.number} ({knobs}) in {pairs} fresh runs after it "
+        "was chosen (the figure a re-tune compares with)"
+        + (
+            ", each after a run of the reference step (a fixed tiny GPT, not your model: the "
+            "machine's speed):"
+            if settings.retune.reference
+            else ":"
+        ),
+        markup=False,
+    )
+
+    def shown(result: TrialResult | None, what_unit: str) -> str:
+        if result is None or result.measurement is None:
+            return f"{getattr(result, 'state', 'not run')}: {getattr(result, 'failure', '')}"
+        return f"{si(result.measurement.throughput)} {what_unit}/s"
+
+    def progress(i: int, n: int, ref: TrialResult | None, result: TrialResult) -> None:
+        out.print(
+            f"  [confirm {i}/{n}] recommendation {shown(result, unit)}"
+            + (f"; reference step {shown(ref, 'tokens')}" if ref is not None else ""),
+            markup=False,
+        )
+
+    figure, failures = confirm(
+        best.config,
+        ctx.request,
+        str(ctx.device),
+        pairs,
+        settings.seed + best.number,
+        settings.measure.confidence,
+        progress,
+        settings.retune.reference,
+    )
+    if figure is None:
+        out.print(
+            f"confirmed: no ({len(failures)} of {pairs} runs failed: {failures[0]}): this run "
+            "cannot be a re-tune's baseline",
+            markup=False,
+        )
+        return None
+    ref = figure.reference
+    out.print(
+        f"confirmed: {si(figure.throughput)} [{si(figure.low)}, {si(figure.high)}] {unit}/s "
+        f"(95% CI, {len(figure.runs)} fresh runs)"
+        + (
+            f"; reference step {si(ref.throughput)} [{si(ref.low)}, {si(ref.high)}] tokens/s"
+            if ref is not None
+            else ""
+        ),
+        markup=False,
+    )
+    metrics = {
+        "confirmed_throughput": figure.throughput,
+        "confirmed_throughput_ci_low": figure.low,
+        "confirmed_throughput_ci_high": figure.high,
+    }
+    if ref is not None:
+        metrics["reference_throughput"] = ref.throughput
+    tracker.log_metrics(tracker.parent_id, metrics)
+    return figure
+
+
 def _conclude(
     ctx: Context,
     study: optuna.Study,
@@ -607,14 +656,12 @@ def _conclude(
     kind: str,
     base: Tuned | None,
     finished: Finished,
-    reference: Pooled | None,
     remeasured: Mapping[str, Pooled],
     started_at: float,
 ) -> int:
-    """Keep what this run concluded in the study; for a re-tune, compare with the baseline, report
-    and return the exit code (3 on a regression)."""
+    """Confirm the recommendation and keep what this run concluded in the study; for a re-tune,
+    compare with the baseline, report and return the exit code (3 on a regression)."""
     settings, out = ctx.settings, ctx.out
-    now = time.time()
     best = finished.best
     if base is not None:
         # A re-tune judges today's figures only: a configuration measured in an earlier run (the
@@ -627,6 +674,8 @@ def _conclude(
             return r.time_s >= started_at
 
         best = results.recommend([r for r in finished.front if today_s(r)], settings.slo)
+    confirmed = _confirm(ctx, tracker, best, finished.unit) if best is not None else None
+    now = time.time()
     today = Tuned(
         kind,
         f"{kind} {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(now))}",
@@ -635,42 +684,26 @@ def _conclude(
         {k: str(v) for k, v in ctx.env.items()},
         ctx.env["device_name"],
         finished.unit,
-        Figure.of(best) if best is not None else None,
+        confirmed if confirmed is not None else (Figure.of(best) if best is not None else None),
         tuple(Figure.of(r) for r in finished.front),
-        reference_figure(reference, finished.floor, settings.stable, settings.measure.confidence)
-        if reference is not None
-        else None,
         tracker.parent_id,
     )
     code = 0
     study_dir = Path(settings.runs_dir) / settings.study.name
     if base is not None:
-        old = remeasured.get(config_key(base.recommended.config)) if base.recommended else None
-        old_today = None
-        if old is not None and old.metrics and base.recommended is not None:
-            metrics, _ = assess_pooled(
-                old.metrics, old.runs, finished.floor, settings.stable, settings.measure.confidence
-            )
-            old_today = Figure(
+        assert base.recommended is not None
+        old = remeasured.get(config_key(base.recommended.config))
+        old_today = (
+            Figure.measured(
                 base.recommended.config,
-                metrics["throughput"],
-                metrics["throughput_ci_low"],
-                metrics["throughput_ci_high"],
+                [r.throughput for r in old.runs],
+                confidence=settings.measure.confidence,
             )
-        references = [t.reference for t in tuned_runs(study) if t.device == today.device]
-        sessions = Sessions.of(
-            [f for f in [*references, today.reference] if f is not None],
-            settings.measure.confidence,
+            if old is not None and old.metrics and old.runs
+            else None
         )
-        if sessions is not None:
-            out.print(f"  {sessions.line()}", markup=False)
         conclusion = conclude(
-            base,
-            today,
-            old_today,
-            settings.retune.threshold,
-            settings.measure.confidence,
-            sessions,
+            base, today, old_today, settings.retune.threshold, settings.measure.confidence
         )
         today = replace(today, verdict=conclusion.verdict)
         out.print("")

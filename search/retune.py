@@ -20,21 +20,19 @@ import csv
 import json
 import math
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import optuna
 from scipy import stats
 
 from search.config import ConfigError
 from search.measure import MeasureSettings
-from search.noise import NoiseFloor, assess_pooled
-from search.records import TrialRecord
-from search.revalidate import Pooled, pool
-from search.runner import TrialRequest, run_isolated
-from search.settings import StableSettings
+from search.records import COMPLETE, TrialRecord
+from search.runner import TrialRequest, TrialResult, run_isolated
 from search.trial_store import retried
 
 TUNED_PREFIX = "tuned:"
@@ -51,8 +49,16 @@ REFERENCE_WORKLOAD = {
 """The reference step's model: fixed, whatever the space."""
 REFERENCE_CONFIG = {"batch_size": 8, "micro_batch_size": 8, "precision": "fp32"}
 REFERENCE_MEASURE = MeasureSettings(
-    warmup_steps=2, warmup_s=0.3, window_s=0.1, min_windows=5, max_windows=10, max_time_s=3.0
+    warmup_steps=2, warmup_s=0.3, window_s=0.1, min_windows=5, max_windows=10, max_time_s=2.0
 )
+"""Short: a run's mean varies from process to process by far more than its windows say (several
+percent on a shared CPU), so a longer run would buy little."""
+
+MIN_RUNS = 4
+"""Fewest fresh runs a side of a comparison needs: with 4 and 4 the exact Mann-Whitney test can
+reject at 5% (with 3 and 3 it cannot, and every interval is unbounded)."""
+EXACT_UP_TO = 30
+"""Up to this many runs a side, ``shift`` uses the exact Mann-Whitney distribution."""
 
 TUNE, RETUNE = "tune", "retune"
 REGRESSION, MOVED, IMPROVED, SAME, AMBIGUOUS = (
@@ -67,13 +73,20 @@ EXIT_REGRESSION = 3
 
 @dataclass(frozen=True)
 class Figure:
-    """A configuration's throughput with its interval (spanning runs; items/s)."""
+    """A configuration's throughput with its 95% interval (items/s), and the fresh-process runs
+    behind it where a comparison needs them."""
 
     config: dict[str, Any]
     throughput: float
     low: float
     high: float
     trial: int | None = None
+    runs: tuple[float, ...] = ()
+    """Mean throughput of each fresh-process run behind the figure (items/s): what comparisons
+    rank. Empty for a figure of the search (a front entry)."""
+    references: tuple[float, ...] = ()
+    """The reference step's throughput in the run just before each of ``runs`` (items/s; the
+    confirmation pairs them), empty where it was not measured."""
 
     @classmethod
     def of(cls, record: TrialRecord) -> Figure:
@@ -85,6 +98,42 @@ class Figure:
             float(m["throughput_ci_high"]),
             record.number,
         )
+
+    @classmethod
+    def measured(
+        cls,
+        config: Mapping[str, Any],
+        runs: Sequence[float],
+        references: Sequence[float] = (),
+        confidence: float = 0.95,
+        trial: int | None = None,
+    ) -> Figure:
+        """The geometric mean of ``runs`` with its t-interval on the log scale (runs are fresh
+        processes: their spread is the between-run spread)."""
+        logs = np.log(np.asarray(runs, dtype=float))
+        mean = float(np.mean(logs))
+        if len(logs) > 1:
+            half = float(
+                stats.t.ppf(0.5 + confidence / 2, len(logs) - 1)
+                * np.std(logs, ddof=1)
+                / math.sqrt(len(logs))
+            )
+        else:
+            half = math.inf
+        return cls(
+            dict(config),
+            math.exp(mean),
+            math.exp(mean - half),
+            math.exp(mean + half) if math.isfinite(half) else math.inf,
+            trial,
+            tuple(float(r) for r in runs),
+            tuple(float(r) for r in references),
+        )
+
+    @property
+    def reference(self) -> Figure | None:
+        """The reference step of the runs behind this figure, as a figure of its own."""
+        return Figure.measured({}, self.references) if len(self.references) > 1 else None
 
 
 @dataclass(frozen=True)
@@ -103,9 +152,9 @@ class Tuned:
     device: str
     unit: str
     recommended: Figure | None
+    """The recommendation as its confirmation runs measured it (``confirm``): the figure
+    re-tunes compare with."""
     front: tuple[Figure, ...] = ()
-    reference: Figure | None = None
-    """The reference step (items/s of the fixed tiny GPT)."""
     mlflow_run_id: str | None = None
     verdict: str = ""
     """A re-tune's overall verdict (``regression``, ``moved``, ...); '' for a tuning."""
@@ -116,14 +165,22 @@ class Tuned:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Tuned:
         def figure(f: Mapping[str, Any] | None) -> Figure | None:
-            return None if f is None else Figure(**f)
+            if f is None:
+                return None
+            return Figure(
+                **{
+                    **f,
+                    "runs": tuple(f.get("runs", ())),
+                    "references": tuple(f.get("references", ())),
+                }
+            )
 
+        known = {f.name for f in fields(cls)}
         return cls(
             **{
-                **d,
+                **{k: v for k, v in d.items() if k in known},
                 "recommended": figure(d.get("recommended")),
-                "reference": figure(d.get("reference")),
-                "front": tuple(Figure(**f) for f in d.get("front", ())),
+                "front": tuple(figure(f) for f in d.get("front", ())),
             }
         )
 
@@ -141,54 +198,76 @@ def tuned_runs(study: optuna.Study) -> list[Tuned]:
     return sorted(runs, key=lambda t: t.time_s)
 
 
+def comparable(t: Tuned) -> bool:
+    """Whether a re-tune can compare with ``t``: its recommendation was confirmed in fresh runs."""
+    return t.recommended is not None and len(t.recommended.runs) >= MIN_RUNS
+
+
 def baseline(study: optuna.Study, which: str, device: str) -> Tuned:
-    """The run a re-tune compares with: the last one on ``device`` with a recommendation, or the
-    one named ``which``; ``ConfigError`` when there is none."""
-    runs = [t for t in tuned_runs(study) if t.device == device and t.recommended is not None]
+    """The run a re-tune compares with: the last one on ``device`` whose recommendation was
+    confirmed, or the one named ``which``; ``ConfigError`` when there is none."""
+    on_device = [t for t in tuned_runs(study) if t.device == device]
+    runs = [t for t in on_device if comparable(t)]
     if which != "last":
         named = [t for t in runs if t.name == which]
         if not named:
             raise ConfigError(
                 f"retune.baseline={which!r} names no run of study '{study.study_name}' on "
-                f"{device} with a recommendation; runs: {', '.join(t.name for t in runs) or 'none'}"
-                " (python -m search history lists them)"
+                f"{device} with a confirmed recommendation; runs: "
+                f"{', '.join(t.name for t in runs) or 'none'} (python -m search history lists "
+                "them)"
             )
         return named[-1]
     if not runs:
+        unconfirmed = [t for t in on_device if t.recommended is not None]
         raise ConfigError(
-            f"study '{study.study_name}' has no tuning on {device} with a recommendation to "
-            "compare with: run the tuning first (python -m search with the same arguments)"
+            f"study '{study.study_name}' has no tuning on {device} with a confirmed "
+            "recommendation to compare with: run the tuning first (python -m search with the "
+            "same arguments" + (f", and retune.confirm >= {MIN_RUNS}" if unconfirmed else "") + ")"
         )
     return runs[-1]
 
 
-def measure_reference(device: str, runs: int, seed: int) -> Pooled | None:
-    """The reference step, measured in ``runs`` fresh processes (its figures pooled; the interval
-    comes later, from the machine's noise floor: ``reference_figure``); None when a run failed."""
-    if runs < 1:
-        return None
-    request = TrialRequest(REFERENCE_WORKLOAD, REFERENCE_CONFIG, device, seed, REFERENCE_MEASURE)
-    results, times = [], []
-    for _ in range(runs):
-        results.append(run_isolated(request))
-        times.append(time.time())
-    pooled = pool(results, times, 0.95)
-    return pooled if pooled.metrics else None
+def confirm(
+    best: Mapping[str, Any],
+    request: Callable[[Mapping[str, Any]], TrialRequest],
+    device: str,
+    pairs: int,
+    seed: int,
+    confidence: float,
+    progress: Callable[[int, int, TrialResult | None, TrialResult], None],
+    with_reference: bool = True,
+) -> tuple[Figure | None, list[str]]:
+    """The recommendation ``best`` measured in ``pairs`` fresh processes after it was chosen, each
+    right after a fresh run of the reference step (unless ``pairs`` is 0): its figure (None with
+    fewer than ``MIN_RUNS`` complete runs) and the failures.
 
-
-def reference_figure(
-    pooled: Pooled, floor: NoiseFloor, stable: StableSettings, confidence: float
-) -> Figure:
-    """The reference step's mean with the interval of a mean of fresh runs on this machine (the
-    between-run variance from the noise floor's control runs, as for any re-validated
-    configuration)."""
-    metrics, _ = assess_pooled(pooled.metrics, pooled.runs, floor, stable, confidence)
-    return Figure(
-        dict(REFERENCE_CONFIG),
-        metrics["throughput"],
-        metrics["throughput_ci_low"],
-        metrics["throughput_ci_high"],
+    A figure chosen as the best of several reads high (the winner's curse: of near-ties, the
+    one whose noise fell highest wins); runs made after the choice do not. The reference step,
+    measured in turn with them, tells the machine's speed at the same moments."""
+    runs: list[float] = []
+    references: list[float] = []
+    failures: list[str] = []
+    reference = TrialRequest(
+        REFERENCE_WORKLOAD, REFERENCE_CONFIG, device, seed, REFERENCE_MEASURE, fidelity=False
     )
+    for i in range(pairs):
+        ref = run_isolated(replace(reference, seed=seed + i)) if with_reference else None
+        result = run_isolated(replace(request(best), seed=seed + i, fidelity=False))
+        progress(i + 1, pairs, ref, result)
+        if result.state != COMPLETE or result.measurement is None:
+            failures.append(result.failure)
+            continue
+        if ref is not None:
+            if ref.state == COMPLETE and ref.measurement is not None:
+                references.append(ref.measurement.throughput)
+            else:
+                failures.append(f"reference step: {ref.failure}")
+        runs.append(result.measurement.throughput)
+    if len(runs) < MIN_RUNS:
+        return None, failures
+    paired = references if len(references) == len(runs) else []
+    return Figure.measured(best, runs, paired, confidence), failures
 
 
 # -- comparisons ------------------------------------------------------------------------------
@@ -204,73 +283,68 @@ class Comparison:
     ratio: float
     low: float
     high: float
+    runs: tuple[int, int] = (0, 0)
+    """Fresh-process runs behind it: today's, the baseline's."""
 
     def line(self) -> str:
         return (
             f"{self.what}: {self.label} {self.ratio:.3f}x [{self.low:.3f}, {self.high:.3f}] "
-            "(today / baseline, 95% CI)"
+            f"(today / baseline, 95% CI, {self.runs[0]} vs {self.runs[1]} fresh runs)"
         )
 
 
-def _log_se(figure: Figure, confidence: float) -> float:
-    """The standard error of the log of a figure, from its interval (normal approximation)."""
-    if figure.low <= 0 or figure.high <= 0 or figure.throughput <= 0:
-        return math.inf
-    z = float(stats.norm.ppf(0.5 + confidence / 2))
-    return math.log(figure.high / figure.low) / (2 * z)
+def shift(
+    today: Sequence[float], base: Sequence[float], confidence: float = 0.95
+) -> tuple[float, float, float]:
+    """``today / base`` as a ratio with its interval: the Hodges-Lehmann estimate of the shift
+    between the logs of the two samples of runs (the median of all pairwise differences) and the
+    distribution-free interval of the shifts that the two-sided exact Mann-Whitney test does not
+    reject at ``1 - confidence``.
+
+    Ranks, not means: one run that landed at half speed (a process whose threads shared a core
+    with another's) moves a mean and widens a t-interval, but moves ranks by one step. The
+    interval needs no assumption on the shape of the runs' spread, only that runs are
+    independent draws of their side; its bounds are pairwise differences, and with few runs
+    (3 and 3) it is unbounded: nothing can be told at 95% from so few."""
+    x = np.log(np.asarray(today, dtype=float))
+    y = np.log(np.asarray(base, dtype=float))
+    d = np.sort(np.subtract.outer(x, y).ravel())
+    estimate = float(np.median(d))
+    alpha = 1 - confidence
+    method = "exact" if max(len(x), len(y)) <= EXACT_UP_TO else "asymptotic"
+
+    def accepted(delta: float) -> bool:
+        return bool(stats.mannwhitneyu(x - delta, y, method=method).pvalue > alpha)
+
+    # The test's statistic changes only at the pairwise differences: try a shift between each
+    # neighbouring pair, and beyond both ends.
+    probes = [d[0] - 1.0, *((d[:-1] + d[1:]) / 2), d[-1] + 1.0]
+    inside = [i for i, p in enumerate(probes) if accepted(float(p))]
+    low = -math.inf if inside[0] == 0 else float(d[inside[0] - 1])
+    high = math.inf if inside[-1] == len(probes) - 1 else float(d[inside[-1]])
+    return math.exp(estimate), math.exp(low), math.exp(high)
 
 
 def compare(
     what: str,
-    today: Figure,
-    base: Figure,
+    today: Sequence[float],
+    base: Sequence[float],
     threshold: float,
     confidence: float = 0.95,
-    sessions: Sessions | None = None,
 ) -> Comparison:
-    """``today / base`` with an interval from both figures' intervals (independent, on the log
-    scale) and, with ``sessions``, the machine's variance from one run to the next (twice: each
-    side is one draw of it), with its t quantile. SLOWER or FASTER: the interval excludes 1
-    (surely different); SAME: it lies within 1 ± ``threshold`` (surely not materially
-    different); AMBIGUOUS: neither (as nvbench's compare)."""
-    z = float(stats.norm.ppf(0.5 + confidence / 2))
-    ratio = today.throughput / base.throughput
-    variance = _log_se(today, confidence) ** 2 + _log_se(base, confidence) ** 2
-    if sessions is not None:
-        q = float(stats.t.ppf(0.5 + confidence / 2, sessions.df))
-        half = q * math.sqrt(variance + 2 * sessions.variance)
+    """``today / base`` of two samples of fresh-process runs (``shift``), labelled as nvbench's
+    compare does: SLOWER or FASTER when the interval excludes 1 (surely different); SAME when it
+    lies within 1 ± ``threshold`` (surely not materially different); AMBIGUOUS otherwise."""
+    ratio, low, high = shift(today, base, confidence)
+    if high < 1:
+        label = "SLOWER"
+    elif low > 1:
+        label = "FASTER"
+    elif 1 - threshold <= low and high <= 1 + threshold:
+        label = "SAME"
     else:
-        half = z * math.sqrt(variance)
-    return _labelled(what, ratio, half, threshold)
-
-
-@dataclass(frozen=True)
-class Sessions:
-    """How much the machine's speed moves from one run to the next, beyond the noise within a
-    run: the variance of the log of the reference step's mean over runs, less what the runs' own
-    intervals explain (floored at 0), with its degrees of freedom (runs less one)."""
-
-    variance: float
-    df: int
-
-    @classmethod
-    def of(cls, references: Sequence[Figure], confidence: float = 0.95) -> Sessions | None:
-        """From the reference step of each run (two at least); None with fewer."""
-        usable = [f for f in references if f.throughput > 0 and f.low > 0]
-        if len(usable) < 2:
-            return None
-        logs = [math.log(f.throughput) for f in usable]
-        mean = sum(logs) / len(logs)
-        spread = sum((x - mean) ** 2 for x in logs) / (len(logs) - 1)
-        within = sum(_log_se(f, confidence) ** 2 for f in usable) / len(usable)
-        return cls(max(0.0, spread - within), len(usable) - 1)
-
-    def line(self) -> str:
-        return (
-            f"the machine's speed moves by {math.sqrt(self.variance):.1%} (CV) from one run to the "
-            f"next beyond the noise within a run ({self.df} df, from the reference step of "
-            f"{self.df + 1} runs); every comparison holds it"
-        )
+        label = "AMBIGUOUS"
+    return Comparison(what, label, ratio, low, high, (len(today), len(base)))
 
 
 @dataclass
@@ -283,12 +357,17 @@ class Conclusion:
     comparisons: list[Comparison] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)
     """What changed since the baseline (workload, environment fields, the machine's speed)."""
-    sessions: Sessions | None = None
-    """The machine's run-to-run variance the comparisons hold (None: not known yet)."""
+    gate: Comparison | None = None
+    """The comparison the verdict rests on."""
 
     @property
     def exit_code(self) -> int:
         return EXIT_REGRESSION if self.verdict == REGRESSION else 0
+
+
+def _per_reference(f: Figure) -> list[float]:
+    """Each run's throughput divided by the reference step's just before it."""
+    return [r / ref for r, ref in zip(f.runs, f.references, strict=True)]
 
 
 def conclude(
@@ -297,115 +376,112 @@ def conclude(
     old_today: Figure | None,
     threshold: float,
     confidence: float = 0.95,
-    sessions: Sessions | None = None,
 ) -> Conclusion:
-    """The verdicts: the old recommendation today vs the baseline, today's best vs the baseline's,
-    today's recommendation vs the old one measured today; and the overall one.
+    """The verdicts: the old recommendation today vs the baseline, today's best vs the baseline's
+    (both as their confirmation runs measured them), the machine (the reference step of the
+    same runs), today's recommendation vs the old one measured today; and the overall one.
 
-    Regression: today's best stable throughput is more than ``threshold`` below the baseline's
-    (point estimate) and surely below it (the interval of the ratio lies under 1). Where both
-    runs measured the reference step, the ratio at the same machine speed (divided by the
-    reference step's) is reported too. Optimum moved:
-    today's recommendation is another configuration and surely faster than the old one today.
-    Improved: more than ``threshold`` above, surely. Ambiguous: none of these, but the interval
-    reaches below 1 - ``threshold`` (a regression cannot be ruled out). Same: none of these."""
+    The gate is today's best vs the baseline's; where both runs measured the reference step, the
+    same ratio at the same machine speed (each run divided by the reference step just before it)
+    must agree with it, so that a slower machine is not blamed on the model. Regression: each
+    gate's ratio is more than ``threshold`` below 1 and surely below 1 (its interval lies under
+    1), or nothing stable is left to recommend. Optimum moved: today's recommendation is another
+    configuration and surely faster than the old one today. Improved: each gate more than
+    ``threshold`` above 1, surely. Ambiguous: none of these, but the last gate's interval reaches
+    below 1 - ``threshold`` (a regression cannot be ruled out). Same: none of these."""
     assert base.recommended is not None
     comparisons = []
-    if old_today is not None:
+    old = base.recommended
+    if old_today is not None and len(old_today.runs) >= MIN_RUNS:
         comparisons.append(
             compare(
                 "old recommendation, today vs baseline",
-                old_today,
-                base.recommended,
+                old_today.runs,
+                old.runs,
                 threshold,
                 confidence,
-                sessions,
             )
         )
-    best = today.recommended
-    best_vs = (
-        compare("best, today vs baseline", best, base.recommended, threshold, confidence, sessions)
-        if best is not None
-        else None
-    )
-    if best_vs is not None:
+    best = today.recommended if today.recommended is not None and today.recommended.runs else None
+    best_vs = machine = adjusted = moved_vs = None
+    if best is not None:
+        best_vs = compare("best, today vs baseline", best.runs, old.runs, threshold, confidence)
         comparisons.append(best_vs)
-    moved_vs = None
-    if best is not None and old_today is not None and best.config != base.recommended.config:
-        moved_vs = compare(
-            "today's recommendation vs the old one, both today",
-            best,
-            old_today,
-            threshold,
-            confidence,
-        )
-        comparisons.append(moved_vs)
-    changed = what_changed(base, today, threshold, confidence)
-    gate = best_vs
-    if best_vs is not None and base.reference is not None and today.reference is not None:
-        # The machine's own change between the two runs, read from the reference step (which
-        # does not depend on the model), taken out: shown, not yet the gate (see the README).
-        machine = compare("machine", today.reference, base.reference, threshold, confidence)
-        comparisons.append(
-            _relative(
-                "best, today vs baseline, at the same machine speed", best_vs, machine, threshold
+        if len(best.references) >= MIN_RUNS and len(old.references) >= MIN_RUNS:
+            machine = compare(
+                "machine: the reference step, today vs baseline",
+                best.references,
+                old.references,
+                threshold,
+                confidence,
             )
-        )
+            adjusted = compare(
+                "best, today vs baseline, at the same machine speed",
+                _per_reference(best),
+                _per_reference(old),
+                threshold,
+                confidence,
+            )
+            comparisons += [machine, adjusted]
+        if old_today is not None and best.config != old.config and len(old_today.runs) >= 2:
+            moved_vs = compare(
+                "today's recommendation vs the old one, both today",
+                best.runs,
+                old_today.runs,
+                threshold,
+                confidence,
+            )
+            comparisons.append(moved_vs)
+    # Both the ratio and the ratio at the same machine speed must agree before the model is
+    # called slower or faster: the first alone would blame a slower machine on the model (this
+    # machine's speed moves by several percent from one hour to the next, and runs of one
+    # invocation share the moment), the second alone would credit the model with a reference
+    # step that sped up for reasons of its own.
+    gates = [g for g in (best_vs, adjusted) if g is not None]
+    gate = gates[-1] if gates else None
+
+    def slower(c: Comparison) -> bool:
+        return c.ratio < 1 - threshold and c.high < 1
+
+    def faster(c: Comparison) -> bool:
+        return c.ratio > 1 + threshold and c.low > 1
+
     if gate is None:
         verdict = REGRESSION  # nothing stable is left to recommend: surely worse than before
-    elif gate.ratio < 1 - threshold and gate.high < 1:
+    elif all(slower(g) for g in gates):
         verdict = REGRESSION
     elif moved_vs is not None and moved_vs.low > 1:
         verdict = MOVED
-    elif gate.label == "FASTER" and gate.ratio > 1 + threshold:
+    elif all(faster(g) for g in gates):
         verdict = IMPROVED
     elif gate.low < 1 - threshold:
         verdict = AMBIGUOUS  # it may be slower beyond the threshold: too noisy to tell
     else:
         verdict = SAME
+    changed = what_changed(base, today, machine)
     return Conclusion(
-        verdict, _verdict_line(verdict, base, today, gate), comparisons, changed, sessions
+        verdict, _verdict_line(verdict, base, today, gates), comparisons, changed, gate
     )
 
 
-def _labelled(what: str, ratio: float, half: float, threshold: float) -> Comparison:
-    """``ratio`` with its log-scale half-width ``half``, labelled as nvbench's compare does."""
-    low, high = ratio * math.exp(-half), ratio * math.exp(half)
-    if high < 1:
-        label = "SLOWER"
-    elif low > 1:
-        label = "FASTER"
-    elif 1 - threshold <= low and high <= 1 + threshold:
-        label = "SAME"
+def _verdict_line(verdict: str, base: Tuned, today: Tuned, gates: Sequence[Comparison]) -> str:
+    def shown(c: Comparison) -> str:
+        return f"{c.ratio:.3f}x [{c.low:.3f}, {c.high:.3f}]"
+
+    if not gates:
+        figures = "no stable configuration to recommend today"
     else:
-        label = "AMBIGUOUS"
-    return Comparison(what, label, ratio, low, high)
-
-
-def _relative(what: str, a: Comparison, b: Comparison, threshold: float) -> Comparison:
-    """``a / b``: the ratios divided, their log-scale half-widths added in quadrature."""
-    ratio = a.ratio / b.ratio
-    half = math.hypot(math.log(a.high / a.low) / 2, math.log(b.high / b.low) / 2)
-    return _labelled(what, ratio, half, threshold)
-
-
-def _verdict_line(verdict: str, base: Tuned, today: Tuned, gate: Comparison | None) -> str:
-    same_machine = (
-        " at the same machine speed" if gate is not None and "machine" in gate.what else ""
-    )
-    ratio = (
-        f"best {gate.ratio:.3f}x [{gate.low:.3f}, {gate.high:.3f}] of baseline{same_machine}"
-        if gate is not None
-        else "no stable configuration to recommend today"
-    )
-    return f"retune: {verdict.upper()}: {ratio} ({base.name}); {today.name}"
+        figures = f"best {shown(gates[0])} of baseline" + (
+            f", {shown(gates[1])} at the same machine speed" if len(gates) > 1 else ""
+        )
+    return f"retune: {verdict.upper()}: {figures} ({base.name}); {today.name}"
 
 
 VOLATILE_ENV = {"load_average_1min", "started"}
 """Environment fields that differ from run to run on an unchanged machine."""
 
 
-def what_changed(base: Tuned, today: Tuned, threshold: float, confidence: float) -> list[str]:
+def what_changed(base: Tuned, today: Tuned, machine: Comparison | None) -> list[str]:
     """What differs from the baseline: the workload, each environment field, the machine's speed
     (the reference step)."""
     changed = []
@@ -419,19 +495,15 @@ def what_changed(base: Tuned, today: Tuned, threshold: float, confidence: float)
             continue
         if base.env.get(key) != today.env.get(key):
             changed.append(f"environment: {key} {base.env.get(key)!r} -> {today.env.get(key)!r}")
-    if base.reference is not None and today.reference is not None:
-        machine = compare("machine (reference step)", today.reference, base.reference, threshold)
+    if machine is not None:
+        figures = f"({machine.ratio:.3f}x [{machine.low:.3f}, {machine.high:.3f}])"
         if machine.label in ("SLOWER", "FASTER"):
             changed.append(
-                f"machine: the reference step is {machine.label.lower()} "
-                f"({machine.ratio:.3f}x [{machine.low:.3f}, {machine.high:.3f}]): part of any "
-                "change below is the machine's, not the model's"
+                f"machine: the reference step is {machine.label.lower()} {figures}: the machine's "
+                "own speed changed, so the verdict compares at the same machine speed"
             )
         else:
-            changed.append(
-                f"machine: the reference step is {machine.label.lower()} "
-                f"({machine.ratio:.3f}x [{machine.low:.3f}, {machine.high:.3f}])"
-            )
+            changed.append(f"machine: the reference step is {machine.label.lower()} {figures}")
     return changed
 
 
@@ -448,9 +520,9 @@ def write_report(
     data = {
         "verdict": conclusion.verdict,
         "line": conclusion.line,
-        "comparisons": [asdict(c) for c in conclusion.comparisons],
+        "comparisons": [_finite_or_none(asdict(c)) for c in conclusion.comparisons],
         "changed": conclusion.changed,
-        "run_to_run": None if conclusion.sessions is None else asdict(conclusion.sessions),
+        "gate": None if conclusion.gate is None else conclusion.gate.what,
         "baseline": base.as_dict(),
         "today": today.as_dict(),
     }
@@ -468,10 +540,11 @@ def write_report(
         "",
         conclusion.line,
         "",
-        "| comparison | verdict | ratio | 95% CI |",
-        "|---|---|---|---|",
+        "| comparison | verdict | ratio | 95% CI | fresh runs (today, baseline) |",
+        "|---|---|---|---|---|",
         *[
-            f"| {c.what} | {c.label} | {c.ratio:.3f} | [{c.low:.3f}, {c.high:.3f}] |"
+            f"| {c.what} | {c.label} | {c.ratio:.3f} | [{c.low:.3f}, {c.high:.3f}] | "
+            f"{c.runs[0]}, {c.runs[1]} |"
             for c in conclusion.comparisons
         ],
         "",
@@ -488,6 +561,11 @@ def write_report(
     md_path = folder / f"{stamp}.md"
     md_path.write_text("\n".join(lines))
     return md_path, json_path
+
+
+def _finite_or_none(d: Mapping[str, Any]) -> dict[str, Any]:
+    """``d`` with infinite numbers (an unbounded interval) as None: JSON has no infinity."""
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in d.items()}
 
 
 HISTORY_COLUMNS = ["name", "kind", "verdict", "throughput", "ci_low", "ci_high", "unit", "config"]

@@ -63,6 +63,10 @@ class TrialRequest:
     memory_limit_mb: float | None = None
     """Cap on the trial's peak memory (the ``peak_memory_mb`` figure): above it the trial is
     ``oom``. CUDA: the allocator's per-process fraction; CPU: a watchdog on the resident set."""
+    fidelity: bool = True
+    """Whether to check the configuration's numerics against the fp32 reference after the
+    measurement (``search.fidelity``). Off for re-measurements of a configuration already checked
+    (the control, confirmation runs): the check takes time and adds nothing."""
 
 
 @dataclass(frozen=True)
@@ -151,17 +155,18 @@ def run_trial(request: TrialRequest, on_memory_exceeded=None) -> TrialResult:
             sorted({r for w in timed for r in getattr(w, "throttle_reasons", ())})
         )
         # After the measurement and its memory reading: the check's own models must not count.
-        report = check_fidelity(workload, knobs, device, seed=request.seed)
-        errors = (
-            {
-                "fidelity_loss_rel_error": report.loss_rel_error,
-                "fidelity_grad_norm_rel_error": report.grad_norm_rel_error,
-            }
-            if _changes_numerics(knobs)
-            else {}
-        )
+        errors: dict[str, float] = {}
+        state, failure = COMPLETE, ""
+        if request.fidelity:
+            report = check_fidelity(workload, knobs, device, seed=request.seed)
+            if _changes_numerics(knobs):
+                errors = {
+                    "fidelity_loss_rel_error": report.loss_rel_error,
+                    "fidelity_grad_norm_rel_error": report.grad_norm_rel_error,
+                }
+            if not report.ok:
+                state, failure = INFEASIBLE, f"fidelity: {report.reason}"
         duration_s = time.perf_counter() - started
-        state, failure = (COMPLETE, "") if report.ok else (INFEASIBLE, f"fidelity: {report.reason}")
         return TrialResult(
             state,
             measurement,

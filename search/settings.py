@@ -216,8 +216,8 @@ class RetuneSettings:
     """Configurations of the baseline's front re-measured besides its recommendation (count)."""
 
     processes: int
-    """Fresh processes that re-measure each of them (count, at least 2): more than a tuning's
-    re-validation, since the verdict rests on them."""
+    """Fresh processes that re-measure each of them (count, at least 4: fewer cannot tell a
+    change at 95%)."""
 
     threshold: float
     """A slowdown of the best stable throughput beyond this fraction, surely slower, is a
@@ -226,12 +226,22 @@ class RetuneSettings:
     n_trials: int
     """New configurations a re-tune measures after the baseline's front (count)."""
 
-    reference_runs: int
-    """Fresh-process runs of the built-in reference step in every tuning and re-tune (a fixed tiny
-    training step that does not depend on the space's model: it tells a slower machine from a
-    slower model); 0: none."""
+    confirm: int
+    """Fresh processes that confirm the recommendation at the end of every tuning and re-tune,
+    each right after a fresh run of the built-in reference step (a fixed tiny training step that
+    does not depend on the space's model: it tells a slower machine from a slower model). A
+    re-tune compares these runs. 0: none (such a run cannot be a re-tune's baseline); else at
+    least 4."""
+
+    reference: bool
+    """Whether each confirmation run follows a run of the reference step (off: the machine's speed
+    is not compared, and a slower machine reads as a slower model)."""
 
     def __post_init__(self) -> None:
+        _require(
+            isinstance(self.reference, bool),
+            f"retune.reference must be true or false, but got {self.reference!r}",
+        )
         _require(
             isinstance(self.baseline, str) and bool(self.baseline),
             f"retune.baseline must be 'last' or a run's name, but got {self.baseline!r}",
@@ -241,8 +251,8 @@ class RetuneSettings:
             f"retune.remeasure must be an integer >= 0, but got {self.remeasure!r}",
         )
         _require(
-            _is_int(self.processes) and self.processes >= 2,
-            f"retune.processes must be an integer >= 2, but got {self.processes!r}",
+            _is_int(self.processes) and self.processes >= 4,
+            f"retune.processes must be an integer >= 4, but got {self.processes!r}",
         )
         _finite("retune.threshold", self.threshold)
         _require(
@@ -254,8 +264,8 @@ class RetuneSettings:
             f"retune.n_trials must be an integer >= 0, but got {self.n_trials!r}",
         )
         _require(
-            _is_int(self.reference_runs) and self.reference_runs >= 0,
-            f"retune.reference_runs must be an integer >= 0, but got {self.reference_runs!r}",
+            _is_int(self.confirm) and (self.confirm == 0 or self.confirm >= 4),
+            f"retune.confirm must be 0 or an integer >= 4, but got {self.confirm!r}",
         )
 
 

@@ -11,6 +11,7 @@ every figure, and ``python -m search sync`` copies the missing trials once the s
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import time
@@ -397,7 +398,7 @@ class Tracker:
                 self.set_tags(run.info.run_id, {"pareto": "false"})
         for run_id in front_run_ids:
             try:
-                self._guard(lambda run_id=run_id: self._log(run_id, tags={"pareto": "true"}))
+                self._guard(functools.partial(self._log, run_id, tags={"pareto": "true"}))
             except MlflowException:
                 pass  # the run was deleted in MLflow (or lives in another store): nothing to tag
             except Exception as e:
