@@ -8,10 +8,12 @@ A chain of runs of one study, each re-tune compared with the run before it
   times slower (compared with a run at factor 1: exit 3 is a detection) followed by one back at
   factor 1 (compared with the slower one: it got faster, so exit 3 there is a false alarm too).
 
-The workload (``tests/retune_space/slowdown.py``, ``work: matmul``) does real compute, so the
-machine's own noise is in every figure. Measurement settings are short; the re-tune's own
-settings (``retune.confirm``, ``retune.processes``, ``retune.threshold``, the reference step) are
-the defaults unless given after ``--``. Run it on an otherwise idle machine:
+The workload (``tests/retune_space/slowdown.py``) does real compute (``--work matmul``, the
+default), so the machine's own noise is in every figure, or sleeps (``--work sleep``): a workload
+as steady as the operating system's timer, to show what the verdicts do when runs agree closely.
+Measurement settings are short; the re-tune's own settings (``retune.confirm``,
+``retune.processes``, ``retune.threshold``, the reference step) are the defaults unless given
+after ``--``. Run it on an otherwise idle machine:
 
     python benchmarks/retune_alarms.py --unchanged 20
     python benchmarks/retune_alarms.py --slower 1.1 --trials 20
@@ -38,8 +40,6 @@ SETTINGS = [
     str(REPO / "tests" / "retune_space"),
     "+space=slowdown",
     "device=cpu",
-    "+space.workload.work=matmul",
-    "+space.workload.base=200",
     "measure.warmup_s=0.2",
     "measure.window_s=0.1",
     "measure.min_windows=5",
@@ -52,6 +52,15 @@ SETTINGS = [
     "retune.remeasure=0",
     "retune.n_trials=1",
 ]
+
+
+WORK = {
+    # real compute: 200 products of 128x128 matrices per micro-batch, the machine's own noise
+    "matmul": ["+space.workload.work=matmul", "+space.workload.base=200"],
+    # 4 ms of sleep per micro-batch: as steady as the operating system's timer, far steadier
+    # than compute on this shared CPU (a stand-in for a device whose runs agree closely)
+    "sleep": ["+space.workload.work=sleep", "+space.workload.base=4"],
+}
 
 
 def search(*args: str) -> subprocess.CompletedProcess:
@@ -78,8 +87,8 @@ def clopper_pearson(k: int, n: int) -> tuple[float, float]:
 class Chain:
     """One study in a temporary runs_dir; each re-tune against the last run."""
 
-    def __init__(self, runs_dir: str, extra: list[str]):
-        self.common = [*SETTINGS, *extra, f"runs_dir={runs_dir}"]
+    def __init__(self, runs_dir: str, work: str, extra: list[str]):
+        self.common = [*SETTINGS, *WORK[work], *extra, f"runs_dir={runs_dir}"]
         self.runs_dir = Path(runs_dir)
         self.seconds: list[float] = []
 
@@ -122,13 +131,14 @@ def main() -> None:
     parser.add_argument("--unchanged", type=int, default=0, help="re-tunes of an unchanged model")
     parser.add_argument("--slower", type=float, default=0.0, help="slowdown factor, e.g. 1.1")
     parser.add_argument("--trials", type=int, default=20, help="slowdowns to detect")
+    parser.add_argument("--work", choices=sorted(WORK), default="matmul", help="the workload")
     parser.add_argument("extra", nargs="*", help="more overrides, after --")
     args = parser.parse_args()
     started = time.monotonic()
     lines = []
     if args.unchanged:
         with tempfile.TemporaryDirectory() as runs_dir:
-            chain = Chain(runs_dir, args.extra)
+            chain = Chain(runs_dir, args.work, args.extra)
             chain.tune(1.0)
             codes, ratios, verdicts = [], [], []
             for i in range(args.unchanged):
@@ -145,7 +155,7 @@ def main() -> None:
             )
     if args.slower:
         with tempfile.TemporaryDirectory() as runs_dir:
-            chain = Chain(runs_dir, args.extra)
+            chain = Chain(runs_dir, args.work, args.extra)
             chain.tune(1.0)
             slow_codes, slow_ratios, back_codes, back_ratios = [], [], [], []
             for i in range(args.trials):

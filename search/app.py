@@ -42,6 +42,7 @@ from search.report import (
     write_noise_plot,
 )
 from search.retune import (
+    MOVED,
     RETUNE,
     TUNE,
     Figure,
@@ -711,6 +712,25 @@ def _conclude(
             out.print(f"  {c.line()}", markup=False)
         for change in conclusion.changed:
             out.print(f"  changed: {change}", markup=False)
+        if conclusion.hint:
+            out.print(f"  {conclusion.hint}", markup=False)
+        knobs = list(ctx.space.searched)
+        for who, t in (("baseline", base), ("today", today)):
+            r = t.recommended
+            figure = (
+                f"{knobs_text(r.config, knobs)}: {si(r.throughput)} [{si(r.low)}, {si(r.high)}] "
+                f"{t.unit}/s"
+                if r is not None
+                else "none"
+            )
+            out.print(f"  recommendation, {who} ({t.name}): {figure}", markup=False)
+        if conclusion.verdict == MOVED:
+            assert base.recommended is not None and today.recommended is not None
+            out.print(
+                f"  optimum moved: {knobs_text(base.recommended.config, knobs)} -> "
+                f"{knobs_text(today.recommended.config, knobs)}",
+                markup=False,
+            )
         md, js = write_report(study_dir, base, today, conclusion, list(ctx.space.searched))
         tracker.set_tags(tracker.parent_id, {"verdict": conclusion.verdict})
         tracker.log_artifact(md)

@@ -1,17 +1,17 @@
 """Nightly re-tuning: did the model get slower, do the old best settings still hold, did the optimum
 move?
 
-Every tuning and re-tune ends by keeping what it concluded in the Optuna study (``Tuned``: its
-recommendation and front with their intervals spanning runs, the workload and environment
-fingerprints, and the reference step), so that the next re-tune finds its baseline there even
+Every tuning and re-tune ends by confirming its recommendation in fresh runs made after it was
+chosen, each right after a fresh run of the reference step (``confirm``), and keeps what it
+concluded in the Optuna study (``Tuned``), so that the next re-tune finds its baseline there even
 when MLflow is down. A re-tune (``search.app``) re-measures the baseline's recommendation and
-front in fresh processes first, searches a little, and compares (``compare``, ``conclude``): each
-comparison is a ratio today / baseline with an interval that holds the between-run uncertainty of
-both sides.
+front in fresh processes first, searches a little, confirms its own recommendation, and compares
+fresh runs with fresh runs (``compare``, ``conclude``): each comparison is a ratio today / baseline
+with a distribution-free interval from the ranks of the runs (``shift``).
 
-The reference step is a fixed tiny training step of the built-in GPT, measured in fresh processes
-in every run: it does not depend on the space's model, so a slower machine is not blamed on the
-model.
+The reference step (``search.workloads.reference``) is a fixed tiny training step of the built-in
+GPT with a fixed matrix product: it does not depend on the space's model, so a slower machine is
+not blamed on the model.
 """
 
 from __future__ import annotations
@@ -39,14 +39,25 @@ TUNED_PREFIX = "tuned:"
 """Study user attr ``tuned:<time>``: what one tuning or re-tune concluded (``Tuned``)."""
 
 REFERENCE_WORKLOAD = {
-    "_target_": "search.workloads.GPT",
+    "_target_": "search.workloads.reference.ReferenceStep",
     "vocab_size": 256,
     "seq_len": 32,
     "d_model": 64,
     "n_layers": 2,
     "n_heads": 2,
 }
-"""The reference step's model: fixed, whatever the space."""
+"""The reference step's model: fixed, whatever the space (its matrix size is fixed per device
+type: ``reference_workload``)."""
+
+
+def reference_workload(device: str) -> dict[str, Any]:
+    """The reference step's workload on ``device`` (``cpu``, ``cuda``, ``cuda:N``)."""
+    from search.workloads.reference import MATMUL
+
+    size, repeats = MATMUL[device.split(":")[0]]
+    return {**REFERENCE_WORKLOAD, "matmul_size": size, "matmul_repeats": repeats}
+
+
 REFERENCE_CONFIG = {"batch_size": 8, "micro_batch_size": 8, "precision": "fp32"}
 REFERENCE_MEASURE = MeasureSettings(
     warmup_steps=2, warmup_s=0.3, window_s=0.1, min_windows=5, max_windows=10, max_time_s=2.0
@@ -249,7 +260,12 @@ def confirm(
     references: list[float] = []
     failures: list[str] = []
     reference = TrialRequest(
-        REFERENCE_WORKLOAD, REFERENCE_CONFIG, device, seed, REFERENCE_MEASURE, fidelity=False
+        reference_workload(device),
+        REFERENCE_CONFIG,
+        device,
+        seed,
+        REFERENCE_MEASURE,
+        fidelity=False,
     )
     for i in range(pairs):
         ref = run_isolated(replace(reference, seed=seed + i)) if with_reference else None
@@ -359,6 +375,9 @@ class Conclusion:
     """What changed since the baseline (workload, environment fields, the machine's speed)."""
     gate: Comparison | None = None
     """The comparison the verdict rests on."""
+    hint: str = ""
+    """For an ambiguous verdict: how much the runs spread, and how many it would take to tell a
+    change of the threshold's size."""
 
     @property
     def exit_code(self) -> int:
@@ -387,8 +406,8 @@ def conclude(
     gate's ratio is more than ``threshold`` below 1 and surely below 1 (its interval lies under
     1), or nothing stable is left to recommend. Optimum moved: today's recommendation is another
     configuration and surely faster than the old one today. Improved: each gate more than
-    ``threshold`` above 1, surely. Ambiguous: none of these, but the last gate's interval reaches
-    below 1 - ``threshold`` (a regression cannot be ruled out). Same: none of these."""
+    ``threshold`` above 1, surely. Same: the last gate's interval lies within 1 ± ``threshold``
+    (surely no material change of the model). Ambiguous: none of these (too noisy to tell)."""
     assert base.recommended is not None
     comparisons = []
     old = base.recommended
@@ -454,13 +473,40 @@ def conclude(
         verdict = MOVED
     elif all(faster(g) for g in gates):
         verdict = IMPROVED
-    elif gate.low < 1 - threshold:
-        verdict = AMBIGUOUS  # it may be slower beyond the threshold: too noisy to tell
+    elif 1 - threshold <= gate.low and gate.high <= 1 + threshold:
+        verdict = SAME  # surely no material change (at the same machine speed, where measured)
     else:
-        verdict = SAME
+        verdict = AMBIGUOUS  # it may be slower or faster beyond the threshold: too noisy to tell
     changed = what_changed(base, today, machine)
+    hint = ""
+    if verdict == AMBIGUOUS and best is not None:
+        samples = (
+            (_per_reference(best), _per_reference(old))
+            if adjusted is not None
+            else (list(best.runs), list(old.runs))
+        )
+        hint = runs_needed(*samples, threshold, confidence)
     return Conclusion(
-        verdict, _verdict_line(verdict, base, today, gates), comparisons, changed, gate
+        verdict, _verdict_line(verdict, base, today, gates), comparisons, changed, gate, hint
+    )
+
+
+def runs_needed(
+    today: Sequence[float], base: Sequence[float], threshold: float, confidence: float = 0.95
+) -> str:
+    """How much two samples of runs spread (the CV of their logs), and about how many runs a side
+    would make the interval of their ratio as narrow as ``threshold`` (normal approximation:
+    half-width z·s·sqrt(2/n)), as one line."""
+    spreads = [float(np.std(np.log(x), ddof=1)) for x in (today, base) if len(x) > 1]
+    if not spreads:
+        return ""
+    s = math.sqrt(sum(v**2 for v in spreads) / len(spreads))
+    z = float(stats.norm.ppf(0.5 + confidence / 2))
+    n = math.ceil(2 * (z * s / -math.log(1 - threshold)) ** 2)
+    return (
+        f"too noisy to tell: the runs spread by {spreads[0]:.1%} today and "
+        f"{spreads[-1]:.1%} at the baseline (CV); an interval as narrow as ±{threshold:.0%} needs "
+        f"about {max(n, MIN_RUNS)} runs a side (retune.confirm), or a steadier machine"
     )
 
 
@@ -523,23 +569,40 @@ def write_report(
         "comparisons": [_finite_or_none(asdict(c)) for c in conclusion.comparisons],
         "changed": conclusion.changed,
         "gate": None if conclusion.gate is None else conclusion.gate.what,
+        "hint": conclusion.hint,
         "baseline": base.as_dict(),
         "today": today.as_dict(),
     }
     json_path = folder / f"{stamp}.json"
     json_path.write_text(json.dumps(data, indent=2, default=str))
 
+    def shown_config(f: Figure | None) -> str:
+        if f is None:
+            return "none"
+        return ", ".join(f"{k}={f.config[k]}" for k in knob_names if k in f.config)
+
     def shown(f: Figure | None) -> str:
         if f is None:
             return "none"
-        knobs = ", ".join(f"{k}={f.config[k]}" for k in knob_names if k in f.config)
-        return f"{knobs}: {f.throughput:.4g} [{f.low:.4g}, {f.high:.4g}] {today.unit}/s"
+        return (
+            f"{shown_config(f)}: {f.throughput:.4g} [{f.low:.4g}, {f.high:.4g}] {today.unit}/s"
+            + (f" ({len(f.runs)} fresh runs)" if f.runs else "")
+        )
 
     lines = [
         f"# Re-tune {today.name}: {conclusion.verdict}",
         "",
         conclusion.line,
         "",
+        *(
+            [
+                f"Optimum moved: {shown_config(base.recommended)} -> "
+                f"{shown_config(today.recommended)}",
+                "",
+            ]
+            if conclusion.verdict == MOVED
+            else []
+        ),
         "| comparison | verdict | ratio | 95% CI | fresh runs (today, baseline) |",
         "|---|---|---|---|---|",
         *[
@@ -548,6 +611,7 @@ def write_report(
             for c in conclusion.comparisons
         ],
         "",
+        *([conclusion.hint, ""] if conclusion.hint else []),
         "## What changed",
         "",
         *([f"- {c}" for c in conclusion.changed] or ["- nothing recorded"]),

@@ -302,6 +302,12 @@ def test_a_retune_says_same_regression_or_moved_and_exits_accordingly(tmp_path):
     )
     assert moved.stdout.strip().splitlines()[-1].startswith("retune: MOVED"), moved.stdout
     assert "today's recommendation vs the old one, both today: FASTER" in moved.stdout
+    assert (
+        "optimum moved: micro_batch_size=4 precision=fp32 -> micro_batch_size=4 precision=bf16"
+        in moved.stdout
+    )
+    report = sorted((study_dir / "retune").glob("*.md"))[-1].read_text()
+    assert "Optimum moved: micro_batch_size=4, precision=fp32 -> micro_batch_size=4, " in report
 
     with (study_dir / "history.csv").open() as f:
         rows = list(csv.DictReader(f))
@@ -312,3 +318,47 @@ def test_a_retune_says_same_regression_or_moved_and_exits_accordingly(tmp_path):
 
     history = search("history", *SPACE, runs_dir=runs_dir)
     assert "regression" in history.stdout and "moved" in history.stdout
+
+
+def test_the_nightly_examples_parse_and_act_on_the_exit_code():
+    import configparser
+    import shlex
+
+    import yaml
+
+    folder = REPO / "examples" / "nightly"
+    workflow = yaml.safe_load((folder / "retune.yml").read_text())
+    steps = workflow["jobs"]["retune"]["steps"]
+    assert any("python -m search retune" in step.get("run", "") for step in steps)
+    assert workflow[True]["schedule"][0]["cron"].count(" ") == 4  # YAML reads `on:` as True
+
+    (line,) = [
+        raw
+        for raw in (folder / "crontab").read_text().splitlines()
+        if raw and not raw.startswith("#") and "=" not in raw.split()[0]
+    ]
+    fields = line.split(maxsplit=5)
+    assert len(fields) == 6 and "$code -eq 3" in fields[5]
+    subprocess.run(["bash", "-n", "-c", fields[5]], check=True)  # the command is valid shell
+    assert shlex.split(fields[5])
+
+    for unit in ("search-retune.service", "search-retune.timer"):
+        parser = configparser.ConfigParser(strict=True, interpolation=None)
+        parser.read_string((folder / unit).read_text())
+        assert parser.sections()
+    service = configparser.ConfigParser(interpolation=None)
+    service.read_string((folder / "search-retune.service").read_text())
+    assert "search retune" in service["Service"]["ExecStart"]
+    timer = configparser.ConfigParser(interpolation=None)
+    timer.read_string((folder / "search-retune.timer").read_text())
+    assert timer["Timer"]["OnCalendar"]
+
+
+def test_an_ambiguous_verdict_says_how_many_runs_would_tell():
+    noisy = conclude(tuned(fig(100, 0.2)), tuned(fig(95, 0.2), "retune 2"), fig(95, 0.2), 0.05)
+    assert noisy.verdict == AMBIGUOUS
+    assert noisy.hint.startswith("too noisy to tell: the runs spread by ")
+    needed = int(noisy.hint.split("about ")[1].split(" runs")[0])
+    # runs spread evenly over ±20% have a log CV of 0.15: 2·(1.96·0.15/0.0513)² ≈ 66
+    assert 50 < needed < 90, noisy.hint
+    assert conclude(tuned(fig(100)), tuned(fig(80), "r"), fig(80), 0.05).hint == ""
