@@ -24,7 +24,14 @@ from omegaconf import DictConfig
 from rich.console import Console
 
 from search import results
-from search.config import for_logging, load_settings, redact, redact_tree, resolve_device
+from search.config import (
+    ConfigError,
+    for_logging,
+    load_settings,
+    redact,
+    redact_tree,
+    resolve_device,
+)
 from search.gpu_telemetry import energy_unavailable_reason
 from search.guards import KnownOutcomes, config_key
 from search.liveness import Heartbeat, Recovery, owner
@@ -42,6 +49,7 @@ from search.report import (
     write_noise_plot,
 )
 from search.retune import (
+    MIN_RUNS,
     MOVED,
     RETUNE,
     TUNE,
@@ -108,6 +116,11 @@ def run(cfg_node: DictConfig, kind: str = TUNE) -> int:
     space, notes = load_space(settings.space, device)
     control = control_config(space, settings.noise.control) if settings.noise.budget > 0 else None
     if kind == RETUNE:
+        if settings.retune.confirm == 0:
+            raise ConfigError(
+                "retune.confirm=0: a re-tune compares confirmation runs of today's "
+                f"recommendation with the baseline's; use retune.confirm >= {MIN_RUNS}"
+            )
         require_study(settings.study.name, settings.study.storage)
     out = console()
     for note in notes:
@@ -155,7 +168,6 @@ def run(cfg_node: DictConfig, kind: str = TUNE) -> int:
                 "torch changed, so they are kept in the study but not reused or put on the front",
                 markup=False,
             )
-        started_at = time.time()
         remeasured: dict[str, Pooled] = {}
         if base is not None:
             remeasured = _remeasure(ctx, study, base)
@@ -167,7 +179,7 @@ def run(cfg_node: DictConfig, kind: str = TUNE) -> int:
         if remeasured:
             _adopt(ctx, driver, remeasured)
         finished = _finish(ctx, driver, outcome, tracker)
-        code = _conclude(ctx, study, tracker, kind, base, finished, remeasured, started_at)
+        code = _conclude(ctx, study, tracker, base, finished)
         if outcome.failure_stop:
             print(f"search: error: stopped early: {outcome.failure_stop}", file=sys.stderr)
             return 1
@@ -578,21 +590,32 @@ def _adopt(ctx: Context, driver: StudyDriver, remeasured: Mapping[str, Pooled]) 
             save_revalidation(driver.study, ctx.fingerprint, latest[key].number, pooled)
 
 
-def _confirm(ctx: Context, tracker: Tracker, best: TrialRecord, unit: str) -> Figure | None:
-    """The recommendation confirmed in ``retune.confirm`` fresh runs after it was chosen, each
-    after a fresh run of the reference step (``search.retune.confirm``); None when confirmation
-    is off or too many runs failed."""
+def _confirm(
+    ctx: Context, tracker: Tracker, best: TrialRecord, unit: str, old: Figure | None
+) -> tuple[Figure | None, Figure | None]:
+    """The recommendation confirmed in ``retune.confirm`` rounds of fresh runs after it was
+    chosen, each round a run of the reference step and then the recommendation (and the old
+    recommendation ``old`` of a re-tune, where it is another configuration still in the space):
+    their confirmed figures (``search.retune.confirm``), None where confirmation is off or too
+    many runs failed."""
     settings, out = ctx.settings, ctx.out
-    pairs = settings.retune.confirm
-    if pairs == 0 or best is None:
-        return None
-    knobs = knobs_text(best.config, list(ctx.space.searched))
+    rounds = settings.retune.confirm
+    if rounds == 0:
+        return None, None
+    knobs = list(ctx.space.searched)
+    other = (
+        old.config
+        if old is not None and old.config != best.config and ctx.space.contains(old.config)
+        else None
+    )
+    configs = [best.config] + ([other] if other is not None else [])
     out.print(
-        f"\nconfirming the recommendation #{best.number} ({knobs}) in {pairs} fresh runs after it "
-        "was chosen (the figure a re-tune compares with)"
+        f"\nconfirming the recommendation #{best.number} ({knobs_text(best.config, knobs)}) in "
+        f"{rounds} fresh runs after it was chosen (the figure a re-tune compares with)"
+        + (f", each with the old one ({knobs_text(other, knobs)})" if other is not None else "")
         + (
-            ", each after a run of the reference step (a fixed tiny GPT, not your model: the "
-            "machine's speed):"
+            ", each after a run of the reference step (a fixed tiny GPT and matrix product, "
+            "not your model: the machine's speed):"
             if settings.retune.reference
             else ":"
         ),
@@ -604,30 +627,38 @@ def _confirm(ctx: Context, tracker: Tracker, best: TrialRecord, unit: str) -> Fi
             return f"{getattr(result, 'state', 'not run')}: {getattr(result, 'failure', '')}"
         return f"{si(result.measurement.throughput)} {what_unit}/s"
 
-    def progress(i: int, n: int, ref: TrialResult | None, result: TrialResult) -> None:
+    def progress(i: int, n: int, ref: TrialResult | None, results: list[TrialResult]) -> None:
         out.print(
-            f"  [confirm {i}/{n}] recommendation {shown(result, unit)}"
+            f"  [confirm {i}/{n}] "
+            + "; ".join(
+                f"{who} {shown(r, unit)}"
+                for who, r in zip(("recommendation", "old one"), results, strict=False)
+            )
             + (f"; reference step {shown(ref, 'tokens')}" if ref is not None else ""),
             markup=False,
         )
 
-    figure, failures = confirm(
-        best.config,
+    confirmed = confirm(
+        configs,
         ctx.request,
         str(ctx.device),
-        pairs,
+        rounds,
         settings.seed + best.number,
         settings.measure.confidence,
         progress,
         settings.retune.reference,
     )
+    for failure in confirmed.failures:
+        out.print(f"  not counted: {failure}", markup=False)
+    figure = confirmed.figures[0]
+    old_today = confirmed.figures[1] if other is not None else figure
     if figure is None:
         out.print(
-            f"confirmed: no ({len(failures)} of {pairs} runs failed: {failures[0]}): this run "
-            "cannot be a re-tune's baseline",
+            f"confirmed: no (fewer than {MIN_RUNS} of {rounds} rounds complete): this run cannot "
+            "be a re-tune's baseline",
             markup=False,
         )
-        return None
+        return None, old_today
     ref = figure.reference
     out.print(
         f"confirmed: {si(figure.throughput)} [{si(figure.low)}, {si(figure.high)}] {unit}/s "
@@ -647,36 +678,22 @@ def _confirm(ctx: Context, tracker: Tracker, best: TrialRecord, unit: str) -> Fi
     if ref is not None:
         metrics["reference_throughput"] = ref.throughput
     tracker.log_metrics(tracker.parent_id, metrics)
-    return figure
+    return replace(figure, trial=best.number), old_today
 
 
 def _conclude(
-    ctx: Context,
-    study: optuna.Study,
-    tracker: Tracker,
-    kind: str,
-    base: Tuned | None,
-    finished: Finished,
-    remeasured: Mapping[str, Pooled],
-    started_at: float,
+    ctx: Context, study: optuna.Study, tracker: Tracker, base: Tuned | None, finished: Finished
 ) -> int:
     """Confirm the recommendation and keep what this run concluded in the study; for a re-tune,
     compare with the baseline, report and return the exit code (3 on a regression)."""
     settings, out = ctx.settings, ctx.out
     best = finished.best
-    if base is not None:
-        # A re-tune judges today's figures only: a configuration measured in an earlier run (the
-        # same fingerprint: reused, not re-run) would hide a machine that got slower since.
-        done = judged_revalidations(study, ctx.fingerprint, settings)
-
-        def today_s(r: TrialRecord) -> bool:
-            if r.number in done and done[r.number].runs:
-                return max(run.time_s for run in done[r.number].runs) >= started_at
-            return r.time_s >= started_at
-
-        best = results.recommend([r for r in finished.front if today_s(r)], settings.slo)
-    confirmed = _confirm(ctx, tracker, best, finished.unit) if best is not None else None
+    old = base.recommended if base is not None else None
+    confirmed, old_today = (
+        _confirm(ctx, tracker, best, finished.unit, old) if best is not None else (None, None)
+    )
     now = time.time()
+    kind = TUNE if base is None else RETUNE
     today = Tuned(
         kind,
         f"{kind} {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(now))}",
@@ -692,17 +709,6 @@ def _conclude(
     code = 0
     study_dir = Path(settings.runs_dir) / settings.study.name
     if base is not None:
-        assert base.recommended is not None
-        old = remeasured.get(config_key(base.recommended.config))
-        old_today = (
-            Figure.measured(
-                base.recommended.config,
-                [r.throughput for r in old.runs],
-                confidence=settings.measure.confidence,
-            )
-            if old is not None and old.metrics and old.runs
-            else None
-        )
         conclusion = conclude(
             base, today, old_today, settings.retune.threshold, settings.measure.confidence
         )

@@ -239,25 +239,37 @@ def baseline(study: optuna.Study, which: str, device: str) -> Tuned:
     return runs[-1]
 
 
+@dataclass(frozen=True)
+class Confirmed:
+    """What ``confirm`` measured: a figure per configuration (None where fewer than
+    ``MIN_RUNS`` rounds completed) and a line per failed run."""
+
+    figures: list[Figure | None]
+    failures: list[str]
+
+
 def confirm(
-    best: Mapping[str, Any],
+    configs: Sequence[Mapping[str, Any]],
     request: Callable[[Mapping[str, Any]], TrialRequest],
     device: str,
-    pairs: int,
+    rounds: int,
     seed: int,
     confidence: float,
-    progress: Callable[[int, int, TrialResult | None, TrialResult], None],
+    progress: Callable[[int, int, TrialResult | None, list[TrialResult]], None],
     with_reference: bool = True,
-) -> tuple[Figure | None, list[str]]:
-    """The recommendation ``best`` measured in ``pairs`` fresh processes after it was chosen, each
-    right after a fresh run of the reference step (unless ``pairs`` is 0): its figure (None with
-    fewer than ``MIN_RUNS`` complete runs) and the failures.
+) -> Confirmed:
+    """``configs`` (today's recommendation first, and the old one when it differs) measured in
+    ``rounds`` rounds of fresh processes after the recommendation was chosen, each round a fresh run
+    of the reference step and then one of each configuration.
 
-    A figure chosen as the best of several reads high (the winner's curse: of near-ties, the
-    one whose noise fell highest wins); runs made after the choice do not. The reference step,
-    measured in turn with them, tells the machine's speed at the same moments."""
-    runs: list[float] = []
-    references: list[float] = []
+    A figure chosen as the best of several reads high (the winner's curse: of near-ties, the one
+    whose noise fell highest wins); runs made after the choice do not. The reference step, measured
+    in turn with them, tells the machine's speed at the same moments, and configurations measured
+    in the same rounds are compared at the same moments. A round whose reference run failed is
+    left out for every configuration (its runs could not be put at the machine's speed); a failed
+    run of a configuration leaves out only that run."""
+    runs: list[list[float]] = [[] for _ in configs]
+    references: list[list[float]] = [[] for _ in configs]
     failures: list[str] = []
     reference = TrialRequest(
         reference_workload(device),
@@ -267,23 +279,27 @@ def confirm(
         REFERENCE_MEASURE,
         fidelity=False,
     )
-    for i in range(pairs):
+    for i in range(rounds):
         ref = run_isolated(replace(reference, seed=seed + i)) if with_reference else None
-        result = run_isolated(replace(request(best), seed=seed + i, fidelity=False))
-        progress(i + 1, pairs, ref, result)
-        if result.state != COMPLETE or result.measurement is None:
-            failures.append(result.failure)
+        results = [
+            run_isolated(replace(request(c), seed=seed + i, fidelity=False)) for c in configs
+        ]
+        progress(i + 1, rounds, ref, results)
+        if ref is not None and (ref.state != COMPLETE or ref.measurement is None):
+            failures.append(f"round {i + 1}: reference step: {ref.failure}")
             continue
-        if ref is not None:
-            if ref.state == COMPLETE and ref.measurement is not None:
-                references.append(ref.measurement.throughput)
-            else:
-                failures.append(f"reference step: {ref.failure}")
-        runs.append(result.measurement.throughput)
-    if len(runs) < MIN_RUNS:
-        return None, failures
-    paired = references if len(references) == len(runs) else []
-    return Figure.measured(best, runs, paired, confidence), failures
+        for k, result in enumerate(results):
+            if result.state != COMPLETE or result.measurement is None:
+                failures.append(f"round {i + 1}: {result.failure}")
+                continue
+            runs[k].append(result.measurement.throughput)
+            if ref is not None and ref.measurement is not None:
+                references[k].append(ref.measurement.throughput)
+    figures = [
+        Figure.measured(c, r, refs, confidence) if len(r) >= MIN_RUNS else None
+        for c, r, refs in zip(configs, runs, references, strict=True)
+    ]
+    return Confirmed(figures, failures)
 
 
 # -- comparisons ------------------------------------------------------------------------------
@@ -396,22 +412,39 @@ def conclude(
     threshold: float,
     confidence: float = 0.95,
 ) -> Conclusion:
-    """The verdicts: the old recommendation today vs the baseline, today's best vs the baseline's
-    (both as their confirmation runs measured them), the machine (the reference step of the
-    same runs), today's recommendation vs the old one measured today; and the overall one.
+    """The verdicts: the old recommendation today vs the baseline, today's best vs the baseline's,
+    the machine (the reference step), the best at the same machine speed, today's recommendation
+    vs the old one today; and the overall one. Every figure is a set of confirmation runs:
+    ``old_today`` is the old recommendation as today's confirmation measured it (in the same rounds
+    as today's recommendation, or the same runs when it is the same configuration).
 
     The gate is today's best vs the baseline's; where both runs measured the reference step, the
     same ratio at the same machine speed (each run divided by the reference step just before it)
-    must agree with it, so that a slower machine is not blamed on the model. Regression: each
-    gate's ratio is more than ``threshold`` below 1 and surely below 1 (its interval lies under
-    1), or nothing stable is left to recommend. Optimum moved: today's recommendation is another
-    configuration and surely faster than the old one today. Improved: each gate more than
-    ``threshold`` above 1, surely. Same: the last gate's interval lies within 1 ± ``threshold``
-    (surely no material change of the model). Ambiguous: none of these (too noisy to tell)."""
+    must agree with it, so that a slower machine is not blamed on the model. Not when the software
+    changed (torch, CUDA, the driver, ...): the reference step runs on it too, and a slower torch
+    is a regression, not a slower machine. Regression: each gate's ratio is more than
+    ``threshold`` below 1 and surely below 1 (its interval lies under 1), or nothing stable is left
+    to recommend. Optimum moved: today's recommendation is another configuration, more than
+    ``threshold`` and surely faster than the old one measured in the same rounds. Improved: each
+    gate more than ``threshold`` above 1, surely. Same: the last gate's interval lies within
+    1 ± ``threshold``. Ambiguous: none of these, or today's recommendation could not be confirmed.
+    """
     assert base.recommended is not None
-    comparisons = []
     old = base.recommended
-    if old_today is not None and len(old_today.runs) >= MIN_RUNS:
+    best = today.recommended
+    changed = what_changed(base, today)
+    if best is None:
+        line = f"retune: REGRESSION: no stable configuration to recommend today ({base.name})"
+        return Conclusion(REGRESSION, f"{line}; {today.name}", [], changed)
+    if len(best.runs) < MIN_RUNS:
+        line = (
+            "retune: AMBIGUOUS: today's recommendation could not be confirmed in fresh runs "
+            f"({base.name}); {today.name}"
+        )
+        return Conclusion(AMBIGUOUS, line, [], changed)
+    comparisons = []
+    same_config = old_today is not None and old_today.config == best.config
+    if old_today is not None and not same_config and len(old_today.runs) >= MIN_RUNS:
         comparisons.append(
             compare(
                 "old recommendation, today vs baseline",
@@ -421,43 +454,44 @@ def conclude(
                 confidence,
             )
         )
-    best = today.recommended if today.recommended is not None and today.recommended.runs else None
-    best_vs = machine = adjusted = moved_vs = None
-    if best is not None:
-        best_vs = compare("best, today vs baseline", best.runs, old.runs, threshold, confidence)
-        comparisons.append(best_vs)
-        if len(best.references) >= MIN_RUNS and len(old.references) >= MIN_RUNS:
-            machine = compare(
-                "machine: the reference step, today vs baseline",
-                best.references,
-                old.references,
-                threshold,
-                confidence,
-            )
-            adjusted = compare(
-                "best, today vs baseline, at the same machine speed",
-                _per_reference(best),
-                _per_reference(old),
-                threshold,
-                confidence,
-            )
-            comparisons += [machine, adjusted]
-        if old_today is not None and best.config != old.config and len(old_today.runs) >= 2:
-            moved_vs = compare(
-                "today's recommendation vs the old one, both today",
-                best.runs,
-                old_today.runs,
-                threshold,
-                confidence,
-            )
-            comparisons.append(moved_vs)
+    what = "best, today vs baseline" + (" (the same configuration)" if same_config else "")
+    best_vs = compare(what, best.runs, old.runs, threshold, confidence)
+    comparisons.append(best_vs)
+    machine = adjusted = moved_vs = None
+    software = software_changes(base, today)
+    if len(best.references) >= MIN_RUNS and len(old.references) >= MIN_RUNS:
+        machine = compare(
+            "machine: the reference step, today vs baseline",
+            best.references,
+            old.references,
+            threshold,
+            confidence,
+        )
+        adjusted = compare(
+            "best, today vs baseline, at the same machine speed",
+            _per_reference(best),
+            _per_reference(old),
+            threshold,
+            confidence,
+        )
+        comparisons += [machine, adjusted]
+    changed += _machine_lines(machine, software, base, today)
+    if old_today is not None and not same_config and len(old_today.runs) >= MIN_RUNS:
+        moved_vs = compare(
+            "today's recommendation vs the old one, both today",
+            best.runs,
+            old_today.runs,
+            threshold,
+            confidence,
+        )
+        comparisons.append(moved_vs)
     # Both the ratio and the ratio at the same machine speed must agree before the model is
     # called slower or faster: the first alone would blame a slower machine on the model (this
     # machine's speed moves by several percent from one hour to the next, and runs of one
     # invocation share the moment), the second alone would credit the model with a reference
     # step that sped up for reasons of its own.
-    gates = [g for g in (best_vs, adjusted) if g is not None]
-    gate = gates[-1] if gates else None
+    gates = [best_vs] + ([adjusted] if adjusted is not None and not software else [])
+    gate = gates[-1]
 
     def slower(c: Comparison) -> bool:
         return c.ratio < 1 - threshold and c.high < 1
@@ -465,30 +499,26 @@ def conclude(
     def faster(c: Comparison) -> bool:
         return c.ratio > 1 + threshold and c.low > 1
 
-    if gate is None:
-        verdict = REGRESSION  # nothing stable is left to recommend: surely worse than before
-    elif all(slower(g) for g in gates):
+    if all(slower(g) for g in gates):
         verdict = REGRESSION
-    elif moved_vs is not None and moved_vs.low > 1:
-        verdict = MOVED
+    elif moved_vs is not None and faster(moved_vs):
+        verdict, gate = MOVED, moved_vs
     elif all(faster(g) for g in gates):
         verdict = IMPROVED
     elif 1 - threshold <= gate.low and gate.high <= 1 + threshold:
         verdict = SAME  # surely no material change (at the same machine speed, where measured)
     else:
-        verdict = AMBIGUOUS  # it may be slower or faster beyond the threshold: too noisy to tell
-    changed = what_changed(base, today, machine)
+        verdict = AMBIGUOUS  # a change beyond the threshold can be neither shown nor ruled out
     hint = ""
-    if verdict == AMBIGUOUS and best is not None:
+    if verdict == AMBIGUOUS:
         samples = (
             (_per_reference(best), _per_reference(old))
-            if adjusted is not None
+            if gate is adjusted
             else (list(best.runs), list(old.runs))
         )
         hint = runs_needed(*samples, threshold, confidence)
-    return Conclusion(
-        verdict, _verdict_line(verdict, base, today, gates), comparisons, changed, gate, hint
-    )
+    line = _verdict_line(verdict, base, today, gates, moved_vs if verdict == MOVED else None)
+    return Conclusion(verdict, line, comparisons, changed, gate, hint)
 
 
 def runs_needed(
@@ -510,16 +540,21 @@ def runs_needed(
     )
 
 
-def _verdict_line(verdict: str, base: Tuned, today: Tuned, gates: Sequence[Comparison]) -> str:
+def _verdict_line(
+    verdict: str,
+    base: Tuned,
+    today: Tuned,
+    gates: Sequence[Comparison],
+    moved: Comparison | None = None,
+) -> str:
     def shown(c: Comparison) -> str:
         return f"{c.ratio:.3f}x [{c.low:.3f}, {c.high:.3f}]"
 
-    if not gates:
-        figures = "no stable configuration to recommend today"
-    else:
-        figures = f"best {shown(gates[0])} of baseline" + (
-            f", {shown(gates[1])} at the same machine speed" if len(gates) > 1 else ""
-        )
+    figures = f"best {shown(gates[0])} of baseline" + (
+        f", {shown(gates[1])} at the same machine speed" if len(gates) > 1 else ""
+    )
+    if moved is not None:
+        figures = f"today's recommendation {shown(moved)} of the old one, both today; {figures}"
     return f"retune: {verdict.upper()}: {figures} ({base.name}); {today.name}"
 
 
@@ -527,30 +562,54 @@ VOLATILE_ENV = {"load_average_1min", "started"}
 """Environment fields that differ from run to run on an unchanged machine."""
 
 
-def what_changed(base: Tuned, today: Tuned, machine: Comparison | None) -> list[str]:
-    """What differs from the baseline: the workload, each environment field, the machine's speed
-    (the reference step)."""
+def software_changes(base: Tuned, today: Tuned) -> list[str]:
+    """The environment fields that differ from the baseline, but those that move on an unchanged
+    machine (``VOLATILE_ENV``)."""
+    return [
+        key
+        for key in sorted(set(base.env) | set(today.env))
+        if key not in VOLATILE_ENV and base.env.get(key) != today.env.get(key)
+    ]
+
+
+def what_changed(base: Tuned, today: Tuned) -> list[str]:
+    """What differs from the baseline: the workload and each environment field (the machine's
+    speed is added by ``conclude``)."""
     changed = []
     if base.fingerprint != today.fingerprint:
         changed.append(
             f"workload: fingerprint {base.fingerprint[:12]} -> {today.fingerprint[:12]} (the "
             "model's source or settings, the device or torch)"
         )
-    for key in sorted(set(base.env) | set(today.env)):
-        if key in VOLATILE_ENV:
-            continue
-        if base.env.get(key) != today.env.get(key):
-            changed.append(f"environment: {key} {base.env.get(key)!r} -> {today.env.get(key)!r}")
-    if machine is not None:
-        figures = f"({machine.ratio:.3f}x [{machine.low:.3f}, {machine.high:.3f}])"
-        if machine.label in ("SLOWER", "FASTER"):
-            changed.append(
-                f"machine: the reference step is {machine.label.lower()} {figures}: the machine's "
-                "own speed changed, so the verdict compares at the same machine speed"
-            )
-        else:
-            changed.append(f"machine: the reference step is {machine.label.lower()} {figures}")
+    for key in software_changes(base, today):
+        changed.append(f"environment: {key} {base.env.get(key)!r} -> {today.env.get(key)!r}")
     return changed
+
+
+def _machine_lines(
+    machine: Comparison | None, software: Sequence[str], base: Tuned, today: Tuned
+) -> list[str]:
+    """What the reference step says of the machine, and whether the verdict uses it."""
+    if machine is None:
+        missing = [
+            who
+            for who, t in (("the baseline", base), ("today", today))
+            if t.recommended is None or len(t.recommended.references) < MIN_RUNS
+        ]
+        return [
+            f"machine: not compared ({' and '.join(missing)} measured no reference step): a "
+            "slower machine reads as a slower model"
+        ]
+    figures = f"({machine.ratio:.3f}x [{machine.low:.3f}, {machine.high:.3f}])"
+    line = f"machine: the reference step is {machine.label.lower()} {figures}"
+    if software:
+        return [
+            f"{line}; the software changed ({', '.join(software)}) and the reference step runs on "
+            "it too, so the verdict rests on the ratio as measured"
+        ]
+    if machine.label in ("SLOWER", "FASTER"):
+        return [f"{line}: the machine's own speed changed; the verdict holds it"]
+    return [line]
 
 
 # -- report and history ------------------------------------------------------------------------
