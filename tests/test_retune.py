@@ -287,8 +287,9 @@ def test_a_retune_says_same_regression_or_moved_and_exits_accordingly(tmp_path):
     )
     verdict = slower.stdout.strip().splitlines()[-1]
     assert verdict.startswith("retune: REGRESSION: best 0."), verdict
-    # 1/1.5 of the sleep, plus the step's own fixed cost: well below 1, not exactly 0.67
-    assert 0.55 < float(verdict.split("best ")[1].split("x")[0]) < 0.8, verdict
+    # 1.5x slows the sleep, not the step's own ~0.6 ms of Python around it, so the true ratio is
+    # about 0.72-0.8 (CI read 0.820x [0.740, 0.868]); still surely below 1 and a regression
+    assert 0.55 < float(verdict.split("best ")[1].split("x")[0]) < 0.9, verdict
     assert "changed: workload: fingerprint" in slower.stdout
 
     # Still 1.5 times the work, but bf16 now does half of it: the optimum moves to bf16.
