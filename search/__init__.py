@@ -1,5 +1,5 @@
 """search: find the best stable settings for a PyTorch workload on the hardware in front of it."""
 
-from search.workloads.base import Workload
+from search.workloads.base import ServingWorkload, Workload
 
-__all__ = ["Workload"]
+__all__ = ["ServingWorkload", "Workload"]

@@ -12,7 +12,7 @@ import importlib.metadata
 import itertools
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -32,10 +32,12 @@ from search.config import (
     redact_tree,
     resolve_device,
 )
+from search.diagnosis import Diagnosis, Peak, device_peak, diagnose, doubling, table_peak
 from search.gpu_telemetry import energy_unavailable_reason
 from search.guards import KnownOutcomes, config_key
 from search.liveness import Heartbeat, Recovery, owner
 from search.noise import NoiseFloor
+from search.oracle import oracle, oracle_lines, write_oracle_plot
 from search.prepare import control_config, fingerprint, load_space
 from search.records import COMPLETE, TrialRecord
 from search.report import (
@@ -45,6 +47,7 @@ from search.report import (
     shown_metrics,
     si,
     summary_lines,
+    summary_markdown,
     trial_line,
     write_noise_plot,
 )
@@ -93,6 +96,17 @@ class Context:
     out: Console
     control: Mapping[str, Any] | None
     """The control configuration (``search.prepare.control_config``); None: no control runs."""
+    peak: Peak | None = None
+    """The device's peak FLOP/s and bandwidth, for the regime diagnosis (``search.diagnosis``)."""
+
+    def diagnosis(
+        self, record: TrialRecord, history: Sequence[TrialRecord] = ()
+    ) -> Diagnosis | None:
+        """``record``'s regime on this device, with its batch-doubling pair from ``history``."""
+        if self.peak is None or record.state != COMPLETE:
+            return None
+        precision = str(record.config.get("precision", "fp32"))
+        return diagnose(record.metrics, precision, self.peak, doubling(record, history))
 
     def request(self, config: Mapping[str, Any]) -> TrialRequest:
         """The isolated worker's request to measure ``config``."""
@@ -113,7 +127,7 @@ def run(cfg_node: DictConfig, kind: str = TUNE) -> int:
     quiet_libraries()
     settings = load_settings(cfg_node)
     device = resolve_device(settings.device)
-    space, notes = load_space(settings.space, device)
+    space, notes = load_space(settings.space, device, settings.slo)
     control = control_config(space, settings.noise.control) if settings.noise.budget > 0 else None
     if kind == RETUNE:
         if settings.retune.confirm == 0:
@@ -139,7 +153,8 @@ def run(cfg_node: DictConfig, kind: str = TUNE) -> int:
             markup=False,
         )
     env = {**environment(device), **_versions()}
-    ctx = Context(settings, space, device, env, fingerprint(space, env), out, control)
+    peak = _peak(out, device, env["device_name"], space, Path(settings.runs_dir))
+    ctx = Context(settings, space, device, env, fingerprint(space, env), out, control, peak)
     cfg = for_logging(cfg_node)  # as written, for the parent run's params and config.yaml
     _start_parent(ctx, tracker, cfg)
     if base is not None:
@@ -195,6 +210,23 @@ def run(cfg_node: DictConfig, kind: str = TUNE) -> int:
     finally:
         heartbeat.close()
         tracker.end_parent(status)
+
+
+def _peak(
+    out: Console, device: torch.device, device_name: str, space: SearchSpace, runs_dir: Path
+) -> Peak:
+    """The device's peaks for the precisions the space searches, said in one line."""
+    param = space.params.get("precision")
+    precisions = [str(p) for p in (param.values() if param is not None else None) or ["fp32"]]
+    cache = runs_dir / "peaks.json"
+    if table_peak(device_name) is None:
+        out.print(
+            f"peak: measuring this machine's peak FLOP/s and bandwidth (once; kept in {cache})"
+        )
+    peak, _ = device_peak(device, device_name, precisions, cache)
+    flops = ", ".join(f"{p} {si(peak.flops_per_s[p])}FLOP/s" for p in precisions)
+    out.print(f"peak: {flops}, {si(peak.bytes_per_s)}B/s ({peak.source})", markup=False)
+    return peak
 
 
 def _start_parent(ctx: Context, tracker: Tracker, cfg: Mapping[str, Any]) -> None:
@@ -254,8 +286,19 @@ def _driver(
             extra["throttle_reasons"] = result.throttle_reasons
         if record.state != COMPLETE and result.stderr_tail:
             extra["stderr_tail"] = redact(result.stderr_tail[-4000:])
+        diagnosis = ctx.diagnosis(record)
+        if diagnosis is not None:
+            extra |= {"regime": diagnosis.regime, "regime_why": diagnosis.why}
+            record = replace(record, metrics={**record.metrics, **diagnosis.metrics()})
         had_error = tracker.log_error is not None
         run_id = tracker.log_trial(record, result.duration_s, {**tags, **extra})
+        if record.state == COMPLETE:  # the parent's charts: the study's progress, trial by trial
+            keys = ("throughput", "throughput_ci_low")
+            tracker.log_metrics(
+                tracker.parent_id,
+                {f"trial_{k}": record.metrics[k] for k in keys},
+                step=record.number,
+            )
         if tracker.log_error is not None and not had_error:
             ctx.out.print(
                 f"warning: {tracker.log_error}; going on: the trial is in the Optuna study, "
@@ -278,6 +321,7 @@ def _driver(
                 knob_names,
                 ctx.settings.measure.confidence,
                 shown,
+                ctx.diagnosis(record, history),
             ),
             markup=False,
         )
@@ -372,11 +416,12 @@ def _log_final(
     done: Mapping[int, Pooled],
     study_dir: Path,
     control_s: float,
+    diagnoses: Mapping[int, Diagnosis],
 ) -> None:
     """The figures as the final noise floor gives them, on MLflow: the floor and the control's
     level over time on the parent run (with ``noise.png``); the intervals spanning runs, the
-    verdict and the re-validated figures on the runs of this invocation's trials (a later step of
-    the same metrics)."""
+    verdict, the re-validated figures and the regime (with the study's batch-doubling pairs) on
+    the runs of this invocation's trials (a later step of the same metrics)."""
     tracker.log_metrics(tracker.parent_id, {**floor.metrics(), "noise_control_time_s": control_s})
     for i, control in enumerate(floor.controls):
         tracker.log_metrics(
@@ -400,6 +445,12 @@ def _log_final(
             )
             if record.number in done:
                 results.log_revalidation(tracker, record.run_id, done[record.number])
+            diagnosis = diagnoses.get(record.number)
+            if diagnosis is not None:
+                tracker.log_metrics(record.run_id, diagnosis.metrics(), step=1)
+                tracker.set_tags(
+                    record.run_id, {"regime": diagnosis.regime, "regime_why": diagnosis.why}
+                )
 
 
 @dataclass(frozen=True)
@@ -410,6 +461,8 @@ class Finished:
     best: TrialRecord | None
     floor: NoiseFloor
     unit: str
+    description: str = ""
+    """The parent run's description (markdown): the summary."""
 
 
 def _finish(ctx: Context, driver: StudyDriver, outcome: StudyOutcome, tracker: Tracker) -> Finished:
@@ -446,6 +499,7 @@ def _finish(ctx: Context, driver: StudyDriver, outcome: StudyOutcome, tracker: T
         study_dir, final, front, best, settings, space, ctx.env["device_name"]
     ):
         tracker.log_artifact(path)
+    diagnoses = {r.number: d for r in final if (d := ctx.diagnosis(r, final)) is not None}
     mine = {r.number for r in outcome.records}
     _log_final(
         ctx,
@@ -455,31 +509,54 @@ def _finish(ctx: Context, driver: StudyDriver, outcome: StudyOutcome, tracker: T
         done,
         study_dir,
         driver.control_s,
+        diagnoses,
     )
     if best is not None:
         tracker.set_tags(tracker.parent_id, {"best_trial": str(best.number)})
         tracker.log_metrics(tracker.parent_id, {f"best_{k}": v for k, v in best.metrics.items()})
+    noise = results.noise_lines(floor, settings.measure.confidence) + (
+        [
+            f"  the control runs of this invocation took {driver.control_s:.0f} s, "
+            f"{driver.control_s / driver.elapsed_s():.0%} of its {driver.elapsed_s():.0f} s"
+        ]
+        if driver.control_runs
+        else []
+    )
     for line in summary_lines(
         outcome,
         history,
         driver.recovery.notes if driver.recovery else (),
-        noise_line="\n".join(
-            results.noise_lines(floor, settings.measure.confidence)
-            + (
-                [
-                    f"  the control runs of this invocation took {driver.control_s:.0f} s, "
-                    f"{driver.control_s / driver.elapsed_s():.0%} of its {driver.elapsed_s():.0f} s"
-                ]
-                if driver.control_runs
-                else []
-            )
-        ),
+        noise_line="\n".join(noise),
         passed_over=results.passed_over(history, front, best, done, settings.slo, space),
     ):
         out.print(line, markup=False)
-    _print_front(ctx, front, best, history[0].unit if history else "items")
+    unit = history[0].unit if history else "items"
+    _print_front(ctx, front, best, unit, diagnoses)
+    regimes = _regime_lines(diagnoses, best)
+    rows = oracle(final, {k: p.values() for k, p in space.searched.items()}, settings.slo)
+    oracle_text = oracle_lines(rows, list(space.searched), unit)
+    for line in regimes + oracle_text:
+        out.print(line, markup=False)
+    write_oracle_plot(
+        study_dir / "oracle.png",
+        rows,
+        unit,
+        f"{space.name} on {ctx.env['device_name']}: best stable throughput at each value",
+    )
+    tracker.log_artifact(study_dir / "oracle.png")
+    description = summary_markdown(
+        f"{outcome.study_name} on {ctx.env['device_name']}",
+        front,
+        best,
+        list(space.searched),
+        unit,
+        shown_metrics([o.metric for o in space.objectives]),
+        diagnoses,
+        {"The machine's noise": noise, "Regimes": regimes, "Oracle": oracle_text},
+    )
+    tracker.describe(tracker.parent_id, description)
     noise_png = ", noise.png" if floor.controls else ""
-    out.print(f"files: {study_dir}/best.yaml, pareto.csv, pareto.png{noise_png}")
+    out.print(f"files: {study_dir}/best.yaml, pareto.csv, pareto.png, oracle.png{noise_png}")
     if tracker.offline_reason or tracker.log_error:
         out.print(
             f"MLflow: {tracker.offline_reason or tracker.log_error}. {tracker.unlogged_trials} "
@@ -489,7 +566,10 @@ def _finish(ctx: Context, driver: StudyDriver, outcome: StudyOutcome, tracker: T
         )
     else:
         out.print(f"compare runs in the MLflow UI: [bold]{redact(tracker.ui_command())}[/]")
-    return Finished(front, best, floor, history[0].unit if history else "items")
+        url = tracker.ui_url(outcome.study_name)
+        if url:
+            out.print(f"  the front, compared: {url}", markup=False)
+    return Finished(front, best, floor, unit, description)
 
 
 # -- the reference step and the re-tune ------------------------------------------------------
@@ -739,6 +819,11 @@ def _conclude(
             )
         md, js = write_report(study_dir, base, today, conclusion, list(ctx.space.searched))
         tracker.set_tags(tracker.parent_id, {"verdict": conclusion.verdict})
+        verdict = [c.line() for c in conclusion.comparisons] + [conclusion.line]
+        tracker.describe(
+            tracker.parent_id,
+            "### Re-tune\n\n```\n" + "\n".join(verdict) + "\n```\n\n" + finished.description,
+        )
         tracker.log_artifact(md)
         tracker.log_artifact(js)
         out.print(f"report: {md}, {js.name}", markup=False)
@@ -751,8 +836,32 @@ def _conclude(
     return code
 
 
+def _regime_lines(diagnoses: Mapping[int, Diagnosis], best: TrialRecord | None) -> list[str]:
+    """How many measured configurations were in each regime, and why the recommendation is in
+    its own."""
+    if not diagnoses:
+        return []
+    regimes = [d.regime for d in diagnoses.values()]
+    lines = [
+        "regimes: "
+        + ", ".join(f"{regimes.count(r)} {r}" for r in dict.fromkeys(sorted(regimes)))
+        + " (README 'Why a configuration is fast')"
+    ]
+    if best is not None and best.number in diagnoses:
+        d = diagnoses[best.number]
+        lines.append(
+            f"  the recommendation #{best.number} is {d.regime}: {d.why}; MFU {d.mfu:.1%} "
+            f"({si(d.achieved_flops)}FLOP/s)"
+        )
+    return lines
+
+
 def _print_front(
-    ctx: Context, front: list[TrialRecord], best: TrialRecord | None, unit: str
+    ctx: Context,
+    front: list[TrialRecord],
+    best: TrialRecord | None,
+    unit: str,
+    diagnoses: Mapping[int, Diagnosis],
 ) -> None:
     out, processes = ctx.out, ctx.settings.revalidate.processes
     if front:
@@ -770,6 +879,7 @@ def _print_front(
                 ctx.settings.measure.confidence,
                 shown_metrics([o.metric for o in ctx.space.objectives]),
                 title,
+                diagnoses,
             )
         )
     else:

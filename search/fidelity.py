@@ -1,10 +1,14 @@
-"""Fidelity: a configuration that changes numerics must still compute the same training step.
+"""Fidelity: a configuration that changes numerics must still compute the same step.
 
-Lower precision, concurrent lanes and recompute change *how* a step is computed, not *what* it
-computes, unless the numerics break (fp16 overflow, bf16 cancellation). ``check_fidelity`` runs one
-accumulation pass of a configuration and one of the fp32 reference on the same micro-batches and the
-same initial weights, and compares the loss and every parameter's gradient norm within the tolerance
-of the configuration's precision. Non-finite values always fail.
+Lower precision, concurrent lanes, recompute and caches change *how* a step is computed, not *what*
+it computes, unless the numerics break (fp16 overflow, bf16 cancellation, a cache read at the wrong
+position). For a training step ``check_fidelity`` runs one accumulation pass of a configuration and
+one of the fp32 reference on the same micro-batches and the same initial weights, and compares the
+loss and every parameter's gradient norm within the tolerance of the configuration's precision.
+For serving it generates the batch with the workload's reference (``ServingWorkload.reference``,
+e.g. without a cache) in fp32, then runs the configuration on the same prompts decoding the
+reference's tokens (teacher forcing), and compares the logits of every generated position.
+Non-finite values always fail.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from dataclasses import dataclass
 import torch
 
 from search.knobs import Knobs, TrainStep
-from search.workloads.base import Workload
+from search.serving import ServeStep
+from search.workloads.base import ServingWorkload, Workload
 
 
 @dataclass(frozen=True)
@@ -79,10 +84,18 @@ class FidelityReport:
     grad_norm_rel_error: float
     """Largest relative error of a gradient's L2 norm, over every parameter tensor."""
 
+    @property
+    def errors(self) -> dict[str, float]:
+        """The errors a trial stores, by metric name."""
+        return {
+            "fidelity_loss_rel_error": self.loss_rel_error,
+            "fidelity_grad_norm_rel_error": self.grad_norm_rel_error,
+        }
+
 
 def check_fidelity(
-    workload: Workload, knobs: Knobs, device: torch.device, seed: int = 0
-) -> FidelityReport:
+    workload: Workload | ServingWorkload, knobs: Knobs, device: torch.device, seed: int = 0
+) -> FidelityReport | ServingFidelityReport:
     """Compare one pass of ``knobs`` with the fp32 reference on the same micro-batches and seed.
 
     Costs two accumulation passes (no optimizer step) on freshly built models, the configuration's
@@ -90,6 +103,8 @@ def check_fidelity(
     other ``TrainStep`` of the workload holds device memory. Raises ``KnobError`` for knobs the
     device cannot run, like ``TrainStep``; the global torch state is left as found.
     """
+    if isinstance(workload, ServingWorkload):
+        return check_serving_fidelity(workload, knobs, device, seed)
     if (
         knobs.precision == "fp32" and knobs.streams == 1 and not knobs.recompute
     ):  # the reference itself
@@ -280,3 +295,76 @@ def _describe(knobs: Knobs) -> str:
 
 def _percent(fraction: float) -> str:
     return f"{fraction * 100:.3g}%"
+
+
+# -- serving ------------------------------------------------------------------------------------
+
+SERVING_TOLERANCES: dict[str, float] = {
+    "fp32": 1e-4,
+    "tf32": 8 * _U_TF32_FP16,
+    "bf16": 8 * _U_BF16,
+    "fp16": 8 * _U_TF32_FP16,
+}
+"""The largest relative L2 error of a generated position's logits that a precision may show.
+Measured on the built-in GPT serving on a CPU (batch 8; a tiny shape with 8 generated tokens,
+seeds 0-4, and the CPU preset's shape with 32, seeds 0-2; cached and uncached, micro-batches of
+1-8 over 1-2 lanes): fp32 at most 6.7e-7, bf16 at most 6.8e-3 (1.7 u), fp16 at most 8.4e-4
+(1.7 u; seeds 0-2, the CPU preset). fp32 differs only in the order of sums and gets a fixed bound
+far above its spread; reduced precisions get 8 u, as gradient norms do."""
+
+
+@dataclass(frozen=True)
+class ServingFidelityReport:
+    """How one serving configuration's logits compare with its workload's fp32 reference."""
+
+    ok: bool
+    reason: str
+    logits_rel_error: float
+    """Largest ``‖logits - reference‖ / ‖reference‖`` over every request and generated position
+    (``inf`` when not finite)."""
+    token_agreement: float
+    """Share of generated positions where the configuration's most likely token is the
+    reference's (information: a near tie may flip under any rounding)."""
+
+    @property
+    def errors(self) -> dict[str, float]:
+        return {
+            "fidelity_logits_rel_error": self.logits_rel_error,
+            "fidelity_token_agreement": self.token_agreement,
+        }
+
+
+def check_serving_fidelity(
+    workload: ServingWorkload, knobs: Knobs, device: torch.device, seed: int = 0
+) -> ServingFidelityReport:
+    """Generate with the reference in fp32, then run ``knobs`` on the same prompts decoding the
+    same tokens; compare logits position by position within ``SERVING_TOLERANCES``."""
+    plain = Knobs(batch_size=knobs.batch_size, micro_batch_size=knobs.micro_samples)
+    with _seeded_rng(device, seed), ServeStep(workload.reference(), plain, device, seed) as ref:
+        expected = ref.generate()
+    with _seeded_rng(device, seed), ServeStep(workload, knobs, device, seed) as step:
+        got = step.generate(forced=expected.tokens)
+    assert got.logits is not None and expected.logits is not None
+    if not torch.isfinite(expected.logits).all():
+        return ServingFidelityReport(
+            False,
+            "the fp32 reference's logits are not finite, so nothing can be checked against them",
+            math.inf,
+            0.0,
+        )
+    agreement = float((got.logits.argmax(-1) == expected.tokens).float().mean())
+    if not torch.isfinite(got.logits).all():
+        return ServingFidelityReport(
+            False, f"non-finite logits under {_describe(knobs)}", math.inf, agreement
+        )
+    norms = expected.logits.norm(dim=-1).clamp_min(torch.finfo(torch.float32).tiny)
+    error = float(((got.logits - expected.logits).norm(dim=-1) / norms).max())
+    tolerance = SERVING_TOLERANCES[knobs.precision]
+    reason = (
+        f"{_describe(knobs)} logits differ from the fp32 reference by {_percent(error)} "
+        f"(tolerance {_percent(tolerance)}; the most likely token agrees at "
+        f"{agreement:.1%} of positions)"
+        if error > tolerance
+        else ""
+    )
+    return ServingFidelityReport(not reason, reason, error, agreement)

@@ -8,15 +8,18 @@ optimizer step per call, so that calling it measures only the step.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+import contextvars
+import functools
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from search.workloads.base import Batch, Workload
+from search.workloads.base import Batch, ServingWorkload, Workload
 
 GENERIC_KNOBS: tuple[str, ...] = (
     "batch_size",
@@ -27,13 +30,43 @@ GENERIC_KNOBS: tuple[str, ...] = (
 )
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
-_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # Every precision sets the float32 matmul precision, so no step inherits another's TF32 setting.
-_MATMUL_PRECISIONS = {"fp32": "highest", "tf32": "high", "bf16": "highest", "fp16": "highest"}
+MATMUL_PRECISIONS = {"fp32": "highest", "tf32": "high", "bf16": "highest", "fp16": "highest"}
 
 
 class KnobError(ValueError):
     """A knob value this workload or device cannot run."""
+
+
+_COUNTING = contextvars.ContextVar("counting", default=False)
+T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def counting() -> Iterator[None]:
+    """While a step's work is counted (``search.diagnosis``): what would run on other threads
+    runs in this one (torch's dispatch modes, which count, are per thread), and recompute is off
+    (model FLOPs, not the repeats)."""
+    token = _COUNTING.set(True)
+    try:
+        yield
+    finally:
+        _COUNTING.reset(token)
+
+
+def is_counting() -> bool:
+    """Whether a step's work is being counted (``counting``): run everything in this thread."""
+    return _COUNTING.get()
+
+
+def concurrently(pool: ThreadPoolExecutor, calls: Sequence[Callable[[], T]]) -> list[T]:
+    """Run ``calls`` on ``pool``'s threads at the same time and return their results in order;
+    one after another in this thread while work is counted (``counting``)."""
+    if _COUNTING.get():
+        return [call() for call in calls]
+    futures = [pool.submit(call) for call in calls]
+    return [future.result() for future in futures]
 
 
 @dataclass(frozen=True)
@@ -121,15 +154,15 @@ class TrainStep:
             )
         self.workload, self.knobs, self.device = workload, knobs, device
         self.items_per_step: int = knobs.batch_size * workload.items_per_sample()
-        self.model: nn.Module = _build_model(workload, device, seed)
+        self.model: nn.Module = build_model(workload, device, seed)
         if knobs.recompute:
             _checkpoint_forwards(_recompute_modules(workload, self.model))
         self._optimizer = workload.make_optimizer(self.model.parameters())
         micro_batches = _make_micro_batches(workload, knobs, device, seed)
         self._lane_batches = [micro_batches[lane :: knobs.streams] for lane in range(knobs.streams)]
-        self._autocast_dtype = _AUTOCAST_DTYPES.get(knobs.precision)  # None: autocast off
+        self._autocast_dtype = AUTOCAST_DTYPES.get(knobs.precision)  # None: autocast off
         self._grad_scaler = _make_grad_scaler(knobs.precision, device)
-        self._streams = _make_streams(knobs.streams, device)
+        self._streams = make_streams(knobs.streams, device)
         self._cuda_streams = [s for s in self._streams if s is not None]
         self._previous_matmul_precision = torch.get_float32_matmul_precision()
         self._pool = ThreadPoolExecutor(knobs.streams, thread_name_prefix="lane")
@@ -172,15 +205,18 @@ class TrainStep:
     def _accumulate(self) -> list[torch.Tensor]:
         """Zero the grads, run every micro-batch over the lanes; return each micro-batch's loss
         share."""
-        torch.set_float32_matmul_precision(_MATMUL_PRECISIONS[self.knobs.precision])
+        torch.set_float32_matmul_precision(MATMUL_PRECISIONS[self.knobs.precision])
         self._optimizer.zero_grad(set_to_none=True)
         streams = self._cuda_streams
         if streams:
             main = torch.cuda.current_stream(self.device)
             for stream in streams:
                 stream.wait_stream(main)  # the last optimizer step must end before new grads land
-        futures = [self._pool.submit(self._run_lane, lane) for lane in range(self.knobs.streams)]
-        losses = [loss for future in futures for loss in future.result()]
+        lanes = concurrently(
+            self._pool,
+            [functools.partial(self._run_lane, lane) for lane in range(self.knobs.streams)],
+        )
+        losses = [loss for lane in lanes for loss in lane]
         if streams:
             for stream in streams:
                 main.wait_stream(stream)
@@ -212,7 +248,7 @@ class TrainStep:
         return losses
 
 
-def _build_model(workload: Workload, device: torch.device, seed: int) -> nn.Module:
+def build_model(workload: Workload | ServingWorkload, device: torch.device, seed: int) -> nn.Module:
     # fork_rng: same seed, same initial weights, without leaving the global RNG reseeded.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -238,6 +274,8 @@ def _checkpoint_forwards(modules: list[nn.Module]) -> None:
 
 def _checkpointed(forward: Callable) -> Callable:
     def run(*args, **kwargs):
+        if _COUNTING.get():
+            return forward(*args, **kwargs)
         return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
     return run
@@ -265,7 +303,7 @@ def _make_grad_scaler(precision: str, device: torch.device) -> torch.amp.GradSca
     return scaler
 
 
-def _make_streams(n_lanes: int, device: torch.device) -> list[torch.cuda.Stream | None]:
+def make_streams(n_lanes: int, device: torch.device) -> list[torch.cuda.Stream | None]:
     if device.type == "cuda":
         return [torch.cuda.Stream(device) for _ in range(n_lanes)]
     return [None] * n_lanes

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import NamedTuple, Protocol
 
 import numpy as np
@@ -212,6 +212,8 @@ class Measurement:
         stop_reason: "target_ci" | "max_windows" | "time_budget".
         window_throughputs: raw samples, items/s, in order.
         step_latencies_ms: raw samples, ms, in order.
+        phase_samples_ms: raw samples of times inside a step, ms, by name (a serving step's
+            ``ttft_ms`` and ``tpot_ms``, see ``search.serving``); empty for a training step.
     """
 
     throughput: float
@@ -233,6 +235,12 @@ class Measurement:
     stop_reason: str
     window_throughputs: tuple[float, ...]
     step_latencies_ms: tuple[float, ...]
+    phase_samples_ms: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+
+
+Phases = Callable[[], Mapping[str, Sequence[float]]]
+"""Takes the times a step marked inside itself since the last call, ms by name (a serving step's
+``take_phases``); called with the device synchronised, after every window."""
 
 
 def summarize(
@@ -368,11 +376,16 @@ def _steps_rel_halfwidth(step_latencies_ms: Sequence[float], confidence: float) 
 
 
 def measure(
-    step: Callable[[], None], items_per_step: int, settings: MeasureSettings, timer: Timer
+    step: Callable[[], None],
+    items_per_step: int,
+    settings: MeasureSettings,
+    timer: Timer,
+    phases: Phases | None = None,
 ) -> Measurement:
     """Warm ``step`` up, then time windows of it until ``settings`` say the estimate is done.
 
-    ``step`` runs one optimizer step processing ``items_per_step`` items.
+    ``step`` runs one step processing ``items_per_step`` items; ``phases`` takes the times it
+    marked inside itself (those of the warm-up are dropped).
     """
     if items_per_step <= 0:
         raise ValueError(
@@ -381,11 +394,14 @@ def measure(
     start_s = timer.now_s()
     warmup_durations_s = _warm_up(step, settings, timer)
     warmup_s = timer.now_s() - start_s
+    if phases is not None:
+        phases()  # the warm-up's
     steps_per_window = _steps_per_window(warmup_durations_s, settings.window_s)
 
     throughputs: list[float] = []
     latencies_ms: list[float] = []
     window_wall_s: list[float] = []
+    inside: dict[str, list[float]] = {}
     stop_reason = None
     while stop_reason is None:
         window_start_s = timer.now_s()
@@ -393,6 +409,8 @@ def measure(
         window_wall_s.append(timer.now_s() - window_start_s)
         throughputs.append(items_per_step * steps_per_window / math.fsum(durations_s))
         latencies_ms.extend(d * 1000.0 for d in durations_s)
+        for name, values in (phases() if phases is not None else {}).items():
+            inside.setdefault(name, []).extend(values)
         remaining_s = settings.max_time_s - (timer.now_s() - start_s)
         stop_reason = _stop_reason(
             throughputs, latencies_ms, settings, remaining_s, float(np.mean(window_wall_s))
@@ -410,6 +428,7 @@ def measure(
         stop_reason=stop_reason,
         window_throughputs=tuple(throughputs),
         step_latencies_ms=tuple(latencies_ms),
+        phase_samples_ms={name: tuple(values) for name, values in inside.items()},
     )
 
 

@@ -59,7 +59,13 @@ class Metric:
     pooling: str
     """How re-validation pools it (one of the ``POOL_*`` constants)."""
     quantile: float | None = None
-    """For step-latency quantiles: which one (0.95 for p95), from the timed steps; else None."""
+    """For latency quantiles: which one (0.95 for p95), of the samples ``samples`` names; else
+    None."""
+    samples: str = "steps"
+    """Whose quantile: ``steps`` (each timed step's time) or a time marked inside a step
+    (``ttft_ms``, ``tpot_ms``: see ``search.serving``)."""
+    tasks: tuple[str, ...] = ("train", "serve")
+    """The workload tasks that measure it (``Workload.task``)."""
 
 
 METRICS: dict[str, Metric] = {
@@ -79,6 +85,32 @@ METRICS: dict[str, Metric] = {
         ),
         Metric(
             "latency_p95_ms", "ms", MINIMIZE, "latency_p95_ms_ub", "p95", ".1f", POOL_STEPS, 0.95
+        ),
+        *(
+            Metric(
+                f"{phase}_p{q}_ms",
+                "ms",
+                MINIMIZE,
+                f"{phase}_p{q}_ms_ub",
+                f"{phase} p{q}",
+                ".1f",
+                POOL_STEPS,
+                q / 100,
+                samples=f"{phase}_ms",
+                tasks=("serve",),
+            )
+            for phase in ("ttft", "tpot")
+            for q in (50, 95)
+        ),
+        Metric(
+            "requests_per_s",
+            "requests/s",
+            MAXIMIZE,
+            "requests_per_s_ci_low",
+            "req/s",
+            ".3g",
+            POOL_PROCESS_MEANS,
+            tasks=("serve",),
         ),
         Metric("peak_memory_mb", "MB", MINIMIZE, "peak_memory_mb", "mem", ".1f", POOL_MAX),
         Metric(
@@ -118,14 +150,16 @@ def quantile_upper_bound(samples: ArrayLike, q: float, confidence: float) -> flo
     return float(ordered[min(k, n) - 1])
 
 
-def step_quantiles(step_latencies_ms: ArrayLike, confidence: float) -> dict[str, float]:
-    """Every registered latency quantile of ``step_latencies_ms`` and its upper bound (``_ub``)."""
-    steps = np.asarray(step_latencies_ms, dtype=float)
+def latency_quantiles(samples: Mapping[str, ArrayLike], confidence: float) -> dict[str, float]:
+    """Every registered latency quantile whose samples (``Metric.samples``: ``steps``, ``ttft_ms``,
+    ...) are in ``samples``, ms, and its upper bound (``_ub``)."""
     out: dict[str, float] = {}
     for m in METRICS.values():
-        if m.quantile is not None:
-            out[m.name] = float(np.percentile(steps, 100 * m.quantile))
-            out[m.ranked_on] = quantile_upper_bound(steps, m.quantile, confidence)
+        values = samples.get(m.samples) if m.quantile is not None else None
+        ordered = np.asarray(values if values is not None else (), dtype=float)
+        if m.quantile is not None and ordered.size:
+            out[m.name] = float(np.percentile(ordered, 100 * m.quantile))
+            out[m.ranked_on] = quantile_upper_bound(ordered, m.quantile, confidence)
     return out
 
 
@@ -145,7 +179,7 @@ def trial_metrics(result: TrialResult, confidence: float) -> dict[str, float]:
         "throughput_within_ci_high": m.throughput_ci_high,
         "throughput_cv": m.throughput_cv,
         "throughput_median": m.throughput_median,
-        **step_quantiles(m.step_latencies_ms, confidence),
+        **latency_quantiles({"steps": m.step_latencies_ms, **m.phase_samples_ms}, confidence),
         "latency_mean_ms": m.latency_mean_ms,
         "n_windows": m.n_windows,
         "n_steps": m.n_steps,
@@ -156,9 +190,14 @@ def trial_metrics(result: TrialResult, confidence: float) -> dict[str, float]:
         "measure_time_s": m.elapsed_s,
         "trial_time_s": result.duration_s,
     }
+    if result.items_per_request is not None:
+        # requests/s is throughput in other units: the same interval and CV, scaled
+        for key in ("", "_ci_low", "_ci_high"):
+            metrics[f"requests_per_s{key}"] = metrics[f"throughput{key}"] / result.items_per_request
+        metrics["requests_per_s_cv"] = m.throughput_cv
     if result.peak_memory_mb is not None:
         metrics["peak_memory_mb"] = result.peak_memory_mb
-    return {**metrics, **result.telemetry, **result.fidelity}
+    return {**metrics, **result.work, **result.telemetry, **result.fidelity}
 
 
 def objective_values(metrics: Mapping[str, float], objectives: Sequence[str]) -> list[float | None]:

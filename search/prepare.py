@@ -17,17 +17,21 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from hydra.utils import instantiate
 
 from search.config import ConfigError
 from search.gpu_telemetry import energy_unavailable_reason
 from search.knobs import GENERIC_KNOBS, PRECISIONS, unsupported_reason
+from search.metrics import METRICS
 from search.space import FloatParam, IntParam, Param, SearchSpace, SpaceError, parse_space
 from search.workloads import Workload
 
 
-def load_space(raw: Mapping[str, Any], device: torch.device) -> tuple[SearchSpace, list[str]]:
+def load_space(
+    raw: Mapping[str, Any], device: torch.device, slo: Mapping[str, Any] | None = None
+) -> tuple[SearchSpace, list[str]]:
     """The space file's resolved mapping ``raw`` as ``device`` can run it: choices the device
-    cannot run are dropped, with notes."""
+    cannot run are dropped, with notes. ``slo``'s metrics must be ones its workload measures."""
     try:
         space = parse_space(raw["name"], raw)
         space, notes = space.without_choices(
@@ -51,6 +55,8 @@ def load_space(raw: Mapping[str, Any], device: torch.device) -> tuple[SearchSpac
         )
     _check_generic_knobs(space)
     _check_workload(space)
+    _check_workload_settings(space)
+    _check_metrics_apply(space, slo or {})
     if any(o.metric == "energy_per_item_j" for o in space.objectives):
         reason = energy_unavailable_reason(device)
         if reason:
@@ -109,17 +115,32 @@ def workload_class(space: SearchSpace) -> type:
         ) from None
 
 
+_TASK_METHODS = {
+    "train": ("build_model", "make_batch", "loss"),
+    "serve": ("build_model", "make_prompts", "forward", "generation_length"),
+}
+_TASK_BASES = {"train": "search.Workload", "serve": "search.ServingWorkload"}
+
+
 def _check_workload(space: SearchSpace) -> None:
-    """The workload has the contract's methods and takes every knob that is not a generic one."""
+    """The workload has its task's methods, takes every knob that is not a generic one, and every
+    generic knob the space searches applies to its task."""
     target, cls = space.workload["_target_"], workload_class(space)
-    missing = [
-        m for m in ("build_model", "make_batch", "loss") if not callable(getattr(cls, m, None))
-    ]
-    if missing:
+    task = getattr(cls, "task", "train")
+    missing = [m for m in _TASK_METHODS.get(task, ()) if not callable(getattr(cls, m, None))]
+    if task not in _TASK_METHODS or missing:
         raise ConfigError(
-            f"space '{space.name}': workload {target} lacks {', '.join(missing)}; "
-            "subclass search.Workload (see README, 'Your own workload')"
+            f"space '{space.name}': workload {target} lacks {', '.join(missing) or 'a task'}; "
+            f"subclass {_TASK_BASES.get(task, 'search.Workload')} (see README, 'Your own "
+            "workload')"
         )
+    applies = getattr(cls, "knobs", GENERIC_KNOBS)
+    for name in space.params:
+        if name in GENERIC_KNOBS and name not in applies:
+            raise ConfigError(
+                f"space '{space.name}': knob {name} does not apply to workload {target} (task "
+                f"{task}: its generic knobs are {', '.join(applies)}); remove it from params"
+            )
     recompute = space.params.get("recompute")
     if (
         recompute is not None
@@ -138,6 +159,52 @@ def _check_workload(space: SearchSpace) -> None:
             raise ConfigError(
                 f"space '{space.name}': knob {name!r} is neither a generic knob "
                 f"({', '.join(GENERIC_KNOBS)}) nor a parameter of {target}({', '.join(accepted)})"
+            )
+
+
+def _check_workload_settings(space: SearchSpace) -> None:
+    """The workload's constructor takes its settings and every value of each of its own knobs
+    (an int or float range at its ends), the others at their smallest: a value it refuses would
+    fail every trial that draws it."""
+    own = {n: p for n, p in space.params.items() if n not in GENERIC_KNOBS}
+    base = {n: _smallest(p) for n, p in own.items()}
+    tried: list[tuple[dict[str, Any], str | None]] = [({}, None)] + [
+        ({name: value}, name) for name, param in own.items() for value in _ends_and_choices(param)
+    ]
+    target = space.workload["_target_"]
+    for change, name in tried:
+        try:
+            settings = {**base, **change}
+            instantiate(dict(space.workload), _convert_="all", _recursive_=False, **settings)
+        except Exception as e:  # the constructor's own check, a TypeError, ...
+            cause = e.__cause__ or e  # Hydra wraps what the constructor raised
+            what = (
+                f"refuses {name}={change[name]!r}" if name else "cannot be built from its settings"
+            )
+            first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+            raise ConfigError(f"space '{space.name}': workload {target} {what}: {first}") from None
+
+
+def _ends_and_choices(param: Param) -> list[Any]:
+    if isinstance(param, FloatParam):
+        return [param.low, param.high]
+    if isinstance(param, IntParam):
+        return param.extremes()
+    return list(param.values() or [])
+
+
+def _check_metrics_apply(space: SearchSpace, slo: Mapping[str, Any]) -> None:
+    """Every objective and SLO metric is one the workload's task measures."""
+    cls = workload_class(space)
+    task = getattr(cls, "task", "train")
+    named = [(f"objective {o.metric}", o.metric) for o in space.objectives]
+    named += [(f"slo.{metric}", metric) for metric in slo]
+    for what, metric in named:
+        if metric in METRICS and task not in METRICS[metric].tasks:
+            tasks = " or ".join(METRICS[metric].tasks)
+            raise ConfigError(
+                f"space '{space.name}': {what} is measured only for {tasks} workloads, and "
+                f"{space.workload['_target_']} is a {task} workload; name another metric"
             )
 
 

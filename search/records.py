@@ -43,3 +43,27 @@ class TrialRecord:
     """When the trial's measurement ended, s since the epoch (0.0: unknown)."""
     reason: str = ""
     """Why it is not stable: the test it failed, with its figures ('' when stable)."""
+
+
+_SHORT = {"batch_size": "bs", "micro_batch_size": "mb", "streams": "s"}
+"""The generic knobs a run name abbreviates, with the value after (``bs32``)."""
+
+
+def config_name(config: Mapping[str, Any]) -> str:
+    """A configuration in a few characters, as MLflow's runs list shows it: ``bs32·mb8·bf16·s2``.
+
+    Generic sizes abbreviated (``bs``, ``mb``, ``s``), a string value alone (``bf16``), a true
+    flag by its name (``recompute``) and a false one left out, any other value as ``name=value``.
+    """
+    parts = []
+    for name, value in config.items():
+        if name in _SHORT:
+            parts.append(f"{_SHORT[name]}{value}")
+        elif isinstance(value, bool):
+            if value:
+                parts.append(name)
+        elif isinstance(value, str):
+            parts.append(value)
+        else:
+            parts.append(f"{name}={value:.4g}" if isinstance(value, float) else f"{name}={value}")
+    return "·".join(parts) or "default"

@@ -19,9 +19,18 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from search.diagnosis import Diagnosis
 from search.metrics import METRICS
 from search.noise import NoiseFloor
-from search.records import COMPLETE, FAILED, FAULT_KINDS, INFEASIBLE, TrialRecord, fault_kind
+from search.records import (
+    COMPLETE,
+    FAILED,
+    FAULT_KINDS,
+    INFEASIBLE,
+    TrialRecord,
+    config_name,
+    fault_kind,
+)
 
 
 def si(value: float) -> str:
@@ -76,9 +85,10 @@ def trial_line(
     knob_names: Sequence[str],
     confidence: float,
     shown: Sequence[str],
+    diagnosis: Diagnosis | None = None,
 ) -> str:
-    """``[3/10] #4 batch_size=8 ... -> 41.2k tokens/s [40.1k, 42.3k] ... | front 2 | 0:42,
-    ETA 1:30``."""
+    """``[3/10] #4 batch_size=8 ... -> 41.2k tokens/s [40.1k, 42.3k] ..., stable, mfu 31%
+    compute-bound | front 2 | 0:42, ETA 1:30``."""
     head = f"[{done}/{total}] #{record.number} {knobs_text(record.config, knob_names)} -> "
     if record.state == COMPLETE:
         m = record.metrics
@@ -88,6 +98,7 @@ def trial_line(
             f"{throughput_text(m, record.unit)} ({confidence:.0%} CI, "
             f"{m['n_windows']:.0f} windows, {m['n_steps']:.0f} steps) "
             f"cv {m['throughput_cv']:.1%}, {figures}, {verdict}"
+            + (f", mfu {diagnosis.mfu:.1%} {diagnosis.regime}" if diagnosis is not None else "")
         )
     else:
         body = f"{record.state.upper()}: {record.failure}"
@@ -159,7 +170,10 @@ def pareto_table(
     confidence: float,
     shown: Sequence[str],
     title: str,
+    diagnoses: Mapping[int, Diagnosis] | None = None,
 ) -> Table:
+    """The front, fastest first; with ``diagnoses`` (by trial number) its MFU and regime too."""
+    diagnoses = diagnoses or {}
     table = Table(title=title, title_justify="left")
     for column in (
         "trial",
@@ -168,6 +182,7 @@ def pareto_table(
         "cv",
         *(f"{METRICS[k].label} {METRICS[k].unit}" for k in shown),
         "windows",
+        *(("mfu", "regime") if diagnoses else ()),
         "",
     ):
         table.add_column(column, justify="right" if column not in knob_names else "left")
@@ -180,9 +195,56 @@ def pareto_table(
             f"{m['throughput_cv']:.1%}",
             *(_figure(m, k) for k in shown),
             f"{m['n_windows']:.0f}",
+            *(_diagnosis_cells(diagnoses.get(r.number)) if diagnoses else ()),
             "best" if best is not None and r.number == best.number else "",
         )
     return table
+
+
+def _diagnosis_cells(diagnosis: Diagnosis | None) -> tuple[str, str]:
+    if diagnosis is None:
+        return "-", "-"
+    return f"{diagnosis.mfu:.1%}", diagnosis.regime
+
+
+def summary_markdown(
+    title: str,
+    front: Sequence[TrialRecord],
+    best: TrialRecord | None,
+    knob_names: Sequence[str],
+    unit: str,
+    shown: Sequence[str],
+    diagnoses: Mapping[int, Diagnosis],
+    sections: Mapping[str, Sequence[str]],
+) -> str:
+    """A study's summary as MLflow shows a parent run's description: the recommendation, the
+    front as a table, then ``sections`` (heading: the lines the terminal printed)."""
+    lines = [f"### {title}", ""]
+    if best is not None:
+        lines.append(
+            f"**Recommended: #{best.number} `{config_name(best.config)}`**, "
+            f"{throughput_text(best.metrics, unit)} (95% CI)"
+        )
+    else:
+        lines.append("**Nothing recommended** (see below)")
+    header = ["trial", *knob_names, f"throughput ({unit}/s)", *shown, "mfu", "regime", ""]
+    lines += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in sorted(front, key=lambda r: -r.metrics["throughput"]):
+        mfu, regime = _diagnosis_cells(diagnoses.get(r.number))
+        cells = [
+            str(r.number),
+            *(_value(r.config[k]) for k in knob_names),
+            throughput_text(r.metrics, "").replace(" /s", ""),
+            *(_figure(r.metrics, k) for k in shown),
+            mfu,
+            regime,
+            "best" if best is not None and r.number == best.number else "",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    for heading, body in sections.items():
+        if body:
+            lines += ["", f"#### {heading}", "", "```", *body, "```"]
+    return "\n".join(lines)
 
 
 def write_csv(path: Path, front: Sequence[TrialRecord], knob_names: Sequence[str]) -> None:

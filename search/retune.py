@@ -278,11 +278,13 @@ def confirm(
         seed,
         REFERENCE_MEASURE,
         fidelity=False,
+        count=False,
     )
     for i in range(rounds):
         ref = run_isolated(replace(reference, seed=seed + i)) if with_reference else None
         results = [
-            run_isolated(replace(request(c), seed=seed + i, fidelity=False)) for c in configs
+            run_isolated(replace(request(c), seed=seed + i, fidelity=False, count=False))
+            for c in configs
         ]
         progress(i + 1, rounds, ref, results)
         if ref is not None and (ref.state != COMPLETE or ref.measurement is None):

@@ -17,7 +17,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -51,11 +51,15 @@ class Pooled:
 
 
 Runs = Sequence[Mapping[str, float]]
+Samples = Mapping[str, np.ndarray]
+"""Every run's raw latency samples pooled, ms, by ``Metric.samples`` name (``steps``, ...)."""
 
 
 def _process_means(
-    metric: Metric, runs: Runs, steps: np.ndarray, confidence: float
+    metric: Metric, runs: Runs, samples: Samples, confidence: float
 ) -> dict[str, float]:
+    if not all(metric.name in run for run in runs):
+        return {}  # not measured by this task (requests/s of a training step)
     interval = t_interval([run[metric.name] for run in runs], confidence)
     spread = interval.std if len(runs) > 1 else 0.0
     cvs = [run[f"{metric.name}_cv"] for run in runs]
@@ -71,23 +75,24 @@ def _process_means(
     }
 
 
-def _all_steps(
-    metric: Metric, runs: Runs, steps: np.ndarray, confidence: float
-) -> dict[str, float]:
+def _all_steps(metric: Metric, runs: Runs, samples: Samples, confidence: float) -> dict[str, float]:
     assert metric.quantile is not None
+    steps = samples.get(metric.samples)
+    if steps is None or not len(steps):
+        return {}  # not measured by this task (a training step has no time to first token)
     return {
         metric.name: float(np.percentile(steps, 100 * metric.quantile)),
         metric.ranked_on: quantile_upper_bound(steps, metric.quantile, confidence),
     }
 
 
-def _largest(metric: Metric, runs: Runs, steps: np.ndarray, confidence: float) -> dict[str, float]:
+def _largest(metric: Metric, runs: Runs, samples: Samples, confidence: float) -> dict[str, float]:
     values = [run[metric.name] for run in runs if metric.name in run]
     return {metric.name: float(max(values))} if values else {}
 
 
 def _mean_upper(
-    metric: Metric, runs: Runs, steps: np.ndarray, confidence: float
+    metric: Metric, runs: Runs, samples: Samples, confidence: float
 ) -> dict[str, float]:
     if not all(metric.name in run for run in runs):
         return {}  # a run without the figure would bias the mean; no figure rather than a guess
@@ -106,7 +111,8 @@ _POOL = {
 @dataclass(frozen=True)
 class Run:
     """What one re-validation run measured, as kept in the study (so that an interrupted
-    re-validation resumes with the runs it had): its figures, its step times, when it ended."""
+    re-validation resumes with the runs it had): its figures, its step times (and the times
+    inside its steps, by name), when it ended."""
 
     state: str
     failure: str
@@ -114,6 +120,7 @@ class Run:
     steps_ms: tuple[float, ...]
     throttle_reasons: str
     time_s: float
+    phases_ms: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, result: TrialResult, time_s: float, confidence: float) -> Run:
@@ -128,14 +135,21 @@ class Run:
             tuple(float(x) for x in m.step_latencies_ms),
             result.throttle_reasons,
             time_s,
+            {k: tuple(float(x) for x in v) for k, v in m.phase_samples_ms.items()},
         )
 
     def as_dict(self) -> dict:
-        return {**self.__dict__, "metrics": dict(self.metrics), "steps_ms": list(self.steps_ms)}
+        return {
+            **self.__dict__,
+            "metrics": dict(self.metrics),
+            "steps_ms": list(self.steps_ms),
+            "phases_ms": {k: list(v) for k, v in self.phases_ms.items()},
+        }
 
     @classmethod
     def from_dict(cls, d: Mapping) -> Run:
-        return cls(**{**d, "steps_ms": tuple(d["steps_ms"])})
+        phases = {k: tuple(v) for k, v in d.get("phases_ms", {}).items()}
+        return cls(**{**d, "steps_ms": tuple(d["steps_ms"]), "phases_ms": phases})
 
 
 def pool(results: Sequence[TrialResult], times_s: Sequence[float], confidence: float) -> Pooled:
@@ -153,6 +167,10 @@ def pool_runs(kept: Sequence[Run], confidence: float) -> Pooled:
         return Pooled({}, False, f"a re-validation run failed: {failed[0]}")
     runs = [r.metrics for r in kept]
     steps = np.concatenate([np.asarray(r.steps_ms, dtype=float) for r in kept])
+    samples = {"steps": steps} | {
+        name: np.concatenate([np.asarray(r.phases_ms.get(name, ()), dtype=float) for r in kept])
+        for name in {name for r in kept for name in r.phases_ms}
+    }
     times_s = [r.time_s for r in kept]
     metrics = {
         "n_processes": float(len(runs)),
@@ -161,7 +179,7 @@ def pool_runs(kept: Sequence[Run], confidence: float) -> Pooled:
         "stall_steps": float(sum(run["stall_steps"] for run in runs)),
     }
     for metric in METRICS.values():
-        metrics |= _POOL[metric.pooling](metric, runs, steps, confidence)
+        metrics |= _POOL[metric.pooling](metric, runs, samples, confidence)
     figures = tuple(RunFigures.of(run, t) for run, t in zip(runs, times_s, strict=True))
     throttled = [
         r.throttle_reasons

@@ -35,12 +35,15 @@ import numpy as np
 import torch
 from hydra.utils import instantiate
 
+from search.diagnosis import count_work, work_metrics
 from search.fidelity import check_fidelity
 from search.gpu_telemetry import CpuEnergyMonitor, GpuMonitor
 from search.knobs import GENERIC_KNOBS, KnobError, Knobs, TrainStep
 from search.measure import Measurement, MeasureSettings, make_timer, measure, t_interval
 from search.records import COMPLETE, FAILED, INFEASIBLE
+from search.serving import ServeStep
 from search.telemetry import MemoryProbe, rss_bytes
+from search.workloads.base import ServingWorkload
 
 STDERR_TAIL_LINES = 20
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -67,6 +70,9 @@ class TrialRequest:
     """Whether to check the configuration's numerics against the fp32 reference after the
     measurement (``search.fidelity``). Off for re-measurements of a configuration already checked
     (the control, confirmation runs): the check takes time and adds nothing."""
+    count: bool = True
+    """Whether to count the step's FLOPs and bytes after the measurement (``search.diagnosis``);
+    off where, as for ``fidelity``, it was counted already."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +97,12 @@ class TrialResult:
     stderr_tail: str = ""
     """The last lines the isolated worker wrote to stderr (a traceback, a fault dump), for
     faults."""
+    work: Mapping[str, float] = field(default_factory=dict)
+    """The step's counted work per item (``flops_per_item``, ``bytes_per_item``: see
+    ``search.diagnosis``), counted once after the timed windows; empty where it was not."""
+    items_per_request: int | None = None
+    """Items per request of a serving step (its generated tokens), for requests/s; None for a
+    training step."""
 
 
 def split_config(config: Mapping[str, Any]) -> tuple[Knobs, dict[str, Any]]:
@@ -127,11 +139,14 @@ def run_trial(request: TrialRequest, on_memory_exceeded=None) -> TrialResult:
         limit = _MemoryLimit(device, request.memory_limit_mb, on_memory_exceeded, started)
         timer = _MonitoredTimer(make_timer(device), _energy_monitor(device))
         try:
-            with TrainStep(workload, knobs, device, seed=request.seed) as step:
-                measurement = measure(step, step.items_per_step, request.measure, timer)
+            with _make_step(workload, knobs, device, request.seed) as step:
+                phases = step.take_phases if isinstance(step, ServeStep) else None
+                measurement = measure(step, step.items_per_step, request.measure, timer, phases)
+                peak_mb = probe.peak_mb()
+                # After the windows and the memory reading, as cheap as one more step or two
+                work = work_metrics(count_work(step), step.items_per_step) if request.count else {}
         finally:
             timer.close()
-        peak_mb = probe.peak_mb()
         # the fidelity check's fp32 reference may need more than the configuration did
         limit.release()
         if (
@@ -159,11 +174,8 @@ def run_trial(request: TrialRequest, on_memory_exceeded=None) -> TrialResult:
         state, failure = COMPLETE, ""
         if request.fidelity:
             report = check_fidelity(workload, knobs, device, seed=request.seed)
-            if _changes_numerics(knobs):
-                errors = {
-                    "fidelity_loss_rel_error": report.loss_rel_error,
-                    "fidelity_grad_norm_rel_error": report.grad_norm_rel_error,
-                }
+            if _changes_numerics(workload, knobs):
+                errors = report.errors
             if not report.ok:
                 state, failure = INFEASIBLE, f"fidelity: {report.reason}"
         duration_s = time.perf_counter() - started
@@ -177,6 +189,8 @@ def run_trial(request: TrialRequest, on_memory_exceeded=None) -> TrialResult:
             telemetry=readings,
             throttle_reasons=throttles,
             fidelity=errors,
+            work=work,
+            items_per_request=getattr(step, "items_per_request", None),
         )
     except KnobError as e:
         return TrialResult(
@@ -352,9 +366,17 @@ def telemetry_metrics(windows, items_per_window: int, confidence: float) -> dict
     return out
 
 
-def _changes_numerics(knobs: Knobs) -> bool:
+def _make_step(workload: Any, knobs: Knobs, device: torch.device, seed: int):
+    """The step the workload's task runs: a batch served, or an optimizer step."""
+    if isinstance(workload, ServingWorkload):
+        return ServeStep(workload, knobs, device, seed=seed)
+    return TrainStep(workload, knobs, device, seed=seed)
+
+
+def _changes_numerics(workload: Any, knobs: Knobs) -> bool:
     return (
-        knobs.precision != "fp32"
+        isinstance(workload, ServingWorkload)  # its reference is another implementation
+        or knobs.precision != "fp32"
         or knobs.streams > 1
         or knobs.recompute
         or knobs.n_micro_batches > 1

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
 import requests
 from mlflow.entities import Metric, Param, RunTag
@@ -26,7 +26,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from search.config import redact
-from search.records import FAILED, TrialRecord
+from search.records import FAILED, TrialRecord, config_name
 
 NETWORK_LIMITS = {
     # MLflow's defaults (120 s timeout, 7 retries with backoff factor 2) wait about 4 minutes before
@@ -102,6 +102,23 @@ def _cause(error: BaseException) -> str:
     text = str(innermost).strip().splitlines()[0] if str(innermost).strip() else ""
     text = re.sub(r"^<[^>]*>: ", "", text)  # urllib3 prefixes the connection object
     return f"{type(innermost).__name__}: {text}" if text else type(innermost).__name__
+
+
+NOTE = "mlflow.note.content"
+"""The tag MLflow shows as a run's or an experiment's description (markdown)."""
+EXPERIMENT_KIND = "mlflow.experimentKind"
+EXPERIMENT_NOTE = """Tuning runs of `python -m search`.
+
+- **Parent runs**, one per invocation (`llm-cpu 2026-11-24 10:00:00`): the description holds the
+  summary (the Pareto front, the recommendation, the machine's noise floor, the regimes and the
+  oracle table); artifacts hold `pareto.png`, `oracle.png`, `noise.png`, `best.yaml`.
+- **Child runs**, one per measured configuration, named by its knobs (`bs32·mb8·bf16·s2 #12`):
+  params are the knob values; metrics `throughput` (with `throughput_ci_low`/`_high`),
+  `latency_p95_ms`, `peak_memory_mb`, `mfu` ...; tags `stable`, `pareto`, `regime`, `state`.
+
+To compare: search `tags.pareto = 'true'`, sort by throughput, then the chart view (or select
+runs and Compare); Columns adds `metrics.throughput`, `metrics.throughput_ci_low`, `tags.regime`
+to the table. The command prints a link that opens this view."""
 
 
 def quoted(value: str) -> str:
@@ -200,7 +217,10 @@ class Tracker:
             return found.experiment_id
         location = artifact_root.resolve().as_uri() if _is_local(self.uri) else None
         try:
-            return self._client.create_experiment(name, artifact_location=location)
+            # Its kind opens the UI's run pages rather than its GenAI ones; the description says
+            # how the runs are laid out and compared (a user's own edit of it is never replaced).
+            tags = {EXPERIMENT_KIND: "custom_model_development", NOTE: EXPERIMENT_NOTE}
+            return self._client.create_experiment(name, artifact_location=location, tags=tags)
         except MlflowException as e:  # another process created it first
             if unreachable(e):
                 raise
@@ -311,7 +331,7 @@ class Tracker:
             contract["failure"] = record.failure
         run = self._client.create_run(
             self._experiment_id,
-            run_name=f"trial-{record.number}",
+            run_name=f"{config_name(record.config)} #{record.number}",
             start_time=end_ms - int(duration_s * 1000),
             tags={"mlflow.parentRunId": self.parent_id, **self._tagged(tags), **contract},
         )
@@ -450,6 +470,29 @@ class Tracker:
                 lambda: self._client.set_terminated(parent_id, status=status),
                 "ending the parent run",
             )
+
+    def describe(self, run_id: str | None, markdown: str) -> None:
+        """``markdown`` as the description of run ``run_id`` (shown on its page in the UI)."""
+        self.set_tags(run_id, {NOTE: markdown})
+
+    def ui_url(self, study: str) -> str | None:
+        """The UI page that compares ``study``'s Pareto-optimal runs: the run pages (not the GenAI
+        ones), filtered to the front, fastest first, as charts. Local stores: where ``mlflow ui``
+        listens by default. None when offline."""
+        if self.experiment_id is None:
+            return None
+        base = "http://127.0.0.1:5000" if _is_local(self.uri) else redact(self.uri).rstrip("/")
+        query = urlencode(
+            {
+                "workflowType": "machine_learning",
+                "searchFilter": f"tags.study = {quoted(study)} and tags.pareto = 'true'",
+                "orderByKey": "metrics.`throughput`",
+                "orderByAsc": "false",
+                "compareRunsMode": "CHART",
+            },
+            quote_via=quote,
+        )
+        return f"{base}/#/experiments/{self.experiment_id}/runs?{query}"
 
     def ui_command(self) -> str:
         if self.uri.startswith("sqlite:///") and not self.uri.startswith("sqlite:////"):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from search.measure import MeasureSettings, measure
-from search.metrics import step_quantiles
+from search.metrics import latency_quantiles
 from search.noise import RunFigures, stall_steps
 
 ITEMS = 64
@@ -103,6 +103,6 @@ class Machine:
             "n_steps": m.n_steps,
             "stall_steps": stall_steps(m.step_latencies_ms),
             "latency_mean_ms": m.latency_mean_ms,
-            **step_quantiles(m.step_latencies_ms, 0.95),
+            **latency_quantiles({"steps": m.step_latencies_ms}, 0.95),
         }
         return metrics, RunFigures.of(metrics, self.clock_s)

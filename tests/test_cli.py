@@ -20,6 +20,26 @@ BAD_INPUT = {
     "unknown space": (["+space=nope"], "built-in spaces are llm"),
     "unknown key": (["+space=llm", "study.n_trails=3"], "unknown config key 'study.n_trails'"),
     "unknown option": (["+space=llm", "--frobnicate"], "unknown option"),
+    "knob that does not apply to serving": (
+        ["+space=llm_serve", "+space.params.recompute={type: bool}"],
+        "knob recompute does not apply to workload search.workloads.GPTServe (task serve",
+    ),
+    "serving objective on a training space": (
+        ["+space=llm", "+space.objectives.ttft_p95_ms=minimize"],
+        "objective ttft_p95_ms is measured only for serve workloads",
+    ),
+    "serving slo on a training space": (
+        ["+space=vision", "+slo.tpot_p95_ms=20"],
+        "slo.tpot_p95_ms is measured only for serve workloads",
+    ),
+    "a workload knob value the workload refuses": (
+        ["+space=vision", "space.params.branches.choices=[serial,both]"],
+        "TwoBranchCNN refuses branches='both': `branches` must be one of",
+    ),
+    "workload settings the workload refuses": (
+        ["+space=llm", "space.workload.n_heads=3"],
+        "GPT cannot be built from its settings: `d_model % n_heads == 0` must hold",
+    ),
     "negative trials": (
         ["+space=llm", "study.n_trials=-1"],
         "study.n_trials must be a positive integer",

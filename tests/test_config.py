@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from search.config import ConfigError, compose_config, resolve, resolve_device
 from search.space import parse_space
-from search.workloads import Workload
+from search.workloads import ServingWorkload, Workload
 
 REPO = Path(__file__).resolve().parent.parent
 SPACE_FILES = sorted((REPO / "spaces").glob("*.yaml"))
@@ -80,7 +80,7 @@ def test_builtin_space_has_a_feasible_configuration(composed):
 def test_builtin_space_workload_imports(composed):
     name, _, _, resolved = composed
     cls = get_class(resolved["space"]["workload"]["_target_"])
-    assert isinstance(cls, type) and issubclass(cls, Workload)
+    assert isinstance(cls, type) and issubclass(cls, (Workload, ServingWorkload))
 
 
 def test_builtin_space_resolves_completely(composed):

@@ -138,7 +138,108 @@ def test_llm_study_end_to_end(runs_dir):
     best = yaml.safe_load((study_dir / "best.yaml").read_text())
     assert best["recommended"]["mlflow_run_id"] in on_front
     assert set(best["recommended"]["config"]) == KNOBS
+    first_look(client, parent, children, result.stdout, "llm-cpu")
+    assert "oracle.png" in artifacts and (study_dir / "oracle.png").stat().st_size > 10_000
     assert (study_dir / "pareto.png").read_bytes()[:4] == b"\x89PNG"
+
+
+REGIMES = {"compute-bound", "memory-bound", "overhead-bound"}
+
+
+def first_look(client, parent, children, stdout: str, study: str) -> None:
+    """What a new user sees first in MLflow: the run pages (not the GenAI ones), children named by
+    their knobs, the summary as the parent's description, a link to the front compared; and the
+    regime of every complete trial with the figures behind it."""
+    experiment = client.get_experiment(parent.info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert "tags.pareto = 'true'" in experiment.tags["mlflow.note.content"]
+    description = parent.data.tags["mlflow.note.content"]
+    assert description.startswith(f"### {study} on ") and "#### Oracle" in description
+    assert "**Recommended: #" in description and "#### Regimes" in description
+    for child in children:
+        config = {k: yaml.safe_load(v) for k, v in child.data.params.items()}
+        name = child.info.run_name
+        assert (
+            name.endswith(f" #{child.data.tags['trial']}") and f"bs{config['batch_size']}" in name
+        )
+        if child.data.tags["state"] == "complete":
+            assert child.data.tags["regime"] in REGIMES, child.data.tags
+            m = child.data.metrics
+            assert m["flops_per_item"] > 0 and m["bytes_per_item"] > 0 and 0 < m["mfu"] < 1.5
+            assert m["arithmetic_intensity"] == pytest.approx(
+                m["flops_per_item"] / m["bytes_per_item"]
+            )
+    assert "regimes: " in stdout and "(the oracle view)" in stdout
+    link = next(line for line in stdout.splitlines() if "the front, compared: " in line)
+    assert f"/#/experiments/{parent.info.experiment_id}/runs?workflowType=machine_learning" in link
+
+
+SERVE_TINY = [
+    "device=cpu",
+    "preset=cpu",
+    "space.workload.vocab_size=256",
+    "space.workload.prompt_len=8",
+    "space.workload.gen_len=4",
+    "space.workload.d_model=32",
+    "space.workload.n_layers=1",
+    "space.workload.n_heads=2",
+    "space.params.batch_size.high=8",
+    "space.params.micro_batch_size.high=8",
+    *TINY[9:],  # the measurement settings
+]
+
+
+def test_a_serving_study_measures_each_request_and_picks_under_an_slo(runs_dir):
+    result = search(
+        "+space=llm_serve",
+        "study.n_trials=3",
+        *LENIENT,
+        *SERVE_TINY,
+        "revalidate.processes=2",
+        "revalidate.max_candidates=2",
+        "retune.confirm=0",
+        "+slo={ttft_p95_ms: 1000000}",
+        runs_dir=runs_dir,
+    )
+    client, parents, children = runs_of(runs_dir, "llm_serve")
+    (parent,) = parents
+    complete = [c for c in children if c.data.tags["state"] == "complete"]
+    assert complete
+    for child in complete:
+        m = child.data.metrics
+        assert child.data.tags["throughput_unit"] == "tokens/s"
+        assert 0 < m["ttft_p50_ms"] <= m["ttft_p95_ms"] <= m["ttft_p95_ms_ub"]
+        assert 0 < m["tpot_p50_ms"] <= m["tpot_p95_ms"] <= m["tpot_p95_ms_ub"]
+        # every request generates gen_len tokens
+        assert m["requests_per_s"] == pytest.approx(m["throughput"] / 4)
+        assert "fidelity_logits_rel_error" in m and m["fidelity_token_agreement"] > 0.5
+    revalidated = [c for c in children if c.data.tags.get("revalidated") == "true"]
+    assert revalidated and all("revalidated_ttft_p95_ms" in c.data.metrics for c in revalidated)
+    first_look(client, parent, children, result.stdout, "llm_serve-cpu")
+    assert "ttft p95" in result.stdout and "kv_cache" in result.stdout
+
+
+def test_a_vision_study_tunes_its_branches(runs_dir):
+    result = search(
+        "+space=vision",
+        "study.n_trials=3",
+        *LENIENT,
+        "device=cpu",
+        "preset=cpu",
+        "space.workload.image_size=8",
+        "space.workload.width=8",
+        "space.workload.depth=1",
+        "space.params.batch_size.high=16",
+        "space.params.micro_batch_size.high=16",
+        *TINY[9:],
+        "retune.confirm=0",
+        runs_dir=runs_dir,
+    )
+    client, parents, children = runs_of(runs_dir, "vision")
+    assert {c.data.params["branches"] for c in children} <= {"serial", "parallel"}
+    assert all(c.data.tags["throughput_unit"] == "images/s" for c in children)
+    first_look(client, parents[0], children, result.stdout, "vision-cpu")
+    assert "branches:" in result.stdout  # its oracle panel
 
 
 def test_small_space_is_exhausted_and_resumed_without_remeasuring(runs_dir):

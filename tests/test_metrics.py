@@ -9,7 +9,13 @@ import pytest
 from rich.console import Console
 from tiny import measurement
 
-from search.metrics import METRICS, objective_values, ranked_on, step_quantiles, trial_metrics
+from search.metrics import (
+    METRICS,
+    latency_quantiles,
+    objective_values,
+    ranked_on,
+    trial_metrics,
+)
 from search.records import COMPLETE, TrialRecord
 from search.report import pareto_table, shown_metrics, trial_line, write_csv
 from search.revalidate import pool
@@ -35,6 +41,16 @@ def measured(metrics_extra=None) -> TrialRecord:
         "peak_memory_mb": 345.6,
         "energy_per_item_j": 0.000123,
         "energy_per_item_j_ci_high": 0.000125,
+        "ttft_p50_ms": 21.25,
+        "ttft_p50_ms_ub": 21.5,
+        "ttft_p95_ms": 23.75,
+        "ttft_p95_ms_ub": 24.0,
+        "tpot_p50_ms": 1.25,
+        "tpot_p50_ms_ub": 1.5,
+        "tpot_p95_ms": 1.75,
+        "tpot_p95_ms_ub": 2.0,
+        "requests_per_s": 38.5,
+        "requests_per_s_ci_low": 37.5,
         **(metrics_extra or {}),
     }
     return TrialRecord(3, {"batch_size": 8}, COMPLETE, metrics, True, unit="tokens")
@@ -85,9 +101,17 @@ def test_the_energy_objective_shows_its_figure_in_the_trial_line():
     assert "energy 0.000123 J/item" in line
 
 
-def result(throughput: float, energy_j: float) -> TrialResult:
+def result(throughput: float, energy_j: float, serving: bool = True) -> TrialResult:
+    """A trial's result; a serving step's carries its per-request times and requests/s."""
     telemetry = {"energy_per_item_j": energy_j, "energy_per_item_j_ci_high": energy_j * 1.1}
-    return TrialResult(COMPLETE, measurement(throughput), 100.0, telemetry=telemetry)
+    phases = {"ttft_ms": (20.0, 30.0, 25.0), "tpot_ms": (1.0, 1.5, 1.2)} if serving else {}
+    return TrialResult(
+        COMPLETE,
+        measurement(throughput, phases=phases),
+        100.0,
+        telemetry=telemetry,
+        items_per_request=32 if serving else None,
+    )
 
 
 def test_a_trial_and_a_pooled_candidate_carry_every_metric_and_its_ranked_figure():
@@ -97,10 +121,18 @@ def test_a_trial_and_a_pooled_candidate_carry_every_metric_and_its_ranked_figure
     for name in METRICS:
         for figures in (stored, pooled):
             assert name in figures and ranked_on(name) in figures, name
+    assert stored["requests_per_s"] == pytest.approx(1000.0 / 32)
+    assert stored["ttft_p50_ms"] == pytest.approx(25.0)
+
+
+def test_a_training_trial_carries_no_serving_figure():
+    stored = trial_metrics(result(1000.0, 0.01, serving=False), 0.95)
+    serve_only = [name for name, m in METRICS.items() if "train" not in m.tasks]
+    assert serve_only and not set(serve_only) & set(stored)
 
 
 def test_latency_quantiles_come_from_the_steps_with_an_upper_bound():
-    figures = step_quantiles(list(range(1, 101)), 0.95)
+    figures = latency_quantiles({"steps": list(range(1, 101))}, 0.95)
     assert figures["latency_p50_ms"] == pytest.approx(50.5)
     assert figures["latency_p95_ms"] == pytest.approx(95.05)
     assert figures["latency_p95_ms"] <= figures["latency_p95_ms_ub"] <= 100

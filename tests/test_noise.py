@@ -12,7 +12,7 @@ from synthetic import Machine
 
 from search.config import ConfigError
 from search.measure import CpuTimer, MeasureSettings, measure
-from search.metrics import step_quantiles
+from search.metrics import latency_quantiles
 from search.noise import NoiseFloor, RunFigures, assess, judge, stall_steps
 from search.prepare import control_config
 from search.settings import StableSettings
@@ -215,7 +215,7 @@ def _real_run(n: int) -> RunFigures:
         "n_steps": m.n_steps,
         "stall_steps": stall_steps(m.step_latencies_ms),
         "latency_mean_ms": m.latency_mean_ms,
-        **step_quantiles(m.step_latencies_ms, 0.95),
+        **latency_quantiles({"steps": m.step_latencies_ms}, 0.95),
     }
     return RunFigures.of(metrics, time.time())
 

@@ -37,8 +37,11 @@ CONTRACT_METRICS = {
 }
 
 
-def measurement(throughput: float, cv: float = 0.01, latencies=(10.0, 11.0, 12.0)) -> Measurement:
-    """A measurement with the throughput, CV and step latencies given; the rest does not matter."""
+def measurement(
+    throughput: float, cv: float = 0.01, latencies=(10.0, 11.0, 12.0), phases=None
+) -> Measurement:
+    """A measurement with the throughput, CV, step latencies and times inside steps given; the rest
+    does not matter."""
     return Measurement(
         throughput=throughput,
         throughput_ci_low=throughput,
@@ -59,4 +62,5 @@ def measurement(throughput: float, cv: float = 0.01, latencies=(10.0, 11.0, 12.0
         stop_reason="max_windows",
         window_throughputs=(throughput,) * 5,
         step_latencies_ms=tuple(latencies),
+        phase_samples_ms=dict(phases or {}),
     )

@@ -1,8 +1,10 @@
 """The workload contract: what a PyTorch model must provide to be tuned.
 
-A workload describes *what* one training step computes; the knobs (``search.knobs``) decide *how*
-it executes (batch and micro-batch sizes, precision, lanes, recompute). A user's own workload is a
-subclass named by ``_target_`` in a space file; its constructor receives the space's ``workload``
+A workload describes *what* one step computes; the knobs (``search.knobs``) decide *how* it
+executes (batch and micro-batch sizes, precision, lanes, recompute). Two tasks exist: a training
+step (``Workload``: forward, loss, backward, optimizer step) and serving (``ServingWorkload``: a
+batch of requests, each a prompt followed by generated tokens). A user's own workload is a subclass
+of either, named by ``_target_`` in a space file; its constructor receives the space's ``workload``
 settings plus every searched parameter that is not a generic knob.
 """
 
@@ -16,6 +18,13 @@ from torch import nn
 
 Batch = Any
 """A tensor, or a tuple/list/dict of tensors, holding ``size`` samples on the CPU."""
+State = Any
+"""What a serving workload carries from one forward to the next (a KV cache, the prefix, ...)."""
+
+TRAIN_KNOBS = ("batch_size", "micro_batch_size", "precision", "streams", "recompute")
+SERVE_KNOBS = ("batch_size", "micro_batch_size", "precision", "streams")
+"""Serving has no backward pass, so nothing to recompute: a knob that trades compute for memory
+there is the workload's own (e.g. ``kv_cache``)."""
 
 
 class Workload(abc.ABC):
@@ -23,6 +32,12 @@ class Workload(abc.ABC):
 
     Subclasses implement three methods. Everything else has a default that suits most models.
     """
+
+    task: str = "train"
+    """What one step is: ``train`` (an optimizer step) or ``serve`` (``ServingWorkload``)."""
+
+    knobs: tuple[str, ...] = TRAIN_KNOBS
+    """The generic knobs that apply to this task; a space searching another one is refused."""
 
     unit: str = "samples"
     """What one item is; throughput is reported in ``{unit}/s`` (e.g. ``tokens``)."""
@@ -60,3 +75,50 @@ class Workload(abc.ABC):
     def make_optimizer(self, params: Any) -> torch.optim.Optimizer:
         """The optimizer of the training step. Default: AdamW, lr 1e-4."""
         return torch.optim.AdamW(params, lr=1e-4)
+
+
+class ServingWorkload(abc.ABC):
+    """Autoregressive generation to tune: a batch of requests, each a prompt of its own, then
+    greedy decoding of ``generation_length()`` tokens for each.
+
+    One step serves one batch: the prompts are split into micro-batches, each prefilled and then
+    decoded token by token on its lane (``search.serving``). Time to first token is measured from
+    the start of the step (every request of the batch arrives then) to the end of its micro-batch's
+    prefill; time per output token over the rest of its generation. Throughput counts generated
+    tokens. Subclasses implement four methods.
+    """
+
+    task: str = "serve"
+    knobs: tuple[str, ...] = SERVE_KNOBS
+    unit: str = "tokens"
+    """Generated tokens: throughput is in tokens/s of output."""
+
+    @abc.abstractmethod
+    def build_model(self) -> nn.Module:
+        """Build the model on the CPU with its initial weights (deterministic under the torch
+        seed)."""
+
+    @abc.abstractmethod
+    def make_prompts(self, size: int, generator: torch.Generator) -> torch.Tensor:
+        """Return ``size`` synthetic prompts as a CPU tensor, drawn only from ``generator``."""
+
+    @abc.abstractmethod
+    def forward(
+        self, model: nn.Module, tokens: torch.Tensor, state: State | None
+    ) -> tuple[torch.Tensor, State]:
+        """Run ``tokens`` (the prompts with ``state`` None, then the last generated token of
+        each request, shape ``(batch, 1)``) and return the logits of the last position,
+        ``(batch, vocab)``, with the state the next call continues from."""
+
+    @abc.abstractmethod
+    def generation_length(self) -> int:
+        """Tokens generated per request (including the first)."""
+
+    def items_per_sample(self) -> int:
+        """Items per request: its generated tokens."""
+        return self.generation_length()
+
+    def reference(self) -> ServingWorkload:
+        """The plainest implementation of the same computation (e.g. without a cache): the
+        fidelity check compares every configuration with it, in fp32. Default: itself."""
+        return self

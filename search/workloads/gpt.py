@@ -96,7 +96,7 @@ class GPT(Workload):
         dropout: float = 0.0,
     ):
         d_ff = 4 * d_model if d_ff is None else d_ff
-        _require_positive(
+        check_gpt_shape(
             vocab_size=vocab_size,
             seq_len=seq_len,
             d_model=d_model,
@@ -104,11 +104,6 @@ class GPT(Workload):
             n_heads=n_heads,
             d_ff=d_ff,
         )
-        if d_model % n_heads:
-            raise ValueError(
-                f"`d_model % n_heads == 0` must hold, but got (d_model={d_model}, "
-                f"n_heads={n_heads}); pick n_heads that divides d_model."
-            )
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"`0 <= dropout < 1` must hold, but got dropout={dropout}.")
         self.config: dict[str, Any] = dict(
@@ -150,7 +145,14 @@ class GPT(Workload):
         return list(cast(nn.ModuleList, model.blocks))
 
 
-def _require_positive(**values: int) -> None:
-    for name, value in values.items():
-        if not (isinstance(value, int) and value >= 1):
+def check_gpt_shape(**sizes: int) -> None:
+    """Every size is an int >= 1 and ``n_heads`` divides ``d_model``; else ValueError saying
+    which."""
+    for name, value in sizes.items():
+        if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
             raise ValueError(f"`{name}` must be an int >= 1, but got {name}={value!r}.")
+    if sizes["d_model"] % sizes["n_heads"]:
+        raise ValueError(
+            f"`d_model % n_heads == 0` must hold, but got (d_model={sizes['d_model']}, "
+            f"n_heads={sizes['n_heads']}); pick n_heads that divides d_model."
+        )

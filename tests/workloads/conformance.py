@@ -10,7 +10,8 @@ import math
 import torch
 
 from search.knobs import Knobs, TrainStep
-from search.workloads import Workload
+from search.serving import ServeStep
+from search.workloads import ServingWorkload, Workload
 
 CPU = torch.device("cpu")
 
@@ -92,3 +93,49 @@ def _tensors(batch) -> list[torch.Tensor]:
         return [batch]
     values = batch.values() if isinstance(batch, dict) else batch
     return [t for value in values for t in _tensors(value)]
+
+
+class ServingConformance:
+    """Tests every serving workload must pass: subclass as ``Test...`` with ``make_workload``."""
+
+    batch_size = 2
+
+    def make_workload(self) -> ServingWorkload:
+        raise NotImplementedError("a conformance subclass must return a small serving workload")
+
+    def test_builds_a_module(self):
+        assert isinstance(self.make_workload().build_model(), torch.nn.Module)
+
+    def test_make_prompts_is_deterministic_for_a_seeded_generator(self):
+        workload = self.make_workload()
+        first = workload.make_prompts(self.batch_size, torch.Generator().manual_seed(7))
+        again = workload.make_prompts(self.batch_size, torch.Generator().manual_seed(7))
+        assert first.device.type == "cpu" and first.shape[0] == self.batch_size
+        assert torch.equal(first, again)
+
+    def test_forward_gives_one_row_of_logits_per_request_and_continues_from_its_state(self):
+        workload = self.make_workload()
+        torch.manual_seed(0)
+        model = workload.build_model().eval()
+        prompts = workload.make_prompts(self.batch_size, torch.Generator().manual_seed(0))
+        with torch.inference_mode():
+            logits, state = workload.forward(model, prompts, None)
+            assert logits.dim() == 2 and logits.shape[0] == self.batch_size
+            token = logits.argmax(-1)
+            more, _ = workload.forward(model, token[:, None], state)
+        assert more.shape == logits.shape and torch.isfinite(more).all()
+
+    def test_generates_at_least_one_token_per_request(self):
+        workload = self.make_workload()
+        assert workload.generation_length() >= 1
+        assert workload.items_per_sample() == workload.generation_length()
+
+    def test_a_served_batch_matches_the_reference_in_fp32(self):
+        workload = self.make_workload()
+        with (
+            ServeStep(workload, Knobs(batch_size=self.batch_size), CPU) as step,
+            ServeStep(workload.reference(), Knobs(batch_size=self.batch_size), CPU) as ref,
+        ):
+            got, expected = step.generate(), ref.generate()
+        assert got.tokens.shape == (self.batch_size, workload.generation_length())
+        assert torch.allclose(got.logits, expected.logits, rtol=1e-4, atol=1e-5)

@@ -1,0 +1,126 @@
+"""The oracle view: for each knob and each of its values, the best stable configuration with it.
+
+"Best" is as the recommendation ranks: the highest lower bound of the throughput interval, among
+stable complete configurations within the SLO, on their final figures (re-validated where they
+were). A value no stable configuration reached shows as not measured. Read a panel as "had I fixed
+this knob at this value and tuned everything else, this is the best the study found": the gap
+between values is what getting that knob right is worth.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from search import pareto
+from search.records import COMPLETE, TrialRecord
+from search.report import knobs_text, si
+
+
+@dataclass(frozen=True)
+class OracleRow:
+    knob: str
+    value: Any
+    best: TrialRecord | None
+    """The best stable configuration with ``knob == value`` (None: none measured)."""
+
+
+def oracle(
+    history: Sequence[TrialRecord],
+    knobs: Mapping[str, Sequence[Any] | None],
+    slo: Mapping[str, float],
+) -> list[OracleRow]:
+    """A row per knob and value (``knobs``: each searched knob's values, None for a continuous
+    range: the values measured). ``history`` with its final verdicts
+    (``results.with_revalidation``)."""
+    eligible = [
+        r for r in history if r.state == COMPLETE and r.stable and pareto.meets_slo(r.metrics, slo)
+    ]
+    rows = []
+    for knob, values in knobs.items():
+        listed = list(values) if values is not None else sorted({r.config[knob] for r in eligible})
+        for value in listed:
+            with_value = [r for r in eligible if r.config.get(knob) == value]
+            best = max(with_value, key=lambda r: r.metrics["throughput_ci_low"], default=None)
+            rows.append(OracleRow(knob, value, best))
+    return rows
+
+
+def oracle_lines(rows: Sequence[OracleRow], knob_names: Sequence[str], unit: str) -> list[str]:
+    """The oracle as the summary prints it: per knob, each value's best, with what it was."""
+    lines = ["best stable configuration for each value of each knob (the oracle view):"]
+    for knob in dict.fromkeys(r.knob for r in rows):
+        lines.append(f"  {knob}:")
+        for r in (row for row in rows if row.knob == knob):
+            if r.best is None:
+                lines.append(f"    {r.value}: no stable configuration measured")
+                continue
+            m = r.best.metrics
+            others = [k for k in knob_names if k != knob]
+            lines.append(
+                f"    {r.value}: {si(m['throughput'])} [{si(m['throughput_ci_low'])}, "
+                f"{si(m['throughput_ci_high'])}] {unit}/s, #{r.best.number} "
+                f"({knobs_text(r.best.config, others)})"
+            )
+    return lines
+
+
+def write_oracle_plot(path: Path, rows: Sequence[OracleRow], unit: str, title: str) -> None:
+    """``oracle.png``: a panel per knob, the best throughput (with its interval) at each value."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    knobs = list(dict.fromkeys(r.knob for r in rows))
+    fig, axes = plt.subplots(
+        1, len(knobs), figsize=(3.2 * len(knobs) + 0.8, 3.6), dpi=120, squeeze=False, sharey=True
+    )
+    for ax, knob in zip(axes[0], knobs, strict=True):
+        mine = [r for r in rows if r.knob == knob]
+        labels = [str(r.value) for r in mine]
+        x = list(range(len(mine)))
+        y = [r.best.metrics["throughput"] if r.best else math.nan for r in mine]
+        err = [
+            [
+                r.best.metrics["throughput"] - r.best.metrics["throughput_ci_low"] if r.best else 0
+                for r in mine
+            ],
+            [
+                r.best.metrics["throughput_ci_high"] - r.best.metrics["throughput"] if r.best else 0
+                for r in mine
+            ],
+        ]
+        ax.errorbar(x, y, yerr=err, fmt="o", capsize=4, color="tab:blue")
+        for xi, r in zip(x, mine, strict=True):
+            if r.best is None:
+                ax.annotate(
+                    "not measured",
+                    (xi, 0),
+                    ha="center",
+                    fontsize=7,
+                    color="gray",
+                    xycoords=("data", "axes fraction"),
+                    xytext=(0, 6),
+                    textcoords="offset points",
+                )
+            else:
+                ax.annotate(
+                    f"#{r.best.number}",
+                    (xi, y[xi]),
+                    textcoords="offset points",
+                    xytext=(5, 3),
+                    fontsize=7,
+                )
+        ax.set_xticks(x, labels)
+        ax.set_xlim(-0.5, len(mine) - 0.5)
+        ax.set_xlabel(knob)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel(f"best stable throughput ({unit}/s)")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

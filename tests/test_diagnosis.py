@@ -1,0 +1,149 @@
+"""Regime diagnosis: counted work, the device's peaks, and the regime each figure implies."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from search.diagnosis import (
+    COMPUTE,
+    MEMORY,
+    OVERHEAD,
+    Peak,
+    count_work,
+    device_peak,
+    diagnose,
+    doubling,
+    table_peak,
+)
+from search.knobs import Knobs, TrainStep
+from search.records import COMPLETE, TrialRecord
+from search.serving import ServeStep
+from search.workloads import GPT, GPTServe, TwoBranchCNN
+
+CPU = torch.device("cpu")
+GPT_TINY = dict(vocab_size=64, seq_len=16, d_model=32, n_layers=2, n_heads=4)
+
+
+def work_of(workload, **knobs):
+    with TrainStep(workload, Knobs(**knobs), CPU) as step:
+        return count_work(step), step.items_per_step
+
+
+def test_counted_flops_of_a_gpt_step_are_its_analytic_model_flops():
+    workload = GPT(**GPT_TINY)
+    work, items = work_of(workload, batch_size=4)
+    # torch counts fused attention's backward as recomputing the scores: 2 * seq * d_model more
+    # per token and layer than PaLM's 12 (forward 4, backward 8)
+    c = GPT_TINY
+    scores_again = 2 * c["seq_len"] * c["d_model"] * c["n_layers"]
+    assert work.flops / items == pytest.approx(workload.flops_per_item() + scores_again, rel=1e-9)
+    assert work.bytes > 0
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [{"micro_batch_size": 1, "streams": 2}, {"recompute": True}, {"precision": "bf16"}],
+    ids=str,
+)
+def test_how_a_step_runs_does_not_change_its_counted_model_flops(knobs):
+    plain, _ = work_of(GPT(**GPT_TINY), batch_size=4)
+    other, _ = work_of(GPT(**GPT_TINY), batch_size=4, **knobs)
+    assert other.flops == plain.flops  # lanes counted in this thread, recompute not counted
+
+
+def test_parallel_branches_are_counted_like_serial_ones():
+    shape = dict(image_size=8, channels=3, width=8, depth=1)
+    serial, _ = work_of(TwoBranchCNN(**shape, branches="serial"), batch_size=4)
+    parallel, _ = work_of(TwoBranchCNN(**shape, branches="parallel"), batch_size=4)
+    assert parallel.flops == serial.flops > 0
+
+
+def test_serving_without_a_cache_counts_the_recomputed_prefix():
+    shape = dict(vocab_size=64, prompt_len=16, gen_len=8, d_model=32, n_layers=2, n_heads=4)
+    counts = {}
+    for kv_cache in (True, False):
+        with ServeStep(GPTServe(**shape, kv_cache=kv_cache), Knobs(batch_size=2), CPU) as step:
+            counts[kv_cache] = count_work(step)
+    assert counts[False].flops > 3 * counts[True].flops
+
+
+PEAK = Peak({"fp32": 100e9}, bytes_per_s=10e9, source="test")  # ridge: 10 FLOP/B
+
+
+def figures(flops_per_item: float, bytes_per_item: float, throughput: float) -> dict[str, float]:
+    return {
+        "flops_per_item": flops_per_item,
+        "bytes_per_item": bytes_per_item,
+        "throughput": throughput,
+    }
+
+
+def test_regimes_follow_the_roofline_and_the_batch_doubling():
+    # 50 FLOP/B, 60 GFLOP/s of an attainable 100: compute-bound
+    compute = diagnose(figures(50e3, 1e3, 1.2e6), "fp32", PEAK, None)
+    assert compute is not None and compute.regime == COMPUTE
+    assert compute.mfu == pytest.approx(0.6) and compute.intensity == pytest.approx(50)
+    # 2 FLOP/B: attainable 20 GFLOP/s, 12 reached
+    memory = diagnose(figures(2e3, 1e3, 6e6), "fp32", PEAK, None)
+    assert memory is not None and memory.regime == MEMORY
+    assert memory.bandwidth_util == pytest.approx(0.6)
+    # far below either roof: overhead
+    idle = diagnose(figures(50e3, 1e3, 1e5), "fp32", PEAK, None)
+    assert idle is not None and idle.regime == OVERHEAD
+    # the study's own pair outranks the roofline either way
+    assert diagnose(figures(50e3, 1e3, 1.2e6), "fp32", PEAK, (7, 1.1)).regime == OVERHEAD
+    near_linear = diagnose(figures(50e3, 1e3, 1e5), "fp32", PEAK, (7, 1.9))
+    assert near_linear.regime == COMPUTE and "#7" in near_linear.why
+    # nothing to say without counted work or a peak for the precision
+    assert diagnose({"throughput": 1.0}, "fp32", PEAK, None) is None
+    assert diagnose(figures(1, 1, 1), "bf16", PEAK, None) is None
+
+
+def record(number: int, batch: int, micro: int, throughput: float) -> TrialRecord:
+    config = {"batch_size": batch, "micro_batch_size": micro, "precision": "fp32"}
+    return TrialRecord(number, config, COMPLETE, {"throughput": throughput}, True)
+
+
+def test_the_pair_is_the_same_configuration_with_each_pass_twice_as_large():
+    small, other, big = record(1, 4, 2, 100.0), record(2, 8, 2, 150.0), record(3, 8, 4, 160.0)
+    # twice the batch in twice the micro-batch: step time 8/160 against 4/100
+    assert doubling(small, [small, other, big]) == (3, pytest.approx(1.25))
+    assert doubling(big, [small, other, big]) is None
+
+
+def test_known_gpus_have_datasheet_peaks():
+    h100 = table_peak("NVIDIA H100 80GB HBM3")
+    assert h100 is not None and h100.flops_per_s["bf16"] == pytest.approx(989.4e12)
+    assert h100.bytes_per_s == pytest.approx(3.35e12)
+    pcie = table_peak("NVIDIA H100 PCIe")
+    assert pcie is not None and pcie.flops_per_s["bf16"] < h100.flops_per_s["bf16"]
+    assert table_peak("NVIDIA H200").bytes_per_s == pytest.approx(4.8e12)
+    assert table_peak("Some Future GPU") is None
+
+
+def test_a_measured_peak_is_measured_once_and_cached(tmp_path, monkeypatch):
+    monkeypatch.setattr(
+        "search.diagnosis.measure_peak",
+        lambda device, precisions, budget_s=0.5: Peak(
+            {p: 1e9 for p in precisions}, 5e9, "measured (stand-in)"
+        ),
+    )
+    cache = tmp_path / "peaks.json"
+    peak, measured = device_peak(CPU, "some cpu", ["fp32"], cache)
+    assert measured and peak.flops_per_s == {"fp32": 1e9}
+    again, measured = device_peak(CPU, "some cpu", ["fp32"], cache)
+    assert not measured and again == peak
+    more, measured = device_peak(CPU, "some cpu", ["fp32", "bf16"], cache)
+    assert measured and set(more.flops_per_s) == {"fp32", "bf16"}
+    assert len(json.loads(cache.read_text())) == 1
+
+
+def test_the_real_peak_measurement_reads_plausible_figures():
+    from search.diagnosis import measure_peak
+
+    peak = measure_peak(CPU, ["fp32"], budget_s=0.05)
+    assert 1e8 < peak.flops_per_s["fp32"] < 1e14
+    assert 1e8 < peak.bytes_per_s < 1e13

@@ -1,0 +1,62 @@
+"""The oracle view: the best stable configuration for each value of each knob."""
+
+from __future__ import annotations
+
+from search.oracle import oracle, oracle_lines, write_oracle_plot
+from search.records import COMPLETE, FAILED, TrialRecord
+
+
+def record(number, precision, batch, low, stable=True, p95=10.0, state=COMPLETE):
+    metrics = {
+        "throughput": low + 10,
+        "throughput_ci_low": low,
+        "throughput_ci_high": low + 20,
+        "latency_p95_ms": p95,
+    }
+    config = {"precision": precision, "batch_size": batch}
+    return TrialRecord(number, config, state, metrics if state == COMPLETE else {}, stable)
+
+
+HISTORY = [
+    record(0, "fp32", 8, 100),
+    record(1, "fp32", 16, 140, p95=50),  # fastest fp32, but over a 20 ms slo
+    record(2, "bf16", 8, 300, stable=False),  # unstable: never the oracle's
+    record(3, "bf16", 16, 200),
+    record(4, "fp32", 32, 0, state=FAILED),
+]
+KNOBS = {"precision": ["fp32", "bf16"], "batch_size": [8, 16, 32]}
+
+
+def best(rows, knob, value):
+    return next(r.best for r in rows if r.knob == knob and r.value == value)
+
+
+def test_each_value_gets_the_best_stable_configuration_on_its_lower_bound():
+    rows = oracle(HISTORY, KNOBS, {})
+    assert best(rows, "precision", "fp32").number == 1
+    assert best(rows, "precision", "bf16").number == 3
+    assert best(rows, "batch_size", 8).number == 0
+    assert best(rows, "batch_size", 16).number == 3
+    assert best(rows, "batch_size", 32) is None  # only a failed trial had it
+
+
+def test_the_slo_rules_configurations_out():
+    rows = oracle(HISTORY, KNOBS, {"latency_p95_ms": 20})
+    assert best(rows, "precision", "fp32").number == 0
+
+
+def test_a_continuous_knob_lists_the_values_measured():
+    rows = oracle(HISTORY, {"batch_size": None}, {})
+    assert [r.value for r in rows] == [8, 16]
+
+
+def test_the_summary_table_and_the_plot(tmp_path):
+    rows = oracle(HISTORY, KNOBS, {})
+    lines = oracle_lines(rows, list(KNOBS), "tokens")
+    text = "\n".join(lines)
+    assert "precision:" in text and "batch_size:" in text
+    assert "32: no stable configuration measured" in text
+    assert "bf16: 210 [200, 220] tokens/s, #3 (batch_size=16)" in text
+    path = tmp_path / "oracle.png"
+    write_oracle_plot(path, rows, "tokens", "test")
+    assert path.stat().st_size > 10_000
