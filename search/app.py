@@ -37,11 +37,13 @@ from search.gpu_telemetry import energy_unavailable_reason
 from search.guards import KnownOutcomes, config_key
 from search.liveness import Heartbeat, Recovery, owner
 from search.noise import NoiseFloor
-from search.oracle import oracle, oracle_lines, write_oracle_plot
+from search.oracle import oracle, oracle_lines, oracle_values, write_oracle_plot
 from search.prepare import control_config, fingerprint, load_space
 from search.records import COMPLETE, TrialRecord
 from search.report import (
+    DESCRIPTION_CHARS,
     console,
+    front_cells,
     knobs_text,
     pareto_table,
     shown_metrics,
@@ -286,10 +288,6 @@ def _driver(
             extra["throttle_reasons"] = result.throttle_reasons
         if record.state != COMPLETE and result.stderr_tail:
             extra["stderr_tail"] = redact(result.stderr_tail[-4000:])
-        diagnosis = ctx.diagnosis(record)
-        if diagnosis is not None:
-            extra |= {"regime": diagnosis.regime, "regime_why": diagnosis.why}
-            record = replace(record, metrics={**record.metrics, **diagnosis.metrics()})
         had_error = tracker.log_error is not None
         run_id = tracker.log_trial(record, result.duration_s, {**tags, **extra})
         if record.state == COMPLETE:  # the parent's charts: the study's progress, trial by trial
@@ -311,6 +309,12 @@ def _driver(
 
     def progress(record: TrialRecord, history: list[TrialRecord]) -> None:
         front = results.stable_front(history, ctx.space)
+        diagnosis = ctx.diagnosis(record, history)
+        if diagnosis is not None and record.run_id:  # with the study's batch-doubling pairs
+            tracker.log_metrics(record.run_id, diagnosis.metrics())
+            tracker.set_tags(
+                record.run_id, {"regime": diagnosis.regime, "regime_why": diagnosis.why}
+            )
         ctx.out.print(
             trial_line(
                 record,
@@ -321,7 +325,7 @@ def _driver(
                 knob_names,
                 ctx.settings.measure.confidence,
                 shown,
-                ctx.diagnosis(record, history),
+                diagnosis,
             ),
             markup=False,
         )
@@ -377,7 +381,8 @@ def _revalidate(ctx: Context, study: optuna.Study, todo: list[TrialRecord]) -> N
     )
 
     def measure(candidate: TrialRecord) -> TrialResult:
-        return run_isolated(ctx.request(candidate.config))
+        # counted at search time already: the diagnosis reads that count
+        return run_isolated(replace(ctx.request(candidate.config), count=False))
 
     def progress(i: int, n: int, candidate: TrialRecord, result: TrialResult) -> None:
         figure = (
@@ -417,11 +422,13 @@ def _log_final(
     study_dir: Path,
     control_s: float,
     diagnoses: Mapping[int, Diagnosis],
+    paired: Sequence[TrialRecord] = (),
 ) -> None:
     """The figures as the final noise floor gives them, on MLflow: the floor and the control's
     level over time on the parent run (with ``noise.png``); the intervals spanning runs, the
     verdict, the re-validated figures and the regime (with the study's batch-doubling pairs) on
-    the runs of this invocation's trials (a later step of the same metrics)."""
+    the runs of this invocation's trials (a later step of the same metrics), and the regime on
+    earlier trials ``paired`` with one of them."""
     tracker.log_metrics(tracker.parent_id, {**floor.metrics(), "noise_control_time_s": control_s})
     for i, control in enumerate(floor.controls):
         tracker.log_metrics(
@@ -437,20 +444,26 @@ def _log_final(
         tracker.log_artifact(path)
     for record in mine:
         if record.run_id and record.state == COMPLETE:
-            keys = ("throughput", "throughput_ci_low", "throughput_ci_high")
-            tracker.log_metrics(record.run_id, {k: record.metrics[k] for k in keys}, step=1)
+            keys = [
+                f"{name}{end}"
+                for name in ("throughput", "requests_per_s")
+                for end in ("", "_ci_low", "_ci_high")
+            ]
+            final = {k: record.metrics[k] for k in keys if k in record.metrics}
+            tracker.log_metrics(record.run_id, final, step=1)
             tracker.set_tags(
                 record.run_id,
                 {"stable": str(record.stable).lower(), "unstable_reason": record.reason or "-"},
             )
             if record.number in done:
                 results.log_revalidation(tracker, record.run_id, done[record.number])
-            diagnosis = diagnoses.get(record.number)
-            if diagnosis is not None:
-                tracker.log_metrics(record.run_id, diagnosis.metrics(), step=1)
-                tracker.set_tags(
-                    record.run_id, {"regime": diagnosis.regime, "regime_why": diagnosis.why}
-                )
+    for record in [*mine, *paired]:
+        diagnosis = diagnoses.get(record.number)
+        if record.run_id and diagnosis is not None:
+            tracker.log_metrics(record.run_id, diagnosis.metrics(), step=1)
+            tracker.set_tags(
+                record.run_id, {"regime": diagnosis.regime, "regime_why": diagnosis.why}
+            )
 
 
 @dataclass(frozen=True)
@@ -501,6 +514,11 @@ def _finish(ctx: Context, driver: StudyDriver, outcome: StudyOutcome, tracker: T
         tracker.log_artifact(path)
     diagnoses = {r.number: d for r in final if (d := ctx.diagnosis(r, final)) is not None}
     mine = {r.number for r in outcome.records}
+    paired = [
+        r
+        for r in final
+        if r.number not in mine and (pair := doubling(r, final)) is not None and pair[0] in mine
+    ]
     _log_final(
         ctx,
         tracker,
@@ -510,6 +528,7 @@ def _finish(ctx: Context, driver: StudyDriver, outcome: StudyOutcome, tracker: T
         study_dir,
         driver.control_s,
         diagnoses,
+        paired,
     )
     if best is not None:
         tracker.set_tags(tracker.parent_id, {"best_trial": str(best.number)})
@@ -533,27 +552,29 @@ def _finish(ctx: Context, driver: StudyDriver, outcome: StudyOutcome, tracker: T
     unit = history[0].unit if history else "items"
     _print_front(ctx, front, best, unit, diagnoses)
     regimes = _regime_lines(diagnoses, best)
-    rows = oracle(final, {k: p.values() for k, p in space.searched.items()}, settings.slo)
-    oracle_text = oracle_lines(rows, list(space.searched), unit)
+    rows = oracle(final, {k: oracle_values(p) for k, p in space.searched.items()}, settings.slo)
+    shown = shown_metrics([o.metric for o in space.objectives])
+    oracle_text = oracle_lines(rows, list(space.searched), unit, shown[:2])
     for line in regimes + oracle_text:
         out.print(line, markup=False)
-    write_oracle_plot(
-        study_dir / "oracle.png",
-        rows,
-        unit,
-        f"{space.name} on {ctx.env['device_name']}: best stable throughput at each value",
+    if rows:
+        write_oracle_plot(
+            study_dir / "oracle.png",
+            rows,
+            unit,
+            f"{space.name} on {ctx.env['device_name']}: best stable throughput at each value",
+        )
+        tracker.log_artifact(study_dir / "oracle.png")
+    cells = front_cells(
+        front, best, list(space.searched), unit, settings.measure.confidence, shown, diagnoses
     )
-    tracker.log_artifact(study_dir / "oracle.png")
-    description = summary_markdown(
-        f"{outcome.study_name} on {ctx.env['device_name']}",
-        front,
-        best,
-        list(space.searched),
-        unit,
-        shown_metrics([o.metric for o in space.objectives]),
-        diagnoses,
-        {"The machine's noise": noise, "Regimes": regimes, "Oracle": oracle_text},
-    )
+    sections = {"The machine's noise": noise, "Regimes": regimes, "Oracle": oracle_text}
+    title = f"{outcome.study_name} on {ctx.env['device_name']}"
+    confidence = settings.measure.confidence
+    summary = study_dir / "summary.md"
+    summary.write_text(summary_markdown(title, cells, best, unit, confidence, sections, None))
+    tracker.log_artifact(summary)
+    description = summary_markdown(title, cells, best, unit, confidence, sections)
     tracker.describe(tracker.parent_id, description)
     noise_png = ", noise.png" if floor.controls else ""
     out.print(f"files: {study_dir}/best.yaml, pareto.csv, pareto.png, oracle.png{noise_png}")
@@ -605,7 +626,8 @@ def _remeasure(ctx: Context, study: optuna.Study, base: Tuned) -> dict[str, Pool
     ]
 
     def measure(candidate: TrialRecord) -> TrialResult:
-        return run_isolated(ctx.request(candidate.config))
+        # counted at search time already: the diagnosis reads that count
+        return run_isolated(replace(ctx.request(candidate.config), count=False))
 
     def progress(i: int, n: int, candidate: TrialRecord, result: TrialResult) -> None:
         m = result.measurement
@@ -731,7 +753,10 @@ def _confirm(
     for failure in confirmed.failures:
         out.print(f"  not counted: {failure}", markup=False)
     figure = confirmed.figures[0]
-    old_today = confirmed.figures[1] if other is not None else figure
+    # the old recommendation today: measured beside today's, or today's own runs when it is the
+    # same configuration; none when it lies outside the space now
+    same = old is None or old.config == best.config
+    old_today = confirmed.figures[1] if other is not None else (figure if same else None)
     if figure is None:
         out.print(
             f"confirmed: no (fewer than {MIN_RUNS} of {rounds} rounds complete): this run cannot "
@@ -820,10 +845,11 @@ def _conclude(
         md, js = write_report(study_dir, base, today, conclusion, list(ctx.space.searched))
         tracker.set_tags(tracker.parent_id, {"verdict": conclusion.verdict})
         verdict = [c.line() for c in conclusion.comparisons] + [conclusion.line]
-        tracker.describe(
-            tracker.parent_id,
-            "### Re-tune\n\n```\n" + "\n".join(verdict) + "\n```\n\n" + finished.description,
-        )
+        head = "### Re-tune\n\n```\n" + "\n".join(verdict) + "\n```\n\n"
+        rest = finished.description
+        if len(head) + len(rest) > DESCRIPTION_CHARS:
+            rest = "(the study's summary: `summary.md` among this run's artifacts)"
+        tracker.describe(tracker.parent_id, head + rest)
         tracker.log_artifact(md)
         tracker.log_artifact(js)
         out.print(f"report: {md}, {js.name}", markup=False)

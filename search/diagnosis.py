@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -130,73 +131,42 @@ class Peak:
 
 
 _T = 1e12
-# Dense (not 2:4 sparse) peaks from NVIDIA's datasheets; substrings of the device name, most
-# specific first. H100: "NVIDIA H100 Tensor Core GPU" datasheet (SXM5 / PCIe / NVL); H200: "NVIDIA
-# H200 Tensor Core GPU" datasheet (SXM; NVL); A100: "NVIDIA A100 Tensor Core GPU" datasheet; L4,
-# L40S, A10: their product datasheets. Sparse figures there are halved here.
+# Dense (not 2:4 sparse) peaks from NVIDIA's datasheets, by a pattern of the device name (whole
+# words: "A10G" is not an A10, "L40" not an L4), most specific first. H100: "NVIDIA H100 Tensor
+# Core GPU" datasheet (SXM5 / PCIe / NVL); H200: "NVIDIA H200 Tensor Core GPU" datasheet (SXM;
+# NVL); A100: "NVIDIA A100 Tensor Core GPU" datasheet; L4, L40S, A10: their product datasheets.
+# Sparse figures there are halved here.
+_H100 = {"fp32": 66.9e12, "tf32": 494.7 * _T, "bf16": 989.4 * _T, "fp16": 989.4 * _T}
+_NVL = {"fp32": 60e12, "tf32": 417.5 * _T, "bf16": 835.5 * _T, "fp16": 835.5 * _T}
+_A100 = {"fp32": 19.5e12, "tf32": 156 * _T, "bf16": 312 * _T, "fp16": 312 * _T}
 GPU_PEAKS: tuple[tuple[str, dict[str, float], float, str], ...] = (
     (
-        "H100 PCIe",
+        r"\bH100\b.*\bPCIe\b",
         {"fp32": 51.2e12, "tf32": 378 * _T, "bf16": 756 * _T, "fp16": 756 * _T},
         2.0e12,
         "NVIDIA H100 datasheet (PCIe)",
     ),
+    (r"\bH100 NVL\b", _NVL, 3.9e12, "NVIDIA H100 datasheet (NVL)"),
+    (r"\bH100\b", _H100, 3.35e12, "NVIDIA H100 datasheet (SXM5)"),
+    (r"\bH200 NVL\b", _NVL, 4.8e12, "NVIDIA H200 datasheet (NVL)"),
+    (r"\bH200\b", _H100, 4.8e12, "NVIDIA H200 datasheet (SXM)"),
+    (r"\bA100-SXM4-80GB\b", _A100, 2.039e12, "NVIDIA A100 datasheet (SXM 80GB)"),
+    (r"\bA100 80GB PCIe\b", _A100, 1.935e12, "NVIDIA A100 datasheet (PCIe 80GB)"),
+    (r"\bA100\b", _A100, 1.555e12, "NVIDIA A100 datasheet (40GB)"),
     (
-        "H100 NVL",
-        {"fp32": 60e12, "tf32": 417.5 * _T, "bf16": 835.5 * _T, "fp16": 835.5 * _T},
-        3.9e12,
-        "NVIDIA H100 datasheet (NVL)",
-    ),
-    (
-        "H100",
-        {"fp32": 66.9e12, "tf32": 494.7 * _T, "bf16": 989.4 * _T, "fp16": 989.4 * _T},
-        3.35e12,
-        "NVIDIA H100 datasheet (SXM5)",
-    ),
-    (
-        "H200 NVL",
-        {"fp32": 60e12, "tf32": 417.5 * _T, "bf16": 835.5 * _T, "fp16": 835.5 * _T},
-        4.8e12,
-        "NVIDIA H200 datasheet (NVL)",
-    ),
-    (
-        "H200",
-        {"fp32": 66.9e12, "tf32": 494.7 * _T, "bf16": 989.4 * _T, "fp16": 989.4 * _T},
-        4.8e12,
-        "NVIDIA H200 datasheet (SXM)",
-    ),
-    (
-        "A100-SXM4-80GB",
-        {"fp32": 19.5e12, "tf32": 156 * _T, "bf16": 312 * _T, "fp16": 312 * _T},
-        2.039e12,
-        "NVIDIA A100 datasheet (SXM 80GB)",
-    ),
-    (
-        "A100 80GB PCIe",
-        {"fp32": 19.5e12, "tf32": 156 * _T, "bf16": 312 * _T, "fp16": 312 * _T},
-        1.935e12,
-        "NVIDIA A100 datasheet (PCIe 80GB)",
-    ),
-    (
-        "A100",
-        {"fp32": 19.5e12, "tf32": 156 * _T, "bf16": 312 * _T, "fp16": 312 * _T},
-        1.555e12,
-        "NVIDIA A100 datasheet (40GB)",
-    ),
-    (
-        "L40S",
+        r"\bL40S\b",
         {"fp32": 91.6e12, "tf32": 183 * _T, "bf16": 362 * _T, "fp16": 362 * _T},
         864e9,
         "NVIDIA L40S datasheet",
     ),
     (
-        "L4",
+        r"\bL4\b",
         {"fp32": 30.3e12, "tf32": 60 * _T, "bf16": 121 * _T, "fp16": 121 * _T},
         300e9,
         "NVIDIA L4 datasheet",
     ),
     (
-        "A10",
+        r"\bA10\b",
         {"fp32": 31.2e12, "tf32": 62.5 * _T, "bf16": 125 * _T, "fp16": 125 * _T},
         600e9,
         "NVIDIA A10 datasheet",
@@ -206,8 +176,8 @@ GPU_PEAKS: tuple[tuple[str, dict[str, float], float, str], ...] = (
 
 def table_peak(device_name: str) -> Peak | None:
     """The datasheet peak of a known GPU (by its name), else None."""
-    for key, flops, bandwidth, source in GPU_PEAKS:
-        if key in device_name:
+    for pattern, flops, bandwidth, source in GPU_PEAKS:
+        if re.search(pattern, device_name):
             return Peak(flops, bandwidth, source)
     return None
 
@@ -235,22 +205,30 @@ def _best_rate(run, amount: float, device: torch.device, budget_s: float) -> flo
             return best
 
 
+def _matmul_rate(device: torch.device, n: int, precision: str, budget_s: float) -> float:
+    torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
+    a = torch.randn(n, n, device=device).to(_DTYPES[precision])
+    return _best_rate(lambda: a @ a, 2.0 * n**3, device, budget_s)
+
+
+def _copy_rate(device: torch.device, elements: int, budget_s: float) -> float:
+    src, dst = torch.ones(elements, device=device), torch.empty(elements, device=device)
+    return _best_rate(lambda: dst.copy_(src), 2.0 * 4 * elements, device, budget_s)
+
+
 def measure_peak(device: torch.device, precisions: list[str], budget_s: float = 0.5) -> Peak:
     """This machine's peak FLOP/s per precision (a large square matrix product) and bandwidth (a
     large copy), the best of ``budget_s`` of rounds each."""
     n = 4096 if device.type == "cuda" else 1024
-    flops: dict[str, float] = {}
     previous = torch.get_float32_matmul_precision()
     try:
-        for precision in precisions:
-            torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
-            a = torch.randn(n, n, device=device).to(_DTYPES[precision])
-            flops[precision] = _best_rate(lambda a=a: a @ a, 2.0 * n**3, device, budget_s)
+        flops = {p: _matmul_rate(device, n, p, budget_s) for p in precisions}
     finally:
         torch.set_float32_matmul_precision(previous)
     elements = (1 << 28) if device.type == "cuda" else (1 << 24)  # 1 GiB, 64 MiB of fp32
-    src, dst = torch.ones(elements, device=device), torch.empty(elements, device=device)
-    bandwidth = _best_rate(lambda: dst.copy_(src), 2.0 * 4 * elements, device, budget_s)
+    bandwidth = _copy_rate(device, elements, budget_s)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # this is the study's process: its trials need the memory
     return Peak(
         flops,
         bandwidth,

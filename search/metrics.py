@@ -22,7 +22,7 @@ from numpy.typing import ArrayLike
 from scipy import stats
 
 from search.noise import stall_steps
-from search.records import COMPLETE
+from search.records import COMPLETE, with_requests
 
 if TYPE_CHECKING:
     from search.runner import TrialResult
@@ -192,12 +192,11 @@ def trial_metrics(result: TrialResult, confidence: float) -> dict[str, float]:
     }
     if result.items_per_request is not None:
         # requests/s is throughput in other units: the same interval and CV, scaled
-        for key in ("", "_ci_low", "_ci_high"):
-            metrics[f"requests_per_s{key}"] = metrics[f"throughput{key}"] / result.items_per_request
+        metrics["items_per_request"] = result.items_per_request
         metrics["requests_per_s_cv"] = m.throughput_cv
     if result.peak_memory_mb is not None:
         metrics["peak_memory_mb"] = result.peak_memory_mb
-    return {**metrics, **result.work, **result.telemetry, **result.fidelity}
+    return with_requests({**metrics, **result.work, **result.telemetry, **result.fidelity})
 
 
 def objective_values(metrics: Mapping[str, float], objectives: Sequence[str]) -> list[float | None]:

@@ -40,6 +40,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from scipy import stats
 
+from search.records import with_requests
+
 if TYPE_CHECKING:
     from search.settings import StableSettings
 
@@ -482,7 +484,8 @@ def assess(
     }
     if floor.corrected:
         out["throughput_uncorrected"] = run.throughput
-    return out, judge(run, floor, settings, throttled=bool(metrics.get("throttled", 0.0)))
+    verdict = judge(run, floor, settings, throttled=bool(metrics.get("throttled", 0.0)))
+    return with_requests(out), verdict
 
 
 def assess_pooled(
@@ -507,4 +510,4 @@ def assess_pooled(
         step_s=float(np.mean([r.step_s for r in runs])),
     )
     out = {**metrics, "throughput": mean, "throughput_ci_low": low, "throughput_ci_high": high}
-    return out, judge(together, floor, settings, replicates=runs)
+    return with_requests(out), judge(together, floor, settings, replicates=runs)

@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from search import pareto
+from search.metrics import METRICS
 from search.records import COMPLETE, TrialRecord
 from search.report import knobs_text, si
+from search.results import recommend
+from search.space import IntParam, Param
 
 
 @dataclass(frozen=True)
@@ -36,21 +38,34 @@ def oracle(
     """A row per knob and value (``knobs``: each searched knob's values, None for a continuous
     range: the values measured). ``history`` with its final verdicts
     (``results.with_revalidation``)."""
-    eligible = [
-        r for r in history if r.state == COMPLETE and r.stable and pareto.meets_slo(r.metrics, slo)
-    ]
+    stable = [r for r in history if r.state == COMPLETE and r.stable]
     rows = []
     for knob, values in knobs.items():
-        listed = list(values) if values is not None else sorted({r.config[knob] for r in eligible})
+        listed = list(values) if values is not None else sorted({r.config[knob] for r in stable})
         for value in listed:
-            with_value = [r for r in eligible if r.config.get(knob) == value]
-            best = max(with_value, key=lambda r: r.metrics["throughput_ci_low"], default=None)
-            rows.append(OracleRow(knob, value, best))
+            with_value = [r for r in stable if r.config.get(knob) == value]
+            rows.append(OracleRow(knob, value, recommend(with_value, slo)))
     return rows
 
 
-def oracle_lines(rows: Sequence[OracleRow], knob_names: Sequence[str], unit: str) -> list[str]:
-    """The oracle as the summary prints it: per knob, each value's best, with what it was."""
+MAX_LISTED = 16
+"""An int knob with more values than this shows only the values measured."""
+
+
+def oracle_values(param: Param) -> list[Any] | None:
+    """The values the oracle lists for a searched knob: all of a categorical, a bool or a short
+    int range; None (the values measured) for a float or a long int range."""
+    if isinstance(param, IntParam) and param.count() > MAX_LISTED:
+        return None  # counted, never listed: a range may hold billions
+    values = param.values()
+    return values if values is not None and len(values) <= MAX_LISTED else None
+
+
+def oracle_lines(
+    rows: Sequence[OracleRow], knob_names: Sequence[str], unit: str, shown: Sequence[str] = ()
+) -> list[str]:
+    """The oracle as the summary prints it: per knob, each value's best, with its ``shown``
+    figures (the other objectives) and what the rest of its configuration was."""
     lines = ["best stable configuration for each value of each knob (the oracle view):"]
     for knob in dict.fromkeys(r.knob for r in rows):
         lines.append(f"  {knob}:")
@@ -60,16 +75,24 @@ def oracle_lines(rows: Sequence[OracleRow], knob_names: Sequence[str], unit: str
                 continue
             m = r.best.metrics
             others = [k for k in knob_names if k != knob]
+            figures = "".join(
+                f", {METRICS[k].label} {m[k]:{METRICS[k].fmt}} {METRICS[k].unit}"
+                for k in shown
+                if k in m
+            )
             lines.append(
                 f"    {r.value}: {si(m['throughput'])} [{si(m['throughput_ci_low'])}, "
-                f"{si(m['throughput_ci_high'])}] {unit}/s, #{r.best.number} "
+                f"{si(m['throughput_ci_high'])}] {unit}/s{figures}, #{r.best.number} "
                 f"({knobs_text(r.best.config, others)})"
             )
     return lines
 
 
 def write_oracle_plot(path: Path, rows: Sequence[OracleRow], unit: str, title: str) -> None:
-    """``oracle.png``: a panel per knob, the best throughput (with its interval) at each value."""
+    """``oracle.png``: a panel per knob, the best throughput (with its interval) at each value.
+    Nothing is written for no rows (every knob continuous and nothing stable)."""
+    if not rows:
+        return
     import matplotlib
 
     matplotlib.use("Agg")

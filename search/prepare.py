@@ -24,7 +24,7 @@ from search.gpu_telemetry import energy_unavailable_reason
 from search.knobs import GENERIC_KNOBS, PRECISIONS, unsupported_reason
 from search.metrics import METRICS
 from search.space import FloatParam, IntParam, Param, SearchSpace, SpaceError, parse_space
-from search.workloads import Workload
+from search.workloads import ServingWorkload, Workload
 
 
 def load_space(
@@ -55,7 +55,7 @@ def load_space(
         )
     _check_generic_knobs(space)
     _check_workload(space)
-    _check_workload_settings(space)
+    _check_workload_settings(space, slo or {})
     _check_metrics_apply(space, slo or {})
     if any(o.metric == "energy_per_item_j" for o in space.objectives):
         reason = energy_unavailable_reason(device)
@@ -162,27 +162,49 @@ def _check_workload(space: SearchSpace) -> None:
             )
 
 
-def _check_workload_settings(space: SearchSpace) -> None:
-    """The workload's constructor takes its settings and every value of each of its own knobs
-    (an int or float range at its ends), the others at their smallest: a value it refuses would
-    fail every trial that draws it."""
-    own = {n: p for n, p in space.params.items() if n not in GENERIC_KNOBS}
-    base = {n: _smallest(p) for n, p in own.items()}
-    tried: list[tuple[dict[str, Any], str | None]] = [({}, None)] + [
-        ({name: value}, name) for name, param in own.items() for value in _ends_and_choices(param)
-    ]
+def _check_workload_settings(space: SearchSpace, slo: Mapping[str, Any]) -> None:
+    """The workload's constructor takes its settings and, in a configuration the constraints
+    allow, every value of each of its own knobs (an int range at its ends): a value it refuses
+    would fail every trial that draws it. The constructor runs here, in the study's process, once
+    per value; it is meant to store settings, not to build the model."""
+    own = [n for n in space.params if n not in GENERIC_KNOBS]
+    configs = space.feasible_configs()
+    if configs is None:  # too many to list: configurations drawn at random stand in
+        rng = random.Random(0)
+        configs = [c for c in (space.random_feasible(rng, tries=200) for _ in range(50)) if c]
+    if not configs:
+        return
+    tried: list[tuple[dict[str, Any], str | None]] = [(configs[0], None)]
+    for name in own:
+        for value in _ends_and_choices(space.params[name]):
+            found = next((c for c in configs if c[name] == value), None)
+            if found is not None:
+                tried.append((found, name))
     target = space.workload["_target_"]
-    for change, name in tried:
+    for config, knob in tried:
+        settings = {k: config[k] for k in own}
         try:
-            settings = {**base, **change}
-            instantiate(dict(space.workload), _convert_="all", _recursive_=False, **settings)
+            built = instantiate(
+                dict(space.workload), _convert_="all", _recursive_=False, **settings
+            )
         except Exception as e:  # the constructor's own check, a TypeError, ...
             cause = e.__cause__ or e  # Hydra wraps what the constructor raised
             what = (
-                f"refuses {name}={change[name]!r}" if name else "cannot be built from its settings"
+                f"refuses {knob}={config[knob]!r}" if knob else "cannot be built from its settings"
             )
             first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
             raise ConfigError(f"space '{space.name}': workload {target} {what}: {first}") from None
+        tpot = [o.metric for o in space.objectives] + list(slo)
+        if (
+            isinstance(built, ServingWorkload)
+            and built.generation_length() < 2
+            and any(m.startswith("tpot_") for m in tpot)
+        ):
+            raise ConfigError(
+                f"space '{space.name}': time per output token needs at least 2 generated tokens, "
+                f"but {target} generates {built.generation_length()}; raise its generation length "
+                "or drop the tpot objectives and slo"
+            )
 
 
 def _ends_and_choices(param: Param) -> list[Any]:

@@ -67,3 +67,21 @@ def config_name(config: Mapping[str, Any]) -> str:
         else:
             parts.append(f"{name}={value:.4g}" if isinstance(value, float) else f"{name}={value}")
     return "·".join(parts) or "default"
+
+
+def with_requests(metrics: Mapping[str, float]) -> dict[str, float]:
+    """``metrics`` with requests/s derived from the throughput figures as they stand (after the
+    noise floor widened or corrected them): a serving trial's ``requests_per_s`` (and its
+    ``_ci_low``, ``_ci_high``) is its throughput over the items of one request
+    (``items_per_request``); other trials are returned as they are."""
+    per_request = metrics.get("items_per_request")
+    if not per_request:
+        return dict(metrics)
+    return {
+        **metrics,
+        **{
+            f"requests_per_s{end}": metrics[f"throughput{end}"] / per_request
+            for end in ("", "_ci_low", "_ci_high")
+            if f"throughput{end}" in metrics
+        },
+    }

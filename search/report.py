@@ -162,6 +162,45 @@ def summary_lines(
     return lines
 
 
+def front_cells(
+    front: Sequence[TrialRecord],
+    best: TrialRecord | None,
+    knob_names: Sequence[str],
+    unit: str,
+    confidence: float,
+    shown: Sequence[str],
+    diagnoses: Mapping[int, Diagnosis],
+) -> tuple[list[str], list[list[str]]]:
+    """The front as the terminal and the parent run's description show it: the header and a row
+    per configuration, fastest first (MFU and regime where ``diagnoses`` has any)."""
+    header = [
+        "trial",
+        *knob_names,
+        f"throughput ({unit}/s, {confidence:.0%} CI)",
+        "cv",
+        *(f"{METRICS[k].label} {METRICS[k].unit}" for k in shown),
+        "windows",
+        *(("mfu", "regime") if diagnoses else ()),
+        "",
+    ]
+    rows = []
+    for r in sorted(front, key=lambda r: -r.metrics["throughput"]):
+        m = r.metrics
+        rows.append(
+            [
+                str(r.number),
+                *(_value(r.config[k]) for k in knob_names),
+                throughput_text(m, "").replace(" /s", ""),
+                f"{m['throughput_cv']:.1%}",
+                *(_figure(m, k) for k in shown),
+                f"{m['n_windows']:.0f}",
+                *(_diagnosis_cells(diagnoses.get(r.number)) if diagnoses else ()),
+                "best" if best is not None and r.number == best.number else "",
+            ]
+        )
+    return header, rows
+
+
 def pareto_table(
     front: Sequence[TrialRecord],
     best: TrialRecord | None,
@@ -173,31 +212,12 @@ def pareto_table(
     diagnoses: Mapping[int, Diagnosis] | None = None,
 ) -> Table:
     """The front, fastest first; with ``diagnoses`` (by trial number) its MFU and regime too."""
-    diagnoses = diagnoses or {}
+    header, rows = front_cells(front, best, knob_names, unit, confidence, shown, diagnoses or {})
     table = Table(title=title, title_justify="left")
-    for column in (
-        "trial",
-        *knob_names,
-        f"throughput ({unit}/s, {confidence:.0%} CI)",
-        "cv",
-        *(f"{METRICS[k].label} {METRICS[k].unit}" for k in shown),
-        "windows",
-        *(("mfu", "regime") if diagnoses else ()),
-        "",
-    ):
+    for column in header:
         table.add_column(column, justify="right" if column not in knob_names else "left")
-    for r in sorted(front, key=lambda r: -r.metrics["throughput"]):
-        m = r.metrics
-        table.add_row(
-            str(r.number),
-            *(_value(r.config[k]) for k in knob_names),
-            throughput_text(m, "").replace(" /s", ""),
-            f"{m['throughput_cv']:.1%}",
-            *(_figure(m, k) for k in shown),
-            f"{m['n_windows']:.0f}",
-            *(_diagnosis_cells(diagnoses.get(r.number)) if diagnoses else ()),
-            "best" if best is not None and r.number == best.number else "",
-        )
+    for row in rows:
+        table.add_row(*row)
     return table
 
 
@@ -207,44 +227,42 @@ def _diagnosis_cells(diagnosis: Diagnosis | None) -> tuple[str, str]:
     return f"{diagnosis.mfu:.1%}", diagnosis.regime
 
 
+DESCRIPTION_CHARS = 8000
+"""MLflow keeps at most this many characters of a tag (a run's description is one)."""
+
+
 def summary_markdown(
     title: str,
-    front: Sequence[TrialRecord],
+    front_table: tuple[list[str], list[list[str]]],
     best: TrialRecord | None,
-    knob_names: Sequence[str],
     unit: str,
-    shown: Sequence[str],
-    diagnoses: Mapping[int, Diagnosis],
+    confidence: float,
     sections: Mapping[str, Sequence[str]],
+    limit: int | None = DESCRIPTION_CHARS,
 ) -> str:
     """A study's summary as MLflow shows a parent run's description: the recommendation, the
-    front as a table, then ``sections`` (heading: the lines the terminal printed)."""
+    front as a table (``front_cells``), then ``sections`` (heading: the lines the terminal
+    printed); beyond ``limit`` characters the sections left are cut, with a note pointing to
+    ``summary.md`` (the whole, written with ``limit=None``)."""
     lines = [f"### {title}", ""]
     if best is not None:
         lines.append(
             f"**Recommended: #{best.number} `{config_name(best.config)}`**, "
-            f"{throughput_text(best.metrics, unit)} (95% CI)"
+            f"{throughput_text(best.metrics, unit)} ({confidence:.0%} CI)"
         )
     else:
         lines.append("**Nothing recommended** (see below)")
-    header = ["trial", *knob_names, f"throughput ({unit}/s)", *shown, "mfu", "regime", ""]
+    header, rows = front_table
     lines += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for r in sorted(front, key=lambda r: -r.metrics["throughput"]):
-        mfu, regime = _diagnosis_cells(diagnoses.get(r.number))
-        cells = [
-            str(r.number),
-            *(_value(r.config[k]) for k in knob_names),
-            throughput_text(r.metrics, "").replace(" /s", ""),
-            *(_figure(r.metrics, k) for k in shown),
-            mfu,
-            regime,
-            "best" if best is not None and r.number == best.number else "",
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    note = "\n\n(more in `summary.md` among this run's artifacts)"
+    text = "\n".join(lines)
     for heading, body in sections.items():
-        if body:
-            lines += ["", f"#### {heading}", "", "```", *body, "```"]
-    return "\n".join(lines)
+        block = "\n".join(["", "", f"#### {heading}", "", "```", *body, "```"]) if body else ""
+        if limit is not None and len(text) + len(block) + len(note) > limit:
+            return text + note
+        text += block
+    return text
 
 
 def write_csv(path: Path, front: Sequence[TrialRecord], knob_names: Sequence[str]) -> None:

@@ -402,9 +402,33 @@ class Conclusion:
         return EXIT_REGRESSION if self.verdict == REGRESSION else 0
 
 
-def _per_reference(f: Figure) -> list[float]:
-    """Each run's throughput divided by the reference step's just before it."""
-    return [r / ref for r, ref in zip(f.runs, f.references, strict=True)]
+def sensitivity(*figures: Figure) -> float:
+    """How much the workload's speed follows the machine's: the slope of log throughput on the
+    log of the reference step run just before it, pooled within nights (each figure's runs about
+    their own means, so a change between nights does not enter), clipped to [0, 1]. 0 where the
+    references did not vary.
+
+    A workload whose speed follows the reference step (1) is corrected by it in full; one that
+    does not (a sleeping workload, a GPU-bound one on a host that slowed) is not corrected at all:
+    dividing it by the reference step would only add the reference's own noise."""
+    xs, ys = [], []
+    for f in figures:
+        if len(f.references) >= 2 and len(f.references) == len(f.runs):
+            x = np.log(np.asarray(f.references, dtype=float))
+            y = np.log(np.asarray(f.runs, dtype=float))
+            xs.append(x - x.mean())
+            ys.append(y - y.mean())
+    if not xs:
+        return 0.0
+    x, y = np.concatenate(xs), np.concatenate(ys)
+    spread = float(np.dot(x, x))
+    return float(np.clip(np.dot(x, y) / spread, 0.0, 1.0)) if spread > 0 else 0.0
+
+
+def at_machine_speed(f: Figure, beta: float) -> list[float]:
+    """Each run's throughput divided by the reference step's just before it, to the power of the
+    workload's ``sensitivity`` ``beta``."""
+    return [r / ref**beta for r, ref in zip(f.runs, f.references, strict=True)]
 
 
 def conclude(
@@ -421,15 +445,17 @@ def conclude(
     as today's recommendation, or the same runs when it is the same configuration).
 
     The gate is today's best vs the baseline's; where both runs measured the reference step, the
-    same ratio at the same machine speed (each run divided by the reference step just before it)
-    must agree with it, so that a slower machine is not blamed on the model. Not when the software
-    changed (torch, CUDA, the driver, ...): the reference step runs on it too, and a slower torch
-    is a regression, not a slower machine. Regression: each gate's ratio is more than
-    ``threshold`` below 1 and surely below 1 (its interval lies under 1), or nothing stable is left
-    to recommend. Optimum moved: today's recommendation is another configuration, more than
-    ``threshold`` and surely faster than the old one measured in the same rounds. Improved: each
-    gate more than ``threshold`` above 1, surely. Same: the last gate's interval lies within
-    1 ± ``threshold``. Ambiguous: none of these, or today's recommendation could not be confirmed.
+    same ratio at the same machine speed (each run divided by the reference step just before it,
+    to the power of the workload's ``sensitivity``) must agree with it, so that a slower machine
+    is not blamed on the model. Not when the software changed (``SOFTWARE_ENV``: torch, CUDA, the
+    driver, ...): the reference step runs on it too, and a slower torch is a regression, not a
+    slower machine. Regression: today's best is more than ``threshold`` below the baseline's and
+    surely below it (the interval lies under 1), and the estimate at the same machine speed more
+    than ``threshold`` below too; or nothing stable is left to recommend. Optimum moved: today's
+    recommendation is another configuration, more than ``threshold`` and surely faster than the
+    old one measured in the same rounds. Improved: as a regression, the other way. Same: the last
+    gate's interval lies within 1 ± ``threshold``. Ambiguous: none of these, or today's
+    recommendation could not be confirmed.
     """
     assert base.recommended is not None
     old = base.recommended
@@ -460,6 +486,7 @@ def conclude(
     best_vs = compare(what, best.runs, old.runs, threshold, confidence)
     comparisons.append(best_vs)
     machine = adjusted = moved_vs = None
+    beta = 0.0
     software = software_changes(base, today)
     if len(best.references) >= MIN_RUNS and len(old.references) >= MIN_RUNS:
         machine = compare(
@@ -469,15 +496,16 @@ def conclude(
             threshold,
             confidence,
         )
+        beta = sensitivity(best, old)
         adjusted = compare(
             "best, today vs baseline, at the same machine speed",
-            _per_reference(best),
-            _per_reference(old),
+            at_machine_speed(best, beta),
+            at_machine_speed(old, beta),
             threshold,
             confidence,
         )
         comparisons += [machine, adjusted]
-    changed += _machine_lines(machine, software, base, today)
+    changed += _machine_lines(machine, software, base, today, beta)
     if old_today is not None and not same_config and len(old_today.runs) >= MIN_RUNS:
         moved_vs = compare(
             "today's recommendation vs the old one, both today",
@@ -487,11 +515,11 @@ def conclude(
             confidence,
         )
         comparisons.append(moved_vs)
-    # Both the ratio and the ratio at the same machine speed must agree before the model is
-    # called slower or faster: the first alone would blame a slower machine on the model (this
-    # machine's speed moves by several percent from one hour to the next, and runs of one
-    # invocation share the moment), the second alone would credit the model with a reference
-    # step that sped up for reasons of its own.
+    # The ratio as measured must be surely beyond 1 and beyond the threshold, and the estimate
+    # at the same machine speed beyond the threshold too, before the model is called slower or
+    # faster: the first alone would blame a slower machine on the model (this machine's speed
+    # moves by several percent from one hour to the next, and runs of one invocation share the
+    # moment); the second, surely, would lose the power the reference's own noise costs.
     gates = [best_vs] + ([adjusted] if adjusted is not None and not software else [])
     gate = gates[-1]
 
@@ -501,11 +529,14 @@ def conclude(
     def faster(c: Comparison) -> bool:
         return c.ratio > 1 + threshold and c.low > 1
 
-    if all(slower(g) for g in gates):
+    def agrees(c: Comparison, direction: int) -> bool:
+        return c.ratio < 1 - threshold if direction < 0 else c.ratio > 1 + threshold
+
+    if slower(best_vs) and all(agrees(g, -1) for g in gates[1:]):
         verdict = REGRESSION
     elif moved_vs is not None and faster(moved_vs):
         verdict, gate = MOVED, moved_vs
-    elif all(faster(g) for g in gates):
+    elif faster(best_vs) and all(agrees(g, +1) for g in gates[1:]):
         verdict = IMPROVED
     elif 1 - threshold <= gate.low and gate.high <= 1 + threshold:
         verdict = SAME  # surely no material change (at the same machine speed, where measured)
@@ -514,7 +545,7 @@ def conclude(
     hint = ""
     if verdict == AMBIGUOUS:
         samples = (
-            (_per_reference(best), _per_reference(old))
+            (at_machine_speed(best, beta), at_machine_speed(old, beta))
             if gate is adjusted
             else (list(best.runs), list(old.runs))
         )
@@ -560,18 +591,34 @@ def _verdict_line(
     return f"retune: {verdict.upper()}: {figures} ({base.name}); {today.name}"
 
 
-VOLATILE_ENV = {"load_average_1min", "started"}
-"""Environment fields that differ from run to run on an unchanged machine."""
+VOLATILE_ENV = {"load_average_1min", "started", "gpu_sm_clock_mhz", "gpu_mem_clock_mhz"}
+"""Environment fields that differ from run to run on an unchanged machine (readings)."""
+SOFTWARE_ENV = (
+    "torch",
+    "python",
+    "cuda",
+    "cudnn",
+    "gpu_driver",
+    "platform",
+    "search_version",
+    "search_git_commit",
+)
+"""The software the reference step runs on as well as the model: when one of these changed, a
+slower reference step is no evidence of a slower machine. The working directory's commit is the
+model's side (what a re-tune is for), the host and the CPU or GPU the machine's."""
 
 
-def software_changes(base: Tuned, today: Tuned) -> list[str]:
-    """The environment fields that differ from the baseline, but those that move on an unchanged
-    machine (``VOLATILE_ENV``)."""
+def _differing(base: Tuned, today: Tuned) -> list[str]:
     return [
         key
         for key in sorted(set(base.env) | set(today.env))
         if key not in VOLATILE_ENV and base.env.get(key) != today.env.get(key)
     ]
+
+
+def software_changes(base: Tuned, today: Tuned) -> list[str]:
+    """The software fields (``SOFTWARE_ENV``) that differ from the baseline."""
+    return [key for key in _differing(base, today) if key in SOFTWARE_ENV]
 
 
 def what_changed(base: Tuned, today: Tuned) -> list[str]:
@@ -583,13 +630,17 @@ def what_changed(base: Tuned, today: Tuned) -> list[str]:
             f"workload: fingerprint {base.fingerprint[:12]} -> {today.fingerprint[:12]} (the "
             "model's source or settings, the device or torch)"
         )
-    for key in software_changes(base, today):
+    for key in _differing(base, today):
         changed.append(f"environment: {key} {base.env.get(key)!r} -> {today.env.get(key)!r}")
     return changed
 
 
 def _machine_lines(
-    machine: Comparison | None, software: Sequence[str], base: Tuned, today: Tuned
+    machine: Comparison | None,
+    software: Sequence[str],
+    base: Tuned,
+    today: Tuned,
+    beta: float = 0.0,
 ) -> list[str]:
     """What the reference step says of the machine, and whether the verdict uses it."""
     if machine is None:
@@ -603,7 +654,10 @@ def _machine_lines(
             "slower machine reads as a slower model"
         ]
     figures = f"({machine.ratio:.3f}x [{machine.low:.3f}, {machine.high:.3f}])"
-    line = f"machine: the reference step is {machine.label.lower()} {figures}"
+    line = (
+        f"machine: the reference step is {machine.label.lower()} {figures}; the workload follows "
+        f"it with sensitivity {beta:.2f} (0: not at all, 1: in full)"
+    )
     if software:
         return [
             f"{line}; the software changed ({', '.join(software)}) and the reference step runs on "
@@ -693,7 +747,20 @@ def _finite_or_none(d: Mapping[str, Any]) -> dict[str, Any]:
     return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in d.items()}
 
 
-HISTORY_COLUMNS = ["name", "kind", "verdict", "throughput", "ci_low", "ci_high", "unit", "config"]
+HISTORY_COLUMNS = [
+    "name",
+    "kind",
+    "device",
+    "verdict",
+    "throughput",
+    "ci_low",
+    "ci_high",
+    "unit",
+    "confirmed_runs",
+    "config",
+]
+"""``confirmed_runs``: the fresh runs behind the figure (0: a search figure, never confirmed; such a
+run cannot be a re-tune's baseline)."""
 
 
 def history_rows(runs: Sequence[Tuned]) -> list[dict[str, Any]]:
@@ -704,11 +771,13 @@ def history_rows(runs: Sequence[Tuned]) -> list[dict[str, Any]]:
             {
                 "name": t.name,
                 "kind": t.kind,
+                "device": t.device,
                 "verdict": t.verdict or "-",
                 "throughput": "" if r is None else f"{r.throughput:.6g}",
                 "ci_low": "" if r is None else f"{r.low:.6g}",
                 "ci_high": "" if r is None else f"{r.high:.6g}",
                 "unit": f"{t.unit}/s",
+                "confirmed_runs": 0 if r is None else len(r.runs),
                 "config": "" if r is None else json.dumps(r.config, sort_keys=True),
             }
         )
@@ -789,7 +858,7 @@ def run_history(cfg_node: Any) -> int:
             "tuning first (python -m search with the same arguments)"
         )
     table = Table(title=f"{name}: the recommended configuration, run by run")
-    for column in ("run", "verdict", "throughput (95% CI)", "configuration"):
+    for column in ("run", "device", "verdict", "throughput (95% CI)", "runs", "configuration"):
         table.add_column(column)
     for row in history_rows(runs):
         figure = (
@@ -798,7 +867,10 @@ def run_history(cfg_node: Any) -> int:
             if row["throughput"]
             else "none"
         )
-        table.add_row(row["name"], row["verdict"], figure, row["config"] or "-")
+        confirmed = str(row["confirmed_runs"]) if row["confirmed_runs"] else "unconfirmed"
+        table.add_row(
+            row["name"], row["device"], row["verdict"], figure, confirmed, row["config"] or "-"
+        )
     out = console()
     out.print(table)
     csv_path, png_path = write_history(

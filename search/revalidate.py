@@ -177,6 +177,11 @@ def pool_runs(kept: Sequence[Run], confidence: float) -> Pooled:
         "n_windows": float(sum(run["n_windows"] for run in runs)),
         "n_steps": float(len(steps)),
         "stall_steps": float(sum(run["stall_steps"] for run in runs)),
+        **(
+            {"items_per_request": runs[0]["items_per_request"]}
+            if "items_per_request" in runs[0]
+            else {}
+        ),
     }
     for metric in METRICS.values():
         metrics |= _POOL[metric.pooling](metric, runs, samples, confidence)

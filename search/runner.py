@@ -144,7 +144,7 @@ def run_trial(request: TrialRequest, on_memory_exceeded=None) -> TrialResult:
                 measurement = measure(step, step.items_per_step, request.measure, timer, phases)
                 peak_mb = probe.peak_mb()
                 # After the windows and the memory reading, as cheap as one more step or two
-                work = work_metrics(count_work(step), step.items_per_step) if request.count else {}
+                work = _counted(step) if request.count else {}
         finally:
             timer.close()
         # the fidelity check's fp32 reference may need more than the configuration did
@@ -364,6 +364,16 @@ def telemetry_metrics(windows, items_per_window: int, confidence: float) -> dict
             np.mean(["sw_power_cap" in getattr(w, "throttle_reasons", ()) for w in windows])
         )
     return out
+
+
+def _counted(step: TrainStep | ServeStep) -> dict[str, float]:
+    """The step's counted work per item; nothing when counting fails (an operator the counters
+    cannot handle): the diagnosis is lost, never the measurement."""
+    try:
+        return work_metrics(count_work(step), step.items_per_step)
+    except Exception:
+        traceback.print_exc()  # into the worker's stderr
+        return {}
 
 
 def _make_step(workload: Any, knobs: Knobs, device: torch.device, seed: int):
@@ -601,7 +611,13 @@ def _tail_lines(data: bytes) -> str:
         for line in text.splitlines()
         if line.strip() and not line.startswith("Extension modules:")
     ]
-    return "\n".join(lines[-STDERR_TAIL_LINES:])
+    tail = lines[-STDERR_TAIL_LINES:]
+    # faulthandler's dump of every thread can push its own first line, what killed the worker,
+    # out of the tail: keep it in front
+    fatal = next((line for line in lines if line.startswith("Fatal Python error")), None)
+    if fatal is not None and fatal not in tail:
+        tail = [fatal, *tail[1:]]
+    return "\n".join(tail)
 
 
 def _headline(tail: str) -> str:

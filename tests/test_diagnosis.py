@@ -147,3 +147,8 @@ def test_the_real_peak_measurement_reads_plausible_figures():
     peak = measure_peak(CPU, ["fp32"], budget_s=0.05)
     assert 1e8 < peak.flops_per_s["fp32"] < 1e14
     assert 1e8 < peak.bytes_per_s < 1e13
+
+
+@pytest.mark.parametrize("name", ["NVIDIA A10G", "NVIDIA L40", "NVIDIA RTX A1000", "NVIDIA H1000"])
+def test_other_gpus_are_not_taken_for_a_known_one_by_a_part_of_their_name(name):
+    assert table_peak(name) is None

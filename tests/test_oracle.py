@@ -52,11 +52,26 @@ def test_a_continuous_knob_lists_the_values_measured():
 
 def test_the_summary_table_and_the_plot(tmp_path):
     rows = oracle(HISTORY, KNOBS, {})
-    lines = oracle_lines(rows, list(KNOBS), "tokens")
+    lines = oracle_lines(rows, list(KNOBS), "tokens", ["latency_p95_ms"])
     text = "\n".join(lines)
     assert "precision:" in text and "batch_size:" in text
     assert "32: no stable configuration measured" in text
-    assert "bf16: 210 [200, 220] tokens/s, #3 (batch_size=16)" in text
+    assert "bf16: 210 [200, 220] tokens/s, p95 10.0 ms, #3 (batch_size=16)" in text
     path = tmp_path / "oracle.png"
     write_oracle_plot(path, rows, "tokens", "test")
     assert path.stat().st_size > 10_000
+
+
+def test_long_int_ranges_and_floats_list_the_values_measured():
+    from search.oracle import oracle_values
+    from search.space import CategoricalParam, FloatParam, IntParam
+
+    assert oracle_values(IntParam(1, 8)) == list(range(1, 9))
+    assert oracle_values(IntParam(1, 10**12)) is None  # never listed
+    assert oracle_values(FloatParam(0.0, 1.0)) is None
+    assert oracle_values(CategoricalParam(("a", "b"))) == ["a", "b"]
+
+
+def test_no_rows_writes_no_plot(tmp_path):
+    write_oracle_plot(tmp_path / "oracle.png", [], "tokens", "t")
+    assert not (tmp_path / "oracle.png").exists()

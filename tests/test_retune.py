@@ -30,6 +30,7 @@ from search.retune import (
     compare,
     conclude,
     save_tuned,
+    sensitivity,
     shift,
     tuned_runs,
 )
@@ -194,6 +195,57 @@ def test_a_slower_machine_is_not_blamed_on_the_model():
         0.05,
     )
     assert both.verdict == REGRESSION, "0.8 at the same machine speed, and 0.64 as measured"
+
+
+def test_the_sensitivity_is_how_much_the_workload_follows_the_reference_step():
+    refs = runs(50, 0.1)
+    follows = Figure.measured(A, [r * 2 for r in refs], refs)
+    assert sensitivity(follows) == pytest.approx(1.0)
+    half = Figure.measured(A, [100 * (r / 50) ** 0.5 for r in refs], refs)
+    assert sensitivity(half) == pytest.approx(0.5)
+    # runs that do not move with the reference step (a sleeping workload)
+    ignores = Figure.measured(A, [100.0, 101.0, 99.0, 100.0, 101.0, 99.0], refs[::-1])
+    assert sensitivity(ignores) < 0.1
+    assert sensitivity(Figure.measured(A, runs(100), [50.0] * 6)) == 0.0  # a steady reference
+
+
+def test_a_steady_workload_is_not_corrected_by_a_noisy_reference_step():
+    # The model got 10% slower; the reference step spread by 15% on both nights and does not
+    # drive the workload. Dividing by it in full would add its spread and hide the slowdown.
+    rng = np.random.default_rng(1)
+
+    def night(level: float) -> Figure:
+        refs = list(50 * np.exp(rng.normal(0, 0.15, 8)))
+        return Figure.measured(A, list(level * np.exp(rng.normal(0, 0.01, 8))), refs)
+
+    base, today = night(100), night(90)
+    conclusion = conclude(tuned(base), tuned(today, "retune 2"), today, 0.05)
+    assert conclusion.verdict == REGRESSION
+    assert any("sensitivity 0.0" in c for c in conclusion.changed)
+
+
+def test_only_software_changes_turn_the_machine_speed_off():
+    refs = runs(50, 0.01)
+    base_env = {"device_name": "cpu", "workdir_git_commit": "a", "gpu_sm_clock_mhz": "1980"}
+    today_env = {"device_name": "cpu", "workdir_git_commit": "b", "gpu_sm_clock_mhz": "1755"}
+    # the model's commit changed (what a re-tune is for) and the machine is 20% slower
+    conclusion = conclude(
+        tuned(fig(100, refs=refs), env=base_env),
+        tuned(fig(80, refs=[r * 0.8 for r in refs]), "retune 2", env=today_env),
+        fig(80),
+        0.05,
+    )
+    assert conclusion.verdict == SAME, "the machine's slowdown is not blamed on the model"
+    assert "environment: workdir_git_commit 'a' -> 'b'" in conclusion.changed
+    assert not any("clock" in c for c in conclusion.changed), "a reading, not a change"
+    # torch changed: the reference step runs on it too, so the ratio as measured decides
+    torch_changed = conclude(
+        tuned(fig(100, refs=refs), env={**base_env, "torch": "2.12"}),
+        tuned(fig(80, refs=[r * 0.8 for r in refs]), "retune 2", env={**base_env, "torch": "2.13"}),
+        fig(80),
+        0.05,
+    )
+    assert torch_changed.verdict == REGRESSION
 
 
 def test_the_baseline_is_the_last_confirmed_run_or_the_one_named():

@@ -122,3 +122,10 @@ class ServingWorkload(abc.ABC):
         """The plainest implementation of the same computation (e.g. without a cache): the
         fidelity check compares every configuration with it, in fp32. Default: itself."""
         return self
+
+
+def require_positive_ints(**sizes: object) -> None:
+    """Each of ``sizes`` is an int >= 1 (not a bool); else ValueError naming it."""
+    for name, value in sizes.items():
+        if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            raise ValueError(f"`{name}` must be an int >= 1, but got {name}={value!r}.")

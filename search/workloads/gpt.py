@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from search.workloads.base import Workload
+from search.workloads.base import Workload, require_positive_ints
 
 _INIT_STD = 0.02
 """GPT-2's weight init: keeps the logits small, so the initial loss is close to ln(vocab_size)."""
@@ -148,9 +148,7 @@ class GPT(Workload):
 def check_gpt_shape(**sizes: int) -> None:
     """Every size is an int >= 1 and ``n_heads`` divides ``d_model``; else ValueError saying
     which."""
-    for name, value in sizes.items():
-        if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-            raise ValueError(f"`{name}` must be an int >= 1, but got {name}={value!r}.")
+    require_positive_ints(**sizes)
     if sizes["d_model"] % sizes["n_heads"]:
         raise ValueError(
             f"`d_model % n_heads == 0` must hold, but got (d_model={sizes['d_model']}, "

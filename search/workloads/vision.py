@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from search.knobs import is_counting
-from search.workloads.base import Workload
+from search.workloads.base import Workload, require_positive_ints
 
 BRANCHES = ("serial", "parallel")
 
@@ -45,7 +45,8 @@ class _TwoBranchNet(nn.Module):
         self.context = nn.Sequential(*(_conv(width, width, 3, dilation=2) for _ in range(depth)))
         self.join = _conv(2 * width, width, 1)
         self.head = nn.Linear(width, n_classes)
-        self._pool: ThreadPoolExecutor | None = None
+        # threads start on first use; one per lane that may call at once
+        self._pool = ThreadPoolExecutor(4, thread_name_prefix="branch")
         self._side: dict[int, torch.cuda.Stream] = {}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -70,8 +71,6 @@ class _TwoBranchNet(nn.Module):
 
         if is_counting():  # torch counts per thread: one thread while the work is counted
             return self.local(x), self.context(x)
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(2, thread_name_prefix="branch")
         context = self._pool.submit(run, self.context)
         return self.local(x), context.result()
 
@@ -80,7 +79,9 @@ class _TwoBranchNet(nn.Module):
         default), joined back before the result is used. Backward runs each op on its forward's
         stream, so the branches overlap there too."""
         main = torch.cuda.current_stream(x.device)
-        side = self._side.setdefault(main.stream_id, torch.cuda.Stream(x.device))
+        if main.stream_id not in self._side:  # once per calling stream, outside later steps
+            self._side[main.stream_id] = torch.cuda.Stream(x.device)
+        side = self._side[main.stream_id]
         side.wait_stream(main)
         with torch.cuda.stream(side):
             context = self.context(x)
@@ -105,11 +106,9 @@ class TwoBranchCNN(Workload):
         n_classes: int = 10,
         branches: str = "serial",
     ):
-        for name, value in dict(
+        require_positive_ints(
             image_size=image_size, channels=channels, width=width, depth=depth, n_classes=n_classes
-        ).items():
-            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-                raise ValueError(f"`{name}` must be an int >= 1, but got {name}={value!r}.")
+        )
         if branches not in BRANCHES:
             raise ValueError(f"`branches` must be one of {BRANCHES}, but got {branches!r}.")
         self.image_size, self.channels, self.width = image_size, channels, width
