@@ -508,11 +508,22 @@ def _finish(ctx: Context, driver: StudyDriver, outcome: StudyOutcome, tracker: T
     best = results.recommend(front, settings.slo)
     study_dir = Path(settings.runs_dir) / outcome.study_name
     final = results.with_revalidation(history, done)  # every file shows the final verdicts
+    diagnoses = {r.number: d for r in final if (d := ctx.diagnosis(r, final)) is not None}
+
+    def diagnosed(r: TrialRecord) -> TrialRecord:  # the files carry the diagnosis's figures
+        d = diagnoses.get(r.number)
+        return r if d is None else replace(r, metrics={**r.metrics, **d.metrics()})
+
     for path in results.write_files(
-        study_dir, final, front, best, settings, space, ctx.env["device_name"]
+        study_dir,
+        final,
+        [diagnosed(r) for r in front],
+        diagnosed(best) if best is not None else None,
+        settings,
+        space,
+        ctx.env["device_name"],
     ):
         tracker.log_artifact(path)
-    diagnoses = {r.number: d for r in final if (d := ctx.diagnosis(r, final)) is not None}
     mine = {r.number for r in outcome.records}
     paired = [
         r

@@ -37,7 +37,7 @@ from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from search.knobs import counting
-from search.records import COMPLETE, TrialRecord
+from search.records import COMPLETE, TrialRecord, si
 
 FAR_FROM_ROOF = 0.2
 """Below this fraction of the attainable FLOP/s (roofline), and with no batch-doubling pair to say
@@ -327,7 +327,7 @@ def diagnose(
             regime, why = roof, f"{where}; twice the work per pass (#{number}) took {ratio:.2f}x"
     elif achieved < FAR_FROM_ROOF * attainable:
         regime = OVERHEAD
-        why = f"{achieved / attainable:.0%} of the attainable {attainable:.3g} FLOP/s ({where})"
+        why = f"{achieved / attainable:.0%} of the attainable {si(attainable)}FLOP/s ({where})"
     else:
         regime, why = roof, f"{where}, {achieved / attainable:.0%} of the attainable FLOP/s"
     return Diagnosis(

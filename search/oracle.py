@@ -99,10 +99,19 @@ def write_oracle_plot(path: Path, rows: Sequence[OracleRow], unit: str, title: s
     import matplotlib.pyplot as plt
 
     knobs = list(dict.fromkeys(r.knob for r in rows))
+    columns = min(len(knobs), 4)
+    lines = math.ceil(len(knobs) / columns)
     fig, axes = plt.subplots(
-        1, len(knobs), figsize=(3.2 * len(knobs) + 0.8, 3.6), dpi=120, squeeze=False, sharey=True
+        lines,
+        columns,
+        figsize=(3.2 * columns + 0.8, 3.4 * lines + 0.3),
+        dpi=120,
+        squeeze=False,
+        sharey=True,
     )
-    for ax, knob in zip(axes[0], knobs, strict=True):
+    for ax in axes.flat[len(knobs) :]:
+        ax.set_visible(False)
+    for ax, knob in zip(axes.flat, knobs, strict=False):
         mine = [r for r in rows if r.knob == knob]
         labels = [str(r.value) for r in mine]
         x = list(range(len(mine)))
@@ -142,7 +151,8 @@ def write_oracle_plot(path: Path, rows: Sequence[OracleRow], unit: str, title: s
         ax.set_xlim(-0.5, len(mine) - 0.5)
         ax.set_xlabel(knob)
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel(f"best stable throughput ({unit}/s)")
+    for row in axes:
+        row[0].set_ylabel(f"best stable throughput ({unit}/s)")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path)

@@ -85,3 +85,11 @@ def with_requests(metrics: Mapping[str, float]) -> dict[str, float]:
             if f"throughput{end}" in metrics
         },
     }
+
+
+def si(value: float) -> str:
+    """``value`` with an SI prefix and 3 significant digits: ``41.2k``, ``989T``."""
+    for factor, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g}{suffix}"
+    return f"{value:.3g}"

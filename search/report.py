@@ -30,14 +30,8 @@ from search.records import (
     TrialRecord,
     config_name,
     fault_kind,
+    si,
 )
-
-
-def si(value: float) -> str:
-    for factor, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(value) >= factor:
-            return f"{value / factor:.3g}{suffix}"
-    return f"{value:.3g}"
 
 
 def _clock(seconds: float) -> str:

@@ -559,17 +559,25 @@ def runs_needed(
 ) -> str:
     """How much two samples of runs spread (the CV of their logs), and about how many runs a side
     would make the interval of their ratio as narrow as ``threshold`` (normal approximation:
-    half-width z·s·sqrt(2/n)), as one line."""
+    half-width z·s·sqrt(2/n)), as one line; when they are that many already, that the change
+    lies near the threshold, where more runs narrow the interval but may not decide."""
     spreads = [float(np.std(np.log(x), ddof=1)) for x in (today, base) if len(x) > 1]
     if not spreads:
         return ""
     s = math.sqrt(sum(v**2 for v in spreads) / len(spreads))
     z = float(stats.norm.ppf(0.5 + confidence / 2))
     n = math.ceil(2 * (z * s / -math.log(1 - threshold)) ** 2)
+    spread = f"the runs spread by {spreads[0]:.1%} today and {spreads[-1]:.1%} at the baseline (CV)"
+    if n <= min(len(today), len(base)):
+        estimate = math.exp(float(np.median(np.subtract.outer(np.log(today), np.log(base)))))
+        return (
+            f"near the threshold: {spread}, enough for an interval as narrow as ±{threshold:.0%}, "
+            f"but the change ({estimate:.3f}x) lies so near 1 - {threshold:.0%} or 1 that the "
+            "interval reaches across: more runs (retune.confirm) narrow it further"
+        )
     return (
-        f"too noisy to tell: the runs spread by {spreads[0]:.1%} today and "
-        f"{spreads[-1]:.1%} at the baseline (CV); an interval as narrow as ±{threshold:.0%} needs "
-        f"about {max(n, MIN_RUNS)} runs a side (retune.confirm), or a steadier machine"
+        f"too noisy to tell: {spread}; an interval as narrow as ±{threshold:.0%} needs about "
+        f"{max(n, MIN_RUNS)} runs a side (retune.confirm), or a steadier machine"
     )
 
 

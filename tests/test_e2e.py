@@ -197,7 +197,6 @@ def test_a_serving_study_measures_each_request_and_picks_under_an_slo(runs_dir):
         *SERVE_TINY,
         "revalidate.processes=2",
         "revalidate.max_candidates=2",
-        "retune.confirm=0",
         "+slo={ttft_p95_ms: 1000000}",
         runs_dir=runs_dir,
     )
@@ -232,7 +231,6 @@ def test_a_vision_study_tunes_its_branches(runs_dir):
         "space.params.batch_size.high=16",
         "space.params.micro_batch_size.high=16",
         *TINY[9:],
-        "retune.confirm=0",
         runs_dir=runs_dir,
     )
     client, parents, children = runs_of(runs_dir, "vision")

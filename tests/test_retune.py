@@ -29,6 +29,7 @@ from search.retune import (
     baseline,
     compare,
     conclude,
+    runs_needed,
     save_tuned,
     sensitivity,
     shift,
@@ -195,6 +196,13 @@ def test_a_slower_machine_is_not_blamed_on_the_model():
         0.05,
     )
     assert both.verdict == REGRESSION, "0.8 at the same machine speed, and 0.64 as measured"
+
+
+def test_an_ambiguous_verdict_with_runs_enough_says_the_change_is_near_the_threshold():
+    # 0.964x with little spread and 8 runs a side: the interval is narrow enough, but reaches
+    # below 0.95 (the hint once said "needs about 5 runs a side" of 8)
+    hint = runs_needed(runs(96.4, 0.06, 8), runs(100, 0.06, 8), 0.05)
+    assert hint.startswith("near the threshold: ") and "(0.964x)" in hint
 
 
 def test_the_sensitivity_is_how_much_the_workload_follows_the_reference_step():

@@ -18,6 +18,8 @@ TINY = [
     "measure.min_windows=3",
     "measure.max_time_s=1",
     "revalidate.processes=0",
+    # no confirmation runs after the study (16 fresh runs): tests/test_retune.py covers them
+    "retune.confirm=0",
 ]
 LENIENT = [
     "stable.excess_cv=10",

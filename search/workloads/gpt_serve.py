@@ -34,28 +34,19 @@ class GPTServe(ServingWorkload):
         d_ff: int | None = None,
         kv_cache: bool = True,
     ):
-        d_ff = 4 * d_model if d_ff is None else d_ff
-        check_gpt_shape(
+        sizes = dict(
             vocab_size=vocab_size,
             prompt_len=prompt_len,
             gen_len=gen_len,
             d_model=d_model,
             n_layers=n_layers,
             n_heads=n_heads,
-            d_ff=d_ff,
+            d_ff=4 * d_model if d_ff is None else d_ff,
         )
+        check_gpt_shape(**sizes)
         if not isinstance(kv_cache, bool):
             raise ValueError(f"`kv_cache` must be true or false, but got kv_cache={kv_cache!r}.")
-        self.config: dict[str, Any] = dict(
-            vocab_size=vocab_size,
-            prompt_len=prompt_len,
-            gen_len=gen_len,
-            d_model=d_model,
-            n_layers=n_layers,
-            n_heads=n_heads,
-            d_ff=d_ff,
-            kv_cache=kv_cache,
-        )
+        self.config: dict[str, Any] = {**sizes, "kv_cache": kv_cache}
 
     def build_model(self) -> nn.Module:
         c = self.config
