@@ -308,7 +308,7 @@ def _driver(
     measured = itertools.count(1)
 
     def progress(record: TrialRecord, history: list[TrialRecord]) -> None:
-        front = results.stable_front(history, ctx.space)
+        front = results.stable_front(history, ctx.space, ctx.settings.slo)
         diagnosis = ctx.diagnosis(record, history)
         if diagnosis is not None and record.run_id:  # with the study's batch-doubling pairs
             tracker.log_metrics(record.run_id, diagnosis.metrics())

@@ -61,6 +61,8 @@ class Verdict:
     """With ``state`` COMPLETE: the values told (a reused measurement)."""
     resample: bool = False
     """Whether the sampler should be reseeded (it is in step with another process's)."""
+    constraints: Mapping[str, float] = field(default_factory=dict)
+    """With ``state`` COMPLETE: the Optuna constraints told (those of the reused measurement)."""
 
 
 Guard = Callable[[Proposal], "Verdict | None"]
@@ -214,7 +216,8 @@ class Reuse:
         attrs = {k: earlier.user_attrs[k] for k in OUTCOME_ATTRS if k in earlier.user_attrs}
         attrs["reused_from"] = earlier.number
         if earlier.state == TrialState.COMPLETE:
-            return Verdict("reused", attrs, TrialState.COMPLETE, earlier.values)
+            told = earlier.constraints
+            return Verdict("reused", attrs, TrialState.COMPLETE, earlier.values, constraints=told)
         return Verdict("reused", attrs, TrialState.FAIL)
 
 

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 import optuna
+from optuna.storages._heartbeat import is_heartbeat_enabled
 from optuna.trial import FrozenTrial, TrialState
 
 from search.records import FAILED
@@ -114,6 +115,13 @@ class Recovery:
 
     def check(self, study: optuna.Study) -> None:
         """Recover every stale trial of ``study`` now."""
+        storage = study._storage
+        if is_heartbeat_enabled(storage):  # a BaseHeartbeat (RDBStorage, or Optuna's cache of it)
+            # Silent too long (an owner on another machine): failed here, with the reason in its
+            # attrs, before Optuna's own pass below would fail it with none.
+            for trial_id in storage._get_stale_trial_ids(study._study_id):  # type: ignore[attr-defined]
+                why = f"no heartbeat for over {self.grace_s} s"
+                self._fail(study, storage.get_trial(trial_id), why)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             optuna.storages.fail_stale_trials(study)  # heartbeat older than the grace period

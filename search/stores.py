@@ -17,7 +17,7 @@ from search.config import ConfigError, redact
 from search.liveness import Recovery, agree_on_heartbeat, stale_runs
 from search.settings import Settings
 from search.space import SearchSpace
-from search.study import open_study, study_id, with_retries
+from search.study import open_study, storage_error, study_id, with_retries
 from search.tracking import Tracker, quoted
 
 
@@ -166,10 +166,7 @@ def require_study(name: str, storage: str) -> None:
     try:
         names = optuna.study.get_all_study_names(storage)
     except Exception as e:  # sqlalchemy, driver and connection errors alike: all about the URL
-        raise ConfigError(
-            f"cannot open study.storage {redact(storage)!r}: {type(e).__name__}: "
-            f"{str(e).splitlines()[0] if str(e) else ''}"
-        ) from None
+        raise storage_error(storage, e) from None
     if name not in names:
         raise ConfigError(
             f"no study '{name}' in {redact(storage)}; run the tuning first "

@@ -43,6 +43,7 @@ from search.guards import KnownOutcomes, Proposal, Verdict, guards
 from search.liveness import Heartbeat, Recovery, engine_kwargs, owner
 from search.metrics import objective_values, ranked_on, trial_metrics
 from search.noise import NoiseFloor, RunFigures, assess
+from search.pareto import constraint_values
 from search.records import COMPLETE, FAILED, TrialRecord, fault_kind
 from search.runner import TrialRequest, TrialResult, run_isolated
 from search.space import CategoricalParam, FixedParam, FloatParam, IntParam, Param, SearchSpace
@@ -50,6 +51,7 @@ from search.trial_store import (
     noise_floor,
     record_synced_run,
     save_control,
+    set_constraints,
     store_measured,
     study_history,
     tell_failed,
@@ -194,6 +196,20 @@ def with_retries(open_store: Callable[[], Any]) -> Any:
             time.sleep(0.5 * (attempt + 1) + random.random() * 0.5)
 
 
+def storage_error(storage: str, e: Exception) -> ConfigError:
+    """One line on why ``storage`` could not be opened; a missing database driver is named."""
+    hint = ""
+    if isinstance(e, ImportError):
+        scheme = storage.split(":", 1)[0].split("+", 1)[0]
+        driver = {"postgresql": "psycopg[binary]", "mysql": "PyMySQL"}.get(scheme)
+        if driver:
+            hint = f" (the {scheme} driver is missing: pip install '{driver}')"
+    return ConfigError(
+        f"cannot open study.storage {redact(storage)!r}: {type(e).__name__}: "
+        f"{str(e).splitlines()[0] if str(e) else ''}{hint}"
+    )
+
+
 def open_study(
     name: str, storage: str, space: SearchSpace, recovery: Recovery | None = None
 ) -> optuna.Study:
@@ -223,10 +239,7 @@ def open_study(
     try:
         study, created = with_retries(create)
     except Exception as e:  # sqlalchemy, driver and connection errors alike: all about the URL
-        raise ConfigError(
-            f"cannot open study.storage {redact(storage)!r}: {type(e).__name__}: "
-            f"{str(e).splitlines()[0] if str(e) else ''}"
-        ) from None
+        raise storage_error(storage, e) from None
     stored = [d.name.lower() for d in study.directions]
     stored_metrics = study.metric_names
     if stored != directions or (stored_metrics is not None and stored_metrics != metrics):
@@ -469,6 +482,7 @@ class StudyDriver:
         for key, value in verdict.user_attrs.items():
             trial.set_user_attr(key, value)
         if verdict.state == TrialState.COMPLETE:
+            set_constraints(trial, verdict.constraints)
             self.study.tell(trial, verdict.values)
         else:
             self.study.tell(trial, state=verdict.state)
@@ -528,6 +542,7 @@ class StudyDriver:
                 stderr_tail=redact(result.stderr_tail),
                 stored_metrics=stored if state == COMPLETE else None,
                 runs_dir=Path(self.settings.runs_dir),
+                constraints=constraint_values(stable, metrics, self.settings.slo),
             )
         except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
             if not self.study._storage.get_trial(trial._trial_id).state.is_finished():

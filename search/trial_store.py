@@ -125,10 +125,12 @@ def store_measured(
     stderr_tail: str = "",
     stored_metrics: Mapping[str, float] | None = None,
     runs_dir: Path | None = None,
+    constraints: Mapping[str, float] | None = None,
 ) -> FrozenTrial:
-    """Keep a measured trial's record in its user attrs and tell it: COMPLETE with ``values``, else
-    FAIL. ``stored_metrics``: the run's own figures, kept instead of the record's (which may span
-    runs or be corrected for drift: ``search.noise.assess`` derives those again when read).
+    """Keep a measured trial's record in its user attrs and tell it: COMPLETE with ``values`` and
+    ``constraints`` (``pareto.constraint_values``), else FAIL. ``stored_metrics``: the run's own
+    figures, kept instead of the record's (which may span runs or be corrected for drift:
+    ``search.noise.assess`` derives those again when read).
 
     Writes are retried while the storage fails (``retried``); when every attempt fails, the
     measurement goes to ``runs_dir/unsaved.jsonl`` (``sync`` adds it to the study) and
@@ -151,6 +153,7 @@ def store_measured(
         for key, value in attrs.items():
             trial.set_user_attr(key, value)
         if told is not None:
+            set_constraints(trial, constraints or {})
             return trial.study.tell(trial, told)
         return trial.study.tell(trial, state=TrialState.FAIL)
 
@@ -163,6 +166,15 @@ def store_measured(
             f"{e}. Its measurement {where}: when the storage works again, run "
             "`python -m search sync` with the same arguments to add it to the study"
         ) from e
+
+
+def set_constraints(trial: Trial, constraints: Mapping[str, float]) -> None:
+    """``trial.set_constraint`` for each of ``constraints`` not set yet (a retried write sets
+    them again; Optuna keeps the first value and warns)."""
+    have = trial.study._storage.get_trial_system_attrs(trial._trial_id)
+    for name, value in constraints.items():
+        if f"constraints:{name}" not in have:
+            trial.set_constraint(name, value)
 
 
 def restore_unsaved(

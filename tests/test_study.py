@@ -43,7 +43,7 @@ def make_space(micro_choices=(1, 2), constraints=(), **extra):
     )
 
 
-def cfg(n_trials=1, excess_cv=0.10, memory_limit_mb=None, max_cv=None):
+def cfg(n_trials=1, excess_cv=0.10, memory_limit_mb=None, max_cv=None, extra=()):
     limit = "null" if memory_limit_mb is None else memory_limit_mb
     return load_settings(
         compose_config(
@@ -57,6 +57,7 @@ def cfg(n_trials=1, excess_cv=0.10, memory_limit_mb=None, max_cv=None):
                 f"stable.max_cv={'null' if max_cv is None else max_cv}",
                 "runner.timeout_s=60",
                 f"runner.memory_limit_mb={limit}",
+                *extra,
             ]
         )
     )
@@ -465,6 +466,53 @@ def test_an_infinite_throughput_is_a_failed_trial_not_a_complete_one(monkeypatch
     assert outcome.records[0].state == "failed"
     assert "non-finite figure" in outcome.records[0].failure
     assert study.trials[-1].state == TrialState.FAIL
+
+
+@pytest.mark.parametrize(
+    ("figures", "extra", "told", "front"),
+    [
+        # micro 1 faster but erratic (window CV 30% over max_cv 10%): ruled out as unstable
+        (
+            {1: (2000.0, 0.30), 2: (1000.0, 0.01)},
+            (),
+            {1: {"unstable": 1.0}, 2: {"unstable": 0.0}},
+            [2],
+        ),
+        # both steady; micro 2 misses a throughput slo of 1500 by a third
+        (
+            {1: (2000.0, 0.01), 2: (1000.0, 0.01)},
+            ("+slo.throughput=1500",),
+            {
+                1: {"unstable": 0.0, "slo_throughput": pytest.approx(-1 / 3)},
+                2: {"unstable": 0.0, "slo_throughput": pytest.approx(1 / 3)},
+            },
+            [1],
+        ),
+    ],
+)
+def test_optuna_is_told_what_the_front_leaves_out_so_its_best_trials_agree(
+    monkeypatch, figures, extra, told, front
+):
+    from tiny import measurement
+
+    import search.study
+    from search import results
+    from search.runner import TrialResult
+
+    def run(request):
+        throughput, cv = figures[request.config["micro_batch_size"]]
+        return TrialResult("complete", measurement(throughput, cv=cv), 10.0, unit="tokens")
+
+    monkeypatch.setattr(search.study, "run_isolated", run)
+    study, space = new_study(), make_space()
+    settings = cfg(n_trials=2, max_cv=0.1, extra=extra)
+    d = driver(study, space, settings)
+    d.run()
+    complete = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    assert {t.params["micro_batch_size"]: t.constraints for t in complete} == told
+    ours = results.stable_front(d.history(), space, settings.slo)
+    assert [r.config["micro_batch_size"] for r in ours] == front
+    assert [t.params["micro_batch_size"] for t in study.best_trials] == front
 
 
 def sqlite_study(tmp_path, space):

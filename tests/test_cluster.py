@@ -1,0 +1,261 @@
+"""Many workers on one study, as separate machines run them: a PostgreSQL-backed Optuna study and
+an MLflow tracking server (PostgreSQL backend, artifacts served by it), both real and on loopback.
+
+Each worker is the real command in a process of its own, with its own working folder and
+``runs_dir``; where ``unshare`` can give it a pid namespace of its own (as root), it is another
+machine to the others, so a stopped worker is found by its heartbeat alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import optuna
+import pytest
+from mlflow.tracking import MlflowClient
+from servers import MlflowServer, Postgres, postgres_bin  # tests/ is on sys.path
+
+REPO = Path(__file__).resolve().parents[1]
+SPACE_DIR = REPO / "tests" / "cluster_space"
+pytestmark = pytest.mark.slow
+
+FAST = [
+    "+space=load",
+    "device=cpu",
+    "measure.warmup_steps=1",
+    "measure.warmup_s=0.05",
+    "measure.window_s=0.03",
+    "measure.min_windows=3",
+    "measure.max_time_s=0.4",
+    "revalidate.processes=0",
+    "retune.confirm=0",
+    "noise.budget=0",
+    "study.sampler=random",
+    "study.heartbeat_s=1",
+]
+
+
+def _own_namespace() -> list[str]:
+    """``unshare`` into a pid namespace of its own, where it works here (root); else nothing."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return []
+    probe = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True
+    )
+    return (
+        ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]
+        if not probe.returncode
+        else []
+    )
+
+
+NAMESPACE = _own_namespace()
+
+
+@pytest.fixture(scope="module")
+def pg():
+    found = postgres_bin()
+    if found is None:
+        pytest.skip("PostgreSQL's server programs are not installed (.ci/run installs postgresql)")
+    server = Postgres(found)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def stores(pg, tmp_path, request):
+    """A fresh Optuna database and an MLflow server on a fresh database of its own."""
+    name = request.node.name[:40].lower()
+    optuna_url = pg.create(f"optuna_{name}")
+    mlflow_url = pg.create(f"mlflow_{name}")
+    server = MlflowServer(mlflow_url, tmp_path / "artifacts", tmp_path / "mlflow.log").start()
+    yield optuna_url, server, (f"optuna_{name}", f"mlflow_{name}")
+    server.kill()
+    pg.drop(f"optuna_{name}")
+    pg.drop(f"mlflow_{name}")
+
+
+def worker(
+    where: Path,
+    storage: str,
+    tracking: str,
+    *overrides: str,
+    command: str | None = None,
+    namespace: bool = True,
+) -> subprocess.Popen:
+    """The same command a machine of a cluster runs, in a folder of its own."""
+    where.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SPACE_DIR), str(REPO)])}
+    return subprocess.Popen(
+        [
+            *(NAMESPACE if namespace else []),
+            sys.executable,
+            "-m",
+            "search",
+            *([command] if command else []),
+            *FAST,
+            "--config-dir",
+            str(SPACE_DIR),
+            f"study.storage={storage}",
+            f"tracking.uri={tracking}",
+            f"runs_dir={where / 'runs'}",
+            *overrides,
+        ],
+        cwd=where,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def measured(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return [
+        t for t in study.trials if "metrics" in t.user_attrs and "reused_from" not in t.user_attrs
+    ]
+
+
+def child_runs(uri: str, experiment: str) -> list:
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(experiment)
+    assert exp is not None
+    runs = client.search_runs([exp.experiment_id], max_results=5000)
+    return [r for r in runs if "trial" in r.data.tags]
+
+
+def config_key(trial: optuna.trial.FrozenTrial) -> str:
+    return json.dumps(trial.user_attrs["config"], sort_keys=True)
+
+
+class Peak:
+    """The most connections each database had, read every 0.2 s while the workers run."""
+
+    def __init__(self, pg: Postgres, databases: tuple[str, ...]) -> None:
+        self.pg, self.databases = pg, databases
+        self.peak = dict.fromkeys(databases, 0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.2):
+            for db in self.databases:
+                self.peak[db] = max(self.peak[db], self.pg.connections(db))
+
+    def stop(self) -> dict[str, int]:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+def test_workers_share_a_postgres_study_and_an_mlflow_server(pg, stores, tmp_path):
+    storage, server, databases = stores
+    peak = Peak(pg, databases)
+    n_workers, each = 3, 5
+    procs = [
+        worker(tmp_path / f"machine{i}", storage, server.uri, f"study.n_trials={each}")
+        for i in range(n_workers)
+    ]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    connections = peak.stop()
+    for p, out in zip(procs, outs, strict=True):
+        assert p.returncode == 0, out
+
+    study = optuna.load_study(study_name="load-cpu", storage=storage)
+    states = Counter(t.state for t in study.trials)
+    assert states[optuna.trial.TrialState.RUNNING] == 0
+    done = measured(study)
+    assert len(done) == n_workers * each, "each worker measured its trials, none was lost"
+    assert len({config_key(t) for t in done}) == len(done), "no configuration measured twice"
+    assert len({json.dumps(t.user_attrs["owner"], sort_keys=True) for t in done}) == n_workers
+
+    runs = child_runs(server.uri, "load")
+    by_trial = Counter(int(r.data.tags["trial"]) for r in runs)
+    assert sorted(by_trial) == sorted(t.number for t in done), "every trial in MLflow"
+    assert set(by_trial.values()) == {1}, "and exactly once"
+    assert all(r.info.status == "FINISHED" for r in runs)
+    assert {r.data.tags["study_id"] for r in runs} == {study.user_attrs["study_id"]}
+
+    # One front: the tool's pareto tags (set by the last worker to finish, over every worker's
+    # trials) are Optuna's best_trials, which the dashboard shows.
+    tagged = {int(r.data.tags["trial"]) for r in runs if r.data.tags.get("pareto") == "true"}
+    best = {config_key(t) for t in study.best_trials}
+    assert tagged and {config_key(study.trials[n]) for n in tagged} == best
+
+    # Connections stay bounded: Optuna's pool per worker, MLflow's through its server's pool.
+    optuna_db, mlflow_db = databases
+    print(f"peak connections: {connections}")
+    assert connections[optuna_db] <= 3 * n_workers, connections
+    assert connections[mlflow_db] <= 20, connections
+
+
+def test_a_killed_worker_s_trial_is_measured_again_by_another_after_the_grace_period(
+    pg, stores, tmp_path
+):
+    if not NAMESPACE:
+        pytest.skip("needs a pid namespace of its own for the killed worker (unshare, as root)")
+    storage, server, _ = stores
+    slow = ["space.workload.step_ms=50", "measure.max_time_s=3", "measure.target_rel_ci=1e-9"]
+    victim = worker(tmp_path / "victim", storage, server.uri, "study.n_trials=20", *slow)
+    for line in victim.stdout:
+        if line.startswith("[1/20]"):
+            break
+    time.sleep(1.0)  # inside its second trial
+    os.killpg(victim.pid, signal.SIGKILL)
+    victim.wait(timeout=30)
+    study = optuna.load_study(study_name="load-cpu", storage=storage)
+    left = [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+    assert len(left) == 1, "the kill left its trial RUNNING"
+    before = {t.number: t.user_attrs["metrics"] for t in measured(study)}
+
+    # Another machine: the victim's pid means nothing there, only its silence does (6 x 1 s).
+    other = worker(tmp_path / "other", storage, server.uri, "study.n_trials=2")
+    out = other.communicate(timeout=600)[0]
+    assert other.returncode == 0, out
+    assert f"recovered: trial #{left[0].number}" in out, out
+    study = optuna.load_study(study_name="load-cpu", storage=storage)
+    failed = study.trials[left[0].number]
+    assert failed.state == optuna.trial.TrialState.FAIL
+    assert failed.user_attrs["failure"].startswith("crash: left running")
+    retried = [t for t in measured(study) if t.user_attrs.get("retry_of") == left[0].number]
+    assert len(retried) == 1 and retried[0].params == left[0].params
+    after = {t.number: t.user_attrs["metrics"] for t in measured(study)}
+    assert all(after[n] == m for n, m in before.items()), "no completed trial lost or changed"
+
+
+def test_the_mlflow_server_killed_mid_study_loses_nothing_and_sync_repairs_it(pg, stores, tmp_path):
+    storage, server, _ = stores
+    procs = [
+        worker(tmp_path / f"machine{i}", storage, server.uri, "study.n_trials=6") for i in range(2)
+    ]
+    seen = 0
+    for line in procs[0].stdout:
+        seen += line.startswith("[")
+        if seen >= 2:
+            break
+    server.kill()
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    for p, out in zip(procs, outs, strict=True):
+        assert p.returncode == 0, out
+    assert any("python -m search sync" in out for out in outs)
+    study = optuna.load_study(study_name="load-cpu", storage=storage)
+    done = measured(study)
+    assert len(done) == 12 and len({config_key(t) for t in done}) == 12, "nothing lost"
+
+    server.start()  # the same database, the same port
+    sync = worker(tmp_path / "machine0", storage, server.uri, command="sync", namespace=False)
+    out = sync.communicate(timeout=600)[0]
+    assert sync.returncode == 0, out
+    runs = [r for r in child_runs(server.uri, "load") if r.info.status == "FINISHED"]
+    by_trial = Counter(int(r.data.tags["trial"]) for r in runs)
+    assert sorted(by_trial) == sorted(t.number for t in done) and set(by_trial.values()) == {1}
