@@ -363,6 +363,7 @@ def _driver(
         heartbeat,
         ctx.control,
         on_control,
+        warn=lambda line: ctx.out.print(line, markup=False),
     )
 
 

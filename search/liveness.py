@@ -93,6 +93,24 @@ def engine_kwargs(url: str) -> dict:
     return {}
 
 
+def measuring_here(study: optuna.Study) -> list[int]:
+    """The pids of other live processes of this machine with a trial of ``study`` RUNNING: on a
+    CPU they measure on the same cores as this one."""
+    me = os.getpid()
+    pids = set()
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        who = trial.user_attrs.get("owner")
+        if (
+            isinstance(who, dict)
+            and who.get("machine") == MACHINE
+            and who.get("pid") != me
+            and isinstance(who.get("pid"), int)
+            and not _dead_here(who)
+        ):
+            pids.add(who["pid"])
+    return sorted(pids)
+
+
 class Recovery:
     """Fails stale trials of a study and queues their configurations again; keeps one note each."""
 

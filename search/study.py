@@ -40,7 +40,7 @@ from optuna.trial import Trial, TrialState
 
 from search.config import ConfigError, redact
 from search.guards import KnownOutcomes, Proposal, Verdict, guards
-from search.liveness import Heartbeat, Recovery, engine_kwargs, owner
+from search.liveness import Heartbeat, Recovery, engine_kwargs, measuring_here, owner
 from search.metrics import objective_values, ranked_on, trial_metrics
 from search.noise import NoiseFloor, RunFigures, assess
 from search.pareto import constraint_values
@@ -315,6 +315,7 @@ class StudyDriver:
         heartbeat: Heartbeat | None = None,
         control: Mapping[str, Any] | None = None,
         on_control: Callable[[TrialResult, NoiseFloor], None] | None = None,
+        warn: Callable[[str], None] | None = None,
     ):
         self.settings, self.space, self.study, self.fingerprint = (
             settings,
@@ -334,6 +335,9 @@ class StudyDriver:
         """Each searched knob's Optuna parameter name; a note for each one renamed."""
         self.started_s = time.monotonic()
         self.control, self.on_control = control, on_control
+        self.warn = warn or (lambda line: None)
+        self.shared_cpu = False
+        """Whether another process of this machine was seen measuring on its CPU at once."""
         self.control_s = 0.0
         """Time spent on control runs in this invocation, s."""
         self.control_runs = 0
@@ -493,7 +497,9 @@ class StudyDriver:
 
     def _measure(self, trial: Trial, config: dict[str, Any]) -> bool:
         """Measure and tell ``trial``; False when another process had already failed it as stale."""
-        result = run_isolated(self.request(config))
+        request = self.request(config)
+        self._check_shared_cpu(request.device)
+        result = run_isolated(request)
         measured_at = time.time()
         stored = trial_metrics(result, self.settings.measure.confidence)
         metrics, stable, reason = stored, False, ""
@@ -559,6 +565,21 @@ class StudyDriver:
         self.outcome.records.append(record)
         self.progress(record, self.history())
         return True
+
+    def _check_shared_cpu(self, device: str) -> None:
+        """Warn once when another process of this machine measures on its CPU at the same time:
+        each slows the other's trials and blurs their figures."""
+        if self.shared_cpu or device != "cpu":
+            return
+        others = measuring_here(self.study)
+        if others:
+            self.shared_cpu = True
+            self.warn(
+                f"warning: another process on this machine (pid {', '.join(map(str, others))}) "
+                "is measuring trials of this study on the same CPU: each slows the other's "
+                "trials and blurs their figures; on a CPU run one worker per machine (README "
+                "'Many GPUs and machines')"
+            )
 
     def _reseed(self, offset: int) -> None:
         seed = self.settings.seed + offset

@@ -700,3 +700,48 @@ def test_a_storage_that_stays_broken_keeps_the_measurement_for_sync(tmp_path, mo
     assert [r.state for r in driver(study, space).history()] == ["complete"]
     assert not (tmp_path / UNSAVED).exists()
     assert restore_unsaved(study, tmp_path, dists) == [], "restored once"
+
+
+def test_another_process_measuring_on_this_cpu_is_warned_of_once():
+    import subprocess
+    import sys
+
+    from search.liveness import MACHINE, _started
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        study = new_study()
+        running = study.ask()  # another process's trial in progress on this machine
+        who = {"host": "h", "machine": MACHINE, "pid": other.pid, "started": _started(other.pid)}
+        running.set_user_attr("owner", who)
+        space, lines = make_space(), []
+        d = StudyDriver(
+            cfg(n_trials=2),
+            space,
+            study,
+            FINGERPRINT,
+            lambda c: TrialRequest(space.workload, c, "cpu", 0, QUICK),
+            lambda record, result: None,
+            lambda record, history: None,
+            warn=lines.append,
+        )
+        d.run()
+        assert len(lines) == 1 and f"(pid {other.pid})" in lines[0]
+        assert "on the same CPU" in lines[0]
+    finally:
+        other.kill()
+        other.wait()
+    # once it is gone, nothing is said (a third value, so that there is something to measure)
+    lines.clear()
+    space, measured = make_space(micro_choices=(1, 2, 4)), []
+    StudyDriver(
+        cfg(n_trials=1),
+        space,
+        study,
+        FINGERPRINT,
+        lambda c: TrialRequest(space.workload, c, "cpu", 0, QUICK),
+        lambda record, result: None,
+        lambda record, history: measured.append(record.number),
+        warn=lines.append,
+    ).run()
+    assert measured and lines == []
