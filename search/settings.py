@@ -59,8 +59,9 @@ class StudySettings:
             f"but got {self.name!r}",
         )
         _require(
-            _is_int(self.n_trials) and self.n_trials >= 1,
-            f"study.n_trials must be a positive integer, but got {self.n_trials!r}",
+            _is_int(self.n_trials) and self.n_trials >= 0,
+            "study.n_trials must be an integer >= 0 (0: measure nothing new, only re-validate "
+            f"and summarise what the study holds), but got {self.n_trials!r}",
         )
         # Imported here: search.study imports search.config, which imports this module.
         from search.study import SAMPLERS

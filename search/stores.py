@@ -7,10 +7,13 @@ wrote there stays.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
+import filelock
 import optuna
 
 from search.config import ConfigError, redact
@@ -54,10 +57,11 @@ def open_stores(
         before = set() if made else {p.name for p in runs_dir.iterdir()}
         with tempfile.TemporaryFile(dir=runs_dir):  # writable? (no name: nothing is left)
             pass
-        study = open_study(settings.study.name, settings.study.storage, space, recovery)
-        if recovery is not None:
-            _agree_on_heartbeat(study, recovery.heartbeat_s)
-        tracker = _open_tracker(settings, runs_dir)
+        with _creation_locks(settings.study.storage, settings.tracking.uri):
+            study = open_study(settings.study.name, settings.study.storage, space, recovery)
+            if recovery is not None:
+                _agree_on_heartbeat(study, recovery.heartbeat_s)
+            tracker = _open_tracker(settings, runs_dir)
         tracker.bind(study_id(study))
     except (ConfigError, OSError) as e:
         if before is not None:
@@ -66,6 +70,36 @@ def open_stores(
             raise ConfigError(f"cannot write runs_dir {str(runs_dir)!r}: {e.strerror}") from None
         raise
     return study, tracker
+
+
+CREATION_WAIT_S = 300
+"""How long a process waits for another one that creates (or migrates) a sqlite store."""
+
+
+def _sqlite_path(url: str) -> Path | None:
+    return Path(url[len("sqlite:///") :].split("?")[0]) if url.startswith("sqlite:///") else None
+
+
+@contextlib.contextmanager
+def _creation_locks(*urls: str) -> Iterator[None]:
+    """Hold ``<file>.lock`` of each sqlite store while it is opened: processes started together on
+    a new file would otherwise race through its creation (MLflow's migrations leave half-made
+    tables that fail the others: 'table _alembic_tmp_latest_metrics already exists'). Each waits
+    for the one creating it, then opens what it made. Server databases need no lock."""
+    with contextlib.ExitStack() as stack:
+        for url in urls:
+            path = _sqlite_path(url)
+            if path is not None and path.name != ":memory:":
+                path.parent.mkdir(parents=True, exist_ok=True)
+                lock = filelock.FileLock(f"{path}.lock", timeout=CREATION_WAIT_S)
+                try:
+                    stack.enter_context(lock)
+                except filelock.Timeout:
+                    raise ConfigError(
+                        f"another process has held {path}.lock for {CREATION_WAIT_S} s while "
+                        f"creating {path.name}: wait for it, or stop it and start again"
+                    ) from None
+        yield
 
 
 def _make_dir(path: Path) -> bool:
@@ -84,10 +118,10 @@ def _own_names(settings: Settings, runs_dir: Path) -> set[str]:
     there (with their journals) and the MLflow artifact folder."""
     names = {"mlartifacts"}
     for url in (settings.study.storage, settings.tracking.uri):
-        if url.startswith("sqlite:///"):
-            path = Path(url[len("sqlite:///") :])
-            if path.parent.resolve() == runs_dir.resolve():
-                names |= {path.name, f"{path.name}-journal", f"{path.name}-wal", f"{path.name}-shm"}
+        path = _sqlite_path(url)
+        if path is not None and path.parent.resolve() == runs_dir.resolve():
+            names |= {path.name, *(f"{path.name}-{end}" for end in ("journal", "wal", "shm"))}
+            names.add(f"{path.name}.lock")
     return names
 
 

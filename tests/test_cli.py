@@ -42,7 +42,7 @@ BAD_INPUT = {
     ),
     "negative trials": (
         ["+space=llm", "study.n_trials=-1"],
-        "study.n_trials must be a positive integer",
+        "study.n_trials must be an integer >= 0",
     ),
     "unknown device": (["+space=llm", "device=tpu"], "unknown device 'tpu'"),
     "unknown sampler": (["+space=llm", "study.sampler=magic"], "study.sampler must be one of"),

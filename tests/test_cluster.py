@@ -259,3 +259,60 @@ def test_the_mlflow_server_killed_mid_study_loses_nothing_and_sync_repairs_it(pg
     runs = [r for r in child_runs(server.uri, "load") if r.info.status == "FINISHED"]
     by_trial = Counter(int(r.data.tags["trial"]) for r in runs)
     assert sorted(by_trial) == sorted(t.number for t in done) and set(by_trial.values()) == {1}
+
+
+CLUSTER = REPO / "examples" / "cluster"
+
+
+def test_the_launch_recipes_parse():
+    for script in ("one_node.sh", "slurm.sbatch"):
+        subprocess.run(["bash", "-n", str(CLUSTER / script)], check=True)
+    sbatch = (CLUSTER / "slurm.sbatch").read_text()
+    assert "#SBATCH --gpus-per-task=1" in sbatch and "study.n_trials=0" in sbatch
+    import yaml
+
+    workers, summary = yaml.safe_load_all((CLUSTER / "k8s-indexed-job.yaml").read_text())
+    spec = workers["spec"]
+    assert workers["kind"] == "Job" and spec["completionMode"] == "Indexed"
+    assert spec["completions"] == spec["parallelism"]
+    (container,) = spec["template"]["spec"]["containers"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert "revalidate.processes=0" in container["args"]
+    (last,) = summary["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    assert "study.n_trials=0" in last["args"]
+
+
+def test_one_worker_per_gpu_then_one_summary_on_a_cpu_stand_in(tmp_path):
+    # The recipe as it runs on a GPU machine, with two CPU "GPUs": the workers search, the last
+    # command re-validates and summarises every worker's trials.
+    env = {
+        **os.environ,
+        "GPUS": "0 1",
+        "PYTHONPATH": os.pathsep.join([str(SPACE_DIR), str(REPO)]),
+    }
+    args = [
+        *FAST,
+        "--config-dir",
+        str(SPACE_DIR),
+        "study.n_trials=2",
+        "revalidate.max_candidates=1",
+        f"runs_dir={tmp_path / 'runs'}",
+    ]
+    args[args.index("revalidate.processes=0")] = "revalidate.processes=2"
+    result = subprocess.run(
+        ["bash", str(CLUSTER / "one_node.sh"), *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    logs = sorted(p.name for p in tmp_path.glob("worker-gpu*.log"))
+    assert logs == ["worker-gpu0.log", "worker-gpu1.log"]
+    for log in logs:
+        assert "re-validating" not in (tmp_path / log).read_text()
+    assert "this run: 0 measured" in result.stdout and "Study total: 4 measured" in result.stdout
+    assert "re-validating 1 Pareto candidate(s)" in result.stdout
+    study = optuna.load_study(study_name="load-cpu", storage=f"sqlite:///{tmp_path}/runs/optuna.db")
+    assert len({json.dumps(t.user_attrs["owner"], sort_keys=True) for t in measured(study)}) == 2
