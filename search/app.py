@@ -74,7 +74,7 @@ from search.settings import Settings
 from search.space import SearchSpace
 from search.stores import open_stores, quiet_libraries, recover_runs, require_study
 from search.study import StudyDriver, StudyOutcome, optuna_names
-from search.telemetry import contention, environment
+from search.telemetry import contention, device_label, environment
 from search.tracking import Tracker
 from search.trial_store import (
     judged_revalidations,
@@ -277,6 +277,7 @@ def _driver(
         "study": ctx.settings.study.name,
         "device": ctx.env["device_name"],
         "workload_fingerprint": ctx.fingerprint,
+        "measured_on": device_label(ctx.env),
     }
     started = time.monotonic()
 
@@ -364,6 +365,7 @@ def _driver(
         ctx.control,
         on_control,
         warn=lambda line: ctx.out.print(line, markup=False),
+        where=device_label(ctx.env),
     )
 
 

@@ -31,7 +31,7 @@ from optuna.trial import FrozenTrial, TrialState
 from search.liveness import duplicate_retry
 from search.records import COMPLETE, FAILED, INFEASIBLE, fault_kind
 from search.space import SearchSpace
-from search.trial_store import OUTCOME_ATTRS, over_limit, own_trials
+from search.trial_store import OUTCOME_ATTRS, named_constraints, over_limit, own_trials
 
 
 @dataclass(frozen=True)
@@ -216,7 +216,7 @@ class Reuse:
         attrs = {k: earlier.user_attrs[k] for k in OUTCOME_ATTRS if k in earlier.user_attrs}
         attrs["reused_from"] = earlier.number
         if earlier.state == TrialState.COMPLETE:
-            told = earlier.constraints
+            told = named_constraints(earlier)
             return Verdict("reused", attrs, TrialState.COMPLETE, earlier.values, constraints=told)
         return Verdict("reused", attrs, TrialState.FAIL)
 

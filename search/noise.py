@@ -77,6 +77,9 @@ class RunFigures:
     told apart by gaps of ``SESSION_GAP_S``)."""
     step_s: float = 0.0
     """Mean step time, s (0.0 where unknown: steps then count as equally long)."""
+    device: str = ""
+    """Which device measured it, for control runs (``telemetry.device_label``: host, GPU index and
+    UUID); '' where unknown."""
 
     @property
     def steps_time_s(self) -> float:
@@ -108,6 +111,30 @@ class RunFigures:
     def from_dict(cls, d: Mapping[str, Any]) -> RunFigures:
         """The figures ``as_dict`` stored (JSON keeps their types); fields added since default."""
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+
+
+def by_device(controls: Sequence[RunFigures]) -> list[str]:
+    """One line per device that ran control runs, when more than one did (several workers, one
+    per GPU or machine): its mean control throughput against the first device's, the spread of its
+    own runs and how many there were. GPUs of one model differ by a few percent; this says by how
+    much here, and which device measured what."""
+    groups: dict[str, list[float]] = {}
+    for run in controls:
+        groups.setdefault(run.device or "unknown device", []).append(run.throughput)
+    if len(groups) < 2:
+        return []
+    first = float(np.mean(next(iter(groups.values()))))
+    lines = ["  control runs by device (the between-run noise above includes their differences):"]
+    for device, values in groups.items():
+        mean = float(np.mean(values))
+        spread = (
+            f", CV {np.std(values, ddof=1) / mean:.1%} between its runs" if len(values) > 1 else ""
+        )
+        lines.append(
+            f"    {device}: {mean:.4g} items/s ({mean / first - 1:+.1%}), "
+            f"{len(values)} run(s){spread}"
+        )
+    return lines
 
 
 def stall_steps(step_latencies_ms: Sequence[float]) -> int:

@@ -17,7 +17,7 @@ from typing import Any
 
 from search import pareto
 from search.metrics import ranked_on
-from search.noise import NoiseFloor
+from search.noise import NoiseFloor, by_device
 from search.records import COMPLETE, TrialRecord
 from search.report import throughput_text, write_best, write_csv, write_plot
 from search.revalidate import Pooled
@@ -202,7 +202,7 @@ def noise_lines(floor: NoiseFloor, confidence: float) -> list[str]:
             "  the control runs agreed within their own window-to-window noise: no spread between "
             "fresh processes was measured beyond it"
         )
-    return lines
+    return lines + by_device(floor.controls)
 
 
 def log_revalidation(tracker: Tracker, run_id: str, pooled: Pooled) -> None:

@@ -316,6 +316,7 @@ class StudyDriver:
         control: Mapping[str, Any] | None = None,
         on_control: Callable[[TrialResult, NoiseFloor], None] | None = None,
         warn: Callable[[str], None] | None = None,
+        where: str = "",
     ):
         self.settings, self.space, self.study, self.fingerprint = (
             settings,
@@ -336,6 +337,8 @@ class StudyDriver:
         self.started_s = time.monotonic()
         self.control, self.on_control = control, on_control
         self.warn = warn or (lambda line: None)
+        self.where = where
+        """The device that measures, as figures name it (``telemetry.device_label``)."""
         self.shared_cpu = False
         """Whether another process of this machine was seen measuring on its CPU at once."""
         self.control_s = 0.0
@@ -356,7 +359,9 @@ class StudyDriver:
         self.control_runs += 1
         if result.state == COMPLETE and result.measurement is not None:
             metrics = trial_metrics(result, self.settings.measure.confidence)
-            run = replace(RunFigures.of(metrics, time.time()), session=self.session)
+            run = replace(
+                RunFigures.of(metrics, time.time()), session=self.session, device=self.where
+            )
             save_control(self.study, self.fingerprint, run, self.session)
         if self.on_control is not None:
             self.on_control(result, self.floor())
@@ -499,6 +504,8 @@ class StudyDriver:
         """Measure and tell ``trial``; False when another process had already failed it as stale."""
         request = self.request(config)
         self._check_shared_cpu(request.device)
+        if self.where:
+            trial.set_user_attr("measured_on", self.where)
         result = run_isolated(request)
         measured_at = time.time()
         stored = trial_metrics(result, self.settings.measure.confidence)

@@ -11,6 +11,7 @@ import os
 import platform
 import re
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -154,6 +155,8 @@ def _nvml(device_index: int) -> dict[str, str]:
         info["gpu_driver"] = str(pynvml.nvmlSystemGetDriverVersion())
         handle = nvml_handle(pynvml, device_index)
         info["gpu_name"] = str(pynvml.nvmlDeviceGetName(handle))
+        info["gpu_uuid"] = str(pynvml.nvmlDeviceGetUUID(handle))
+        info["gpu_index"] = str(pynvml.nvmlDeviceGetIndex(handle))
         info["gpu_sm_clock_max_mhz"] = str(
             pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM)
         )
@@ -166,6 +169,15 @@ def _nvml(device_index: int) -> dict[str, str]:
     finally:
         pynvml.nvmlShutdown()
     return info
+
+
+def device_label(env: Mapping[str, str]) -> str:
+    """Which device measures, as the figures name it: the host, and for a GPU its index on that
+    host (as NVML counts, whatever CUDA_VISIBLE_DEVICES shows) and the start of its UUID."""
+    host = env.get("hostname", "")
+    if "gpu_uuid" in env:
+        return f"{host} GPU {env.get('gpu_index', '?')} {env['gpu_uuid'][:12]}"
+    return f"{host} {env.get('device', 'cpu')}"
 
 
 def device_name(device: torch.device) -> str:

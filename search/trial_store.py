@@ -50,7 +50,7 @@ REVALIDATION_RUN_PREFIX = "revalidation_run:"
 run, kept as it ends, so that an interrupted re-validation resumes with the runs it had."""
 CONTROL_PREFIX = "control:"
 """Study user attr ``control:<fingerprint>:<time>:<owner>``: one control run's figures."""
-OUTCOME_ATTRS = ("config", "fingerprint", "state", "failure", "metrics", "unit")
+OUTCOME_ATTRS = ("config", "fingerprint", "state", "failure", "metrics", "unit", "measured_on")
 """What a repeated proposal copies from the trial whose outcome it is told again."""
 
 
@@ -168,13 +168,26 @@ def store_measured(
         ) from e
 
 
+def named_constraints(trial: FrozenTrial) -> dict[str, float]:
+    """The constraints ``set_constraints`` told ``trial``, by name (without the list form)."""
+    prefix = "constraints:"
+    return {k[len(prefix) :]: v for k, v in trial.system_attrs.items() if k.startswith(prefix)}
+
+
 def set_constraints(trial: Trial, constraints: Mapping[str, float]) -> None:
     """``trial.set_constraint`` for each of ``constraints`` not set yet (a retried write sets
-    them again; Optuna keeps the first value and warns)."""
-    have = trial.study._storage.get_trial_system_attrs(trial._trial_id)
+    them again; Optuna keeps the first value and warns), and the same values as one list under
+    ``constraints``, Optuna's earlier form, which optuna-dashboard reads (0.21 reads no other) to
+    draw infeasible trials apart. Optuna reads both forms; the values agree."""
+    storage = trial.study._storage
+    have = storage.get_trial_system_attrs(trial._trial_id)
     for name, value in constraints.items():
         if f"constraints:{name}" not in have:
             trial.set_constraint(name, value)
+    if constraints and "constraints" not in have:
+        storage.set_trial_system_attr(
+            trial._trial_id, "constraints", [float(v) for v in constraints.values()]
+        )
 
 
 def restore_unsaved(

@@ -185,6 +185,8 @@ def test_workers_share_a_postgres_study_and_an_mlflow_server(pg, stores, tmp_pat
     assert set(by_trial.values()) == {1}, "and exactly once"
     assert all(r.info.status == "FINISHED" for r in runs)
     assert {r.data.tags["study_id"] for r in runs} == {study.user_attrs["study_id"]}
+    assert all(t.user_attrs["measured_on"].endswith(" cpu") for t in done), "which device"
+    assert all(r.data.tags["measured_on"].endswith(" cpu") for r in runs)
 
     # One front: the tool's pareto tags (set by the last worker to finish, over every worker's
     # trials) are Optuna's best_trials, which the dashboard shows.

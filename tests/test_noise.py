@@ -381,3 +381,24 @@ def test_re_validation_verdicts_are_judged_again_under_the_current_settings():
     )
     assert not strict[4].stable and strict[4].reason.startswith("disagreement")
     assert judged_revalidations(study, "fp", lenient)[4].stable
+
+
+def test_control_runs_are_reported_by_device_when_several_devices_ran_them():
+    from search.noise import RunFigures, by_device
+    from search.telemetry import device_label
+
+    a = device_label({"hostname": "n1", "gpu_index": "3", "gpu_uuid": "GPU-8f1c2d3e4f5a6b7c"})
+    b = device_label({"hostname": "n1", "gpu_index": "5", "gpu_uuid": "GPU-0a1b2c3d4e5f6a7b"})
+    assert a == "n1 GPU 3 GPU-8f1c2d3e" and device_label({"hostname": "n2", "device": "cpu"}) == (
+        "n2 cpu"
+    )
+
+    def run(device, throughput):
+        return RunFigures(0.0, throughput, 0.01, 10, 100, 0, device=device)
+
+    one = [run(a, 100.0), run(a, 102.0)]
+    assert by_device(one) == [], "one device: nothing to compare"
+    lines = by_device([*one, run(b, 96.0), run(b, 98.0)])
+    assert lines[1].startswith(f"    {a}: 101 items/s (+0.0%), 2 run(s), CV 1.4%")
+    assert lines[2].startswith(f"    {b}: 97 items/s (-4.0%), 2 run(s)")
+    assert RunFigures.from_dict(run(b, 1.0).as_dict()).device == b

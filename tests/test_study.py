@@ -63,7 +63,9 @@ def cfg(n_trials=1, excess_cv=0.10, memory_limit_mb=None, max_cv=None, extra=())
     )
 
 
-def stored(study, micro, *, state="complete", cv=0.02, fingerprint=FINGERPRINT, **attrs):
+def stored(
+    study, micro, *, state="complete", cv=0.02, fingerprint=FINGERPRINT, system_attrs=None, **attrs
+):
     metrics = {
         "throughput": 1000.0 * micro,
         "throughput_ci_low": 990.0 * micro,
@@ -78,6 +80,7 @@ def stored(study, micro, *, state="complete", cv=0.02, fingerprint=FINGERPRINT, 
             distributions={"micro_batch_size": CategoricalDistribution([1, 2])},
             values=[metrics["throughput"]] if state == "complete" else None,
             state=TrialState.COMPLETE if state == "complete" else TrialState.FAIL,
+            system_attrs=system_attrs or {},
             user_attrs={
                 "config": {"batch_size": 4, "micro_batch_size": micro},
                 "fingerprint": fingerprint,
@@ -509,7 +512,16 @@ def test_optuna_is_told_what_the_front_leaves_out_so_its_best_trials_agree(
     d = driver(study, space, settings)
     d.run()
     complete = [t for t in study.trials if t.state == TrialState.COMPLETE]
-    assert {t.params["micro_batch_size"]: t.constraints for t in complete} == told
+    named = {
+        t.params["micro_batch_size"]: {k: v for k, v in t.constraints.items() if not k.isdigit()}
+        for t in complete
+    }
+    assert named == told
+    # the same values in Optuna's earlier list form, which optuna-dashboard reads
+    assert all(
+        t.system_attrs["constraints"] == [t.constraints[k] for k in told[m]]
+        for m, t in ((t.params["micro_batch_size"], t) for t in complete)
+    )
     ours = results.stable_front(d.history(), space, settings.slo)
     assert [r.config["micro_batch_size"] for r in ours] == front
     assert [t.params["micro_batch_size"] for t in study.best_trials] == front
@@ -745,3 +757,15 @@ def test_another_process_measuring_on_this_cpu_is_warned_of_once():
         warn=lines.append,
     ).run()
     assert measured and lines == []
+
+
+def test_a_reused_measurement_is_told_with_its_constraints(recwarn):
+    study = new_study()
+    for micro, value in ((1, 0.0), (2, 1.0)):  # as set_constraints leaves them: named, and a list
+        stored(study, micro, system_attrs={"constraints:unstable": value, "constraints": [value]})
+    driver(study, make_space(), cfg(n_trials=3)).run()
+    reused = [t for t in study.trials if "reused_from" in t.user_attrs]
+    assert reused
+    for t in reused:
+        assert t.constraints == study.trials[t.user_attrs["reused_from"]].constraints
+    assert not [w for w in recwarn if "old format constraint" in str(w.message)]
