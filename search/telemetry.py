@@ -155,8 +155,6 @@ def _nvml(device_index: int) -> dict[str, str]:
         info["gpu_driver"] = str(pynvml.nvmlSystemGetDriverVersion())
         handle = nvml_handle(pynvml, device_index)
         info["gpu_name"] = str(pynvml.nvmlDeviceGetName(handle))
-        info["gpu_uuid"] = str(pynvml.nvmlDeviceGetUUID(handle))
-        info["gpu_index"] = str(pynvml.nvmlDeviceGetIndex(handle))
         info["gpu_sm_clock_max_mhz"] = str(
             pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM)
         )
@@ -164,6 +162,8 @@ def _nvml(device_index: int) -> dict[str, str]:
         info["gpu_mem_clock_mhz"] = str(
             pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM)
         )
+        info["gpu_uuid"] = str(pynvml.nvmlDeviceGetUUID(handle))
+        info["gpu_index"] = str(pynvml.nvmlDeviceGetIndex(handle))
     except pynvml.NVMLError:
         pass
     finally:

@@ -23,7 +23,7 @@ from search.gpu_telemetry import (
     energy_unavailable_reason,
     nvml_handle,
 )
-from search.telemetry import contention, environment
+from search.telemetry import contention, device_label, environment
 
 NO_POLL_S = 3600.0  # a polling period no test window reaches: only the begin and end samples count
 
@@ -136,6 +136,12 @@ class FakeNvml:
 
     def nvmlDeviceGetName(self, handle: FakeDevice) -> str:
         return handle.answer("name", handle.name)
+
+    def nvmlDeviceGetUUID(self, handle: FakeDevice) -> str:
+        return handle.answer("uuid", handle.uuid)
+
+    def nvmlDeviceGetIndex(self, handle: FakeDevice) -> int:
+        return handle.answer("index", self.devices.index(handle))
 
     def nvmlDeviceGetMaxClockInfo(self, handle: FakeDevice, clock: int) -> int:
         assert clock == self.NVML_CLOCK_SM
@@ -480,6 +486,9 @@ def test_environment_describes_the_gpu_with_the_cuda_uuid(visible_second_gpu):
     env = environment(torch.device("cuda:0"))
     assert env["gpu_name"] == "fake GPU-bbbb" and env["gpu_sm_clock_mhz"] == "1900"
     assert env["gpu_driver"] == "550.54.15" and env["gpu_sm_clock_max_mhz"] == "1980"
+    # which GPU: NVML's index on the host (1), not the 0 that CUDA_VISIBLE_DEVICES shows
+    assert env["gpu_uuid"] == "GPU-bbbb" and env["gpu_index"] == "1"
+    assert device_label({**env, "hostname": "n1"}) == "n1 GPU 1 GPU-bbbb"
     assert other.calls == {}
     assert nvml.shutdowns == 1
 
