@@ -289,7 +289,7 @@ def test_one_worker_per_gpu_then_one_summary_on_a_cpu_stand_in(tmp_path):
     # command re-validates and summarises every worker's trials.
     env = {
         **os.environ,
-        "GPUS": "0 1",
+        "GPUS": "0\n1",  # as nvidia-smi lists them: one a line
         "PYTHONPATH": os.pathsep.join([str(SPACE_DIR), str(REPO)]),
     }
     args = [

@@ -24,5 +24,5 @@ for pid in "${pids[@]}"; do wait "$pid" || failed=$((failed + 1)); done
 if [ "$failed" -gt 0 ]; then
     echo "$failed worker(s) failed: see worker-gpu*.log; the summary still covers what was stored"
 fi
-first=${gpus%% *}
+first=$(echo $gpus | cut -d' ' -f1)  # nvidia-smi lists one index a line
 CUDA_VISIBLE_DEVICES=$first python -m search "$@" study.n_trials=0
