@@ -138,6 +138,8 @@ def run(cfg_node: DictConfig, kind: str = TUNE) -> int:
                 f"recommendation with the baseline's; use retune.confirm >= {MIN_RUNS}"
             )
         require_study(settings.study.name, settings.study.storage)
+    elif settings.study.n_trials == 0:  # a summary of what workers stored: a study must exist
+        require_study(settings.study.name, settings.study.storage)
     out = console()
     for note in notes:
         out.print(f"[yellow]note:[/] {note}")
@@ -309,7 +311,7 @@ def _driver(
     measured = itertools.count(1)
 
     def progress(record: TrialRecord, history: list[TrialRecord]) -> None:
-        front = results.stable_front(history, ctx.space, ctx.settings.slo)
+        front = results.stable_front(history, ctx.space)
         diagnosis = ctx.diagnosis(record, history)
         if diagnosis is not None and record.run_id:  # with the study's batch-doubling pairs
             tracker.log_metrics(record.run_id, diagnosis.metrics())

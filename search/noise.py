@@ -120,7 +120,8 @@ def by_device(controls: Sequence[RunFigures]) -> list[str]:
     much here, and which device measured what."""
     groups: dict[str, list[float]] = {}
     for run in controls:
-        groups.setdefault(run.device or "unknown device", []).append(run.throughput)
+        if run.device:  # runs stored before devices were named are left out
+            groups.setdefault(run.device, []).append(run.throughput)
     if len(groups) < 2:
         return []
     first = float(np.mean(next(iter(groups.values()))))

@@ -43,23 +43,14 @@ def meets_slo(metrics: Mapping[str, float], slo: Mapping[str, float]) -> bool:
     return True
 
 
-def constraint_values(
-    stable: bool, metrics: Mapping[str, float], slo: Mapping[str, float]
-) -> dict[str, float]:
+def constraint_values(stable: bool) -> dict[str, float]:
     """What a trial is told as Optuna constraints (``trial.set_constraint``; feasible when every
     value is <= 0), so that Optuna's front (``study.best_trials``, optuna-dashboard) leaves out
-    what the tool's front does: ``unstable`` is 1 for an unstable configuration, else 0; each
-    ``slo_<metric>`` is the relative excess over its limit (0 at the limit, 1 where the figure
-    is missing)."""
-    values = {"unstable": 0.0 if stable else 1.0}
-    for metric, limit in slo.items():
-        value = metrics.get(metric)
-        if value is None or not np.isfinite(value):
-            values[f"slo_{metric}"] = 1.0
-            continue
-        excess = (limit - value) if METRICS[metric].direction == MAXIMIZE else (value - limit)
-        values[f"slo_{metric}"] = float(excess / abs(limit) if limit else excess)
-    return values
+    what the tool's front does: ``unstable`` is 1 for an unstable configuration, else 0. One
+    constraint, the same for every trial whatever the ``slo`` (GPSampler refuses studies whose
+    trials have different numbers of constraints); the ``slo`` picks the recommendation from the
+    front and is not a constraint."""
+    return {"unstable": 0.0 if stable else 1.0}
 
 
 def recommend(

@@ -1,10 +1,10 @@
 """What a study concludes, the same for the tuning run and ``sync``.
 
-history (``search.trial_store``) → stable front (Pareto-optimal among stable, complete trials that
-meet ``slo``, on the figures each objective is ranked on) → re-validation candidates (at most
+history (``search.trial_store``) → stable front (Pareto-optimal among stable, complete trials, on
+the figures each objective is ranked on) → re-validation candidates (at most
 ``revalidate.max_candidates``, highest lower throughput bound first) → the re-validated front (the
-candidates with their pooled figures where they were re-validated) → the recommendation, the
-``pareto`` tags in MLflow and the files in ``<runs_dir>/<study>/``.
+candidates with their pooled figures where they were re-validated) → the recommendation (under
+``slo``), the ``pareto`` tags in MLflow and the files in ``<runs_dir>/<study>/``.
 """
 
 from __future__ import annotations
@@ -26,15 +26,11 @@ from search.space import SearchSpace
 from search.tracking import Tracker
 
 
-def stable_front(
-    records: Sequence[TrialRecord], space: SearchSpace, slo: Mapping[str, float]
-) -> list[TrialRecord]:
-    """Pareto-optimal configurations among the stable, complete ones that meet ``slo``, on the
-    figures ranked on. Optuna is told the same rules as constraints (``pareto.constraint_values``),
-    so that its ``best_trials`` leave out what this leaves out."""
-    candidates = [
-        r for r in records if r.state == COMPLETE and r.stable and pareto.meets_slo(r.metrics, slo)
-    ]
+def stable_front(records: Sequence[TrialRecord], space: SearchSpace) -> list[TrialRecord]:
+    """Pareto-optimal configurations among the stable, complete ones, on the figures ranked on.
+    Optuna is told the same rule as a constraint (``pareto.constraint_values``), so that its
+    ``best_trials`` leave out what this leaves out."""
+    candidates = [r for r in records if r.state == COMPLETE and r.stable]
     values = [[r.metrics[ranked_on(o.metric)] for o in space.objectives] for r in candidates]
     mask = pareto.pareto_mask(values, [o.direction for o in space.objectives])
     return [r for r, keep in zip(candidates, mask, strict=True) if keep]
@@ -82,12 +78,12 @@ def final_front(
     (a study cut short), the search-time front of the candidates."""
     merged = with_revalidation(history, done)
     if settings.revalidate.processes == 0:
-        return stable_front(merged, space, settings.slo)
+        return stable_front(merged, space)
     validated = [r for r in merged if r.number in done]
     if validated:
-        return stable_front(validated, space, settings.slo)
-    front = stable_front(merged, space, settings.slo)
-    return stable_front(revalidation_candidates(front, settings), space, settings.slo)
+        return stable_front(validated, space)
+    front = stable_front(merged, space)
+    return stable_front(revalidation_candidates(front, settings), space)
 
 
 def next_candidates(
@@ -99,7 +95,7 @@ def next_candidates(
     """What re-validation measures next: the candidates (``revalidation_candidates``) of the
     stable front with re-validated figures in place, less those re-validated already. A candidate
     that failed re-validation is off that front, so what it dominated can take its place."""
-    front = stable_front(with_revalidation(history, done), space, settings.slo)
+    front = stable_front(with_revalidation(history, done), space)
     return [c for c in revalidation_candidates(front, settings) if c.number not in done]
 
 

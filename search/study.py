@@ -491,7 +491,8 @@ class StudyDriver:
         for key, value in verdict.user_attrs.items():
             trial.set_user_attr(key, value)
         if verdict.state == TrialState.COMPLETE:
-            set_constraints(trial, verdict.constraints)
+            if self.settings.study.sampler != "gp":
+                set_constraints(trial, verdict.constraints)
             self.study.tell(trial, verdict.values)
         else:
             self.study.tell(trial, state=verdict.state)
@@ -555,7 +556,7 @@ class StudyDriver:
                 stderr_tail=redact(result.stderr_tail),
                 stored_metrics=stored if state == COMPLETE else None,
                 runs_dir=Path(self.settings.runs_dir),
-                constraints=constraint_values(stable, metrics, self.settings.slo),
+                constraints=self._constraints(stable),
             )
         except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
             if not self.study._storage.get_trial(trial._trial_id).state.is_finished():
@@ -572,6 +573,11 @@ class StudyDriver:
         self.outcome.records.append(record)
         self.progress(record, self.history())
         return True
+
+    def _constraints(self, stable: bool) -> dict[str, float]:
+        """The Optuna constraints a measured trial is told (none under GPSampler, which refuses a
+        study whose trials have different numbers of them, as trials stored before would)."""
+        return {} if self.settings.study.sampler == "gp" else constraint_values(stable)
 
     def _check_shared_cpu(self, device: str) -> None:
         """Warn once when another process of this machine measures on its CPU at the same time:

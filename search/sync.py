@@ -167,7 +167,12 @@ def _copy(
     try:
         for record in missing:
             duration_s, end_ms = _times(trials[record.number], record)
-            tags = {"study": study_name, "device": device_name, "workload_fingerprint": print_fn}
+            tags = {
+                "study": study_name,
+                "device": device_name,
+                "workload_fingerprint": print_fn,
+                "measured_on": str(trials[record.number].user_attrs.get("measured_on", "")),
+            }
             run_id = tracker.log_trial(record, duration_s, tags, end_ms=end_ms)
             if run_id is None:
                 break  # the server went away: run_sync reports it

@@ -40,6 +40,10 @@ BAD_INPUT = {
         ["+space=llm", "space.workload.n_heads=3"],
         "GPT cannot be built from its settings: `d_model % n_heads == 0` must hold",
     ),
+    "summary of a study that does not exist": (
+        ["+space=llm", "study.n_trials=0"],
+        "no study 'llm-cpu' in",
+    ),
     "negative trials": (
         ["+space=llm", "study.n_trials=-1"],
         "study.n_trials must be an integer >= 0",

@@ -188,8 +188,12 @@ def test_workers_share_a_postgres_study_and_an_mlflow_server(pg, stores, tmp_pat
     assert all(t.user_attrs["measured_on"].endswith(" cpu") for t in done), "which device"
     assert all(r.data.tags["measured_on"].endswith(" cpu") for r in runs)
 
-    # One front: the tool's pareto tags (set by the last worker to finish, over every worker's
-    # trials) are Optuna's best_trials, which the dashboard shows.
+    # One front: the tool's pareto tags are Optuna's best_trials, which the dashboard shows. Workers
+    # finishing together tag what each saw; sync (as the summary run) tags everything stored.
+    sync = worker(tmp_path / "machine0", storage, server.uri, command="sync", namespace=False)
+    out = sync.communicate(timeout=300)[0]
+    assert sync.returncode == 0, out
+    runs = child_runs(server.uri, "load")
     tagged = {int(r.data.tags["trial"]) for r in runs if r.data.tags.get("pareto") == "true"}
     best = {config_key(t) for t in study.best_trials}
     assert tagged and {config_key(study.trials[n]) for n in tagged} == best
@@ -212,13 +216,18 @@ def test_a_killed_worker_s_trial_is_measured_again_by_another_after_the_grace_pe
     for line in victim.stdout:
         if line.startswith("[1/20]"):
             break
-    time.sleep(1.0)  # inside its second trial
+    study = optuna.load_study(study_name="load-cpu", storage=storage)
+    deadline = time.monotonic() + 60
+    while not study.get_trials(states=(optuna.trial.TrialState.RUNNING,)):  # its second trial
+        assert time.monotonic() < deadline, "the victim started no second trial"
+        time.sleep(0.1)
+    time.sleep(0.5)  # its owner and first heartbeat written
     os.killpg(victim.pid, signal.SIGKILL)
     victim.wait(timeout=30)
-    study = optuna.load_study(study_name="load-cpu", storage=storage)
-    left = [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+    left = study.get_trials(states=(optuna.trial.TrialState.RUNNING,))
     assert len(left) == 1, "the kill left its trial RUNNING"
     before = {t.number: t.user_attrs["metrics"] for t in measured(study)}
+    time.sleep(8)  # past the grace period (6 x 1 s), so the other worker finds it stale at once
 
     # Another machine: the victim's pid means nothing there, only its silence does (6 x 1 s).
     other = worker(tmp_path / "other", storage, server.uri, "study.n_trials=2")

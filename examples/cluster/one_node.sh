@@ -12,6 +12,7 @@
 # a server database is safer under many writers.
 set -euo pipefail
 gpus=${GPUS:-$(nvidia-smi --query-gpu=index --format=csv,noheader)}
+[ -n "$gpus" ] || { echo "no GPU listed (GPUS or nvidia-smi)"; exit 2; }
 pids=()
 for gpu in $gpus; do
     CUDA_VISIBLE_DEVICES=$gpu python -m search "$@" revalidate.processes=0 retune.confirm=0 \
@@ -19,6 +20,8 @@ for gpu in $gpus; do
     pids+=($!)
     echo "worker on GPU $gpu: pid $!, log worker-gpu$gpu.log"
 done
+# Ctrl-C or a stop of this script stops the workers too (background jobs ignore SIGINT)
+trap 'kill -TERM "${pids[@]}" 2>/dev/null; wait; exit 130' INT TERM
 failed=0
 for pid in "${pids[@]}"; do wait "$pid" || failed=$((failed + 1)); done
 if [ "$failed" -gt 0 ]; then
