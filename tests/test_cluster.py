@@ -24,6 +24,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 from servers import MlflowServer, Postgres, postgres_bin  # tests/ is on sys.path
 
+from search import launch
+
 REPO = Path(__file__).resolve().parents[1]
 SPACE_DIR = REPO / "tests" / "cluster_space"
 pytestmark = pytest.mark.slow
@@ -327,3 +329,94 @@ def test_one_worker_per_gpu_then_one_summary_on_a_cpu_stand_in(tmp_path):
     assert "re-validating 1 Pareto candidate(s)" in result.stdout
     study = optuna.load_study(study_name="load-cpu", storage=f"sqlite:///{tmp_path}/runs/optuna.db")
     assert len({json.dumps(t.user_attrs["owner"], sort_keys=True) for t in measured(study)}) == 2
+
+
+def _recipe_args(tmp_path: Path) -> list[str]:
+    return [
+        *[a for a in FAST if a not in launch.WORKER],
+        "--config-dir",
+        str(SPACE_DIR),
+        "study.n_trials=2",
+        "revalidate.max_candidates=1",
+        f"runs_dir={tmp_path / 'runs'}",
+    ]
+
+
+def _two_workers_and_a_summary(tmp_path: Path, out: str) -> None:
+    assert "worker 0 on" in out and "worker 1 on" in out and "summary on" in out
+    assert "re-validating 1 Pareto candidate(s)" in out and "Study total: 4 measured" in out
+    study = optuna.load_study(study_name="load-cpu", storage=f"sqlite:///{tmp_path}/runs/optuna.db")
+    assert len({json.dumps(t.user_attrs["owner"], sort_keys=True) for t in measured(study)}) == 2
+
+
+def test_the_submitit_recipe_runs_a_task_per_gpu_then_the_summary_locally(tmp_path):
+    # submitit's local executor: the same code as on SLURM, tasks as processes of this machine.
+    # It shows each task both "GPUs" (CPU stand-ins); each worker keeps the one of its rank.
+    pytest.importorskip("submitit")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SPACE_DIR), str(REPO)])}
+    recipe = [sys.executable, str(CLUSTER / "submitit_launch.py"), "--cluster", "local"]
+    result = subprocess.run(
+        [*recipe, "--gpus-per-node", "2", "--cpus-per-task", "1", "--", *_recipe_args(tmp_path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "worker task 0: exit 0" in result.stdout and "worker task 1: exit 0" in result.stdout
+    logs = {p.name: p.read_text() for p in (tmp_path / "submitit").glob("*_log.out")}
+    workers = "".join(text for text in logs.values() if "summary on" not in text)
+    assert "CUDA_VISIBLE_DEVICES=0" in workers and "CUDA_VISIBLE_DEVICES=1" in workers
+    for text in logs.values():
+        assert "re-validating" not in text or "summary on" in text
+    _two_workers_and_a_summary(tmp_path, workers + result.stdout)
+
+
+def test_the_ray_recipe_runs_a_task_per_gpu_then_the_summary(tmp_path):
+    # A Ray cluster of one node started as a cluster is (ray start --head), declaring two GPUs
+    # (CPU stand-ins): Ray gives each num_gpus=1 task one of them through CUDA_VISIBLE_DEVICES.
+    pytest.importorskip("ray")
+    ray = [sys.executable, "-m", "ray.scripts.scripts"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SPACE_DIR), str(REPO)])}
+    port = _free_port()
+    head = ["start", "--head", f"--port={port}", "--num-cpus=2", "--num-gpus=2"]
+    started = subprocess.run(
+        [*ray, *head, "--include-dashboard=false"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert started.returncode == 0, started.stdout + started.stderr
+    try:
+        result = subprocess.run(
+            [
+                sys.executable,
+                str(CLUSTER / "ray_launch.py"),
+                f"--address=127.0.0.1:{port}",
+                "--cpus-per-worker=1",
+                "--",
+                *_recipe_args(tmp_path),
+            ],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    finally:
+        subprocess.run([*ray, "stop", "--force"], env=env, capture_output=True, timeout=120)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert "worker task 0: exit 0" in out and "worker task 1: exit 0" in out
+    assert "CUDA_VISIBLE_DEVICES=0" in out and "CUDA_VISIBLE_DEVICES=1" in out
+    _two_workers_and_a_summary(tmp_path, out)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
