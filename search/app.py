@@ -414,8 +414,10 @@ def _revalidate(ctx: Context, study: optuna.Study, todo: list[TrialRecord]) -> N
     pooled = revalidate(
         todo, processes, measure, seed, settings.measure.confidence, progress, kept, keep
     )
+    here = device_label(ctx.env)  # the device that measured the replicates, for their drift line
     for number, figures in pooled.items():
-        save_revalidation(study, ctx.fingerprint, number, figures)
+        runs = tuple(replace(r, device=here) for r in figures.runs)
+        save_revalidation(study, ctx.fingerprint, number, replace(figures, runs=runs))
 
 
 def _log_final(

@@ -13,10 +13,11 @@ it and at its end, and reads the machine from those runs and from the re-validat
   group's mean (the control is one group, each re-validated candidate another) less what their
   own within-run errors explain, floored at zero; its degrees of freedom are the groups' runs less
   one each (less two for the control when its drift is fitted).
-- **drift**: a straight line fitted to the control's log level against time. When its slope is
-  significant (``DRIFT_ALPHA``), every figure is *corrected* to the control's study-average level
-  (divided by the fitted level at its time) and the line's own uncertainty is added to its
-  interval; a slope that is not significant is reported but nothing is corrected, since a fitted
+- **drift**: a straight line fitted to the control's log level against time, one per session (an
+  invocation, on one device). When its slope is significant (``DRIFT_ALPHA``), the figures its
+  device measured during it are *corrected* to its average level (divided by the fitted level at
+  their time) and the line's own uncertainty is added to their intervals; another device's figures
+  are not (workers on several GPUs at once drift apart); a slope that is not significant is reported but nothing is corrected, since a fitted
   line from a few runs would add more noise than it removes.
 - **intervals that span runs**: a figure from one run gets the variance ``σ_b² + se²`` (plus the
   drift line's), with Welch-Satterthwaite degrees of freedom; a mean of k fresh runs gets
@@ -113,29 +114,39 @@ class RunFigures:
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
 
 
-def by_device(controls: Sequence[RunFigures]) -> list[str]:
+def by_device(controls: Sequence[RunFigures], lines: Sequence[DriftLine] = ()) -> list[str]:
     """One line per device that ran control runs, when more than one did (several workers, one
     per GPU or machine): its mean control throughput against the first device's, the spread of its
-    own runs and how many there were. GPUs of one model differ by a few percent; this says by how
-    much here, and which device measured what."""
+    own runs, how many there were and the drift of its latest session (``lines``). GPUs of one
+    model differ by a few percent; this says by how much here, and which device measured what."""
     groups: dict[str, list[float]] = {}
     for run in controls:
         if run.device:  # runs stored before devices were named are left out
             groups.setdefault(run.device, []).append(run.throughput)
     if len(groups) < 2:
         return []
+    latest = {line.device: line for line in lines}  # oldest first: the last of a device stays
     first = float(np.mean(next(iter(groups.values()))))
-    lines = ["  control runs by device (the between-run noise above includes their differences):"]
+    lines_out = [
+        "  control runs by device (the between-run noise above includes their differences; "
+        "each device's drift corrects its own figures only):"
+    ]
     for device, values in groups.items():
         mean = float(np.mean(values))
         spread = (
             f", CV {np.std(values, ddof=1) / mean:.1%} between its runs" if len(values) > 1 else ""
         )
-        lines.append(
-            f"    {device}: {mean:.4g} items/s ({mean / first - 1:+.1%}), "
-            f"{len(values)} run(s){spread}"
+        line = latest.get(device)
+        drift = (
+            f", drift {line.drift:+.1%} (p={line.p:.2g}{', corrected' if line.corrected else ''})"
+            if line is not None and line.df >= 1
+            else ""
         )
-    return lines
+        lines_out.append(
+            f"    {device}: {mean:.4g} items/s ({mean / first - 1:+.1%}), "
+            f"{len(values)} run(s){spread}{drift}"
+        )
+    return lines_out
 
 
 def stall_steps(step_latencies_ms: Sequence[float]) -> int:
@@ -146,6 +157,61 @@ def stall_steps(step_latencies_ms: Sequence[float]) -> int:
 
 def _t(confidence: float, df: float) -> float:
     return float(stats.t.ppf((1 + confidence) / 2, df)) if df > 0 else math.inf
+
+
+@dataclass(frozen=True)
+class DriftLine:
+    """A straight line fitted to the log level of one session's control runs (one invocation, on
+    one device), and the times it covers."""
+
+    device: str
+    start: float
+    """The session's first control run, s since the epoch."""
+    end: float
+    """Its last."""
+    t_ref: float
+    """The time its corrected figures refer to: its control runs' mean time."""
+    drift: float
+    """Relative change of the fitted level from its first run to its last."""
+    p: float
+    """Two-sided p-value of the slope (1.0 with fewer than 3 runs)."""
+    corrected: bool
+    """Whether the slope is significant at ``DRIFT_ALPHA``: figures are then corrected."""
+    slope: float = 0.0
+    """Fitted slope of log level per s (0.0 when not corrected)."""
+    slope_var: float = 0.0
+    df: int = 0
+    """Its runs less two."""
+
+    @classmethod
+    def fit(cls, session: Sequence[RunFigures]) -> DriftLine:
+        slope, slope_var, t_ref, p, corrected = _drift_line(session)
+        start, end = session[0].time_s, session[-1].time_s
+        return cls(
+            session[-1].device,
+            start,
+            end,
+            t_ref,
+            math.expm1(slope * (end - start)),
+            p,
+            corrected,
+            slope if corrected else 0.0,
+            slope_var if corrected else 0.0,
+            max(len(session) - 2, 0),
+        )
+
+    def covers(self, time_s: float) -> bool:
+        """Whether a figure measured at ``time_s`` falls in this session: from
+        ``SESSION_GRACE_S`` before its first control run to ``SESSION_GAP_S`` after its last."""
+        return self.start - SESSION_GRACE_S <= time_s <= self.end + SESSION_GAP_S
+
+    def level(self, time_s: float) -> tuple[float, float]:
+        """The fitted relative level at ``time_s`` (1.0 at ``t_ref``; held at the session's end
+        values beyond them) and the variance of its log; (1.0, 0.0) when not corrected."""
+        if not self.corrected:
+            return 1.0, 0.0
+        dt = min(max(time_s, self.start), self.end) - self.t_ref
+        return math.exp(self.slope * dt), self.slope_var * dt * dt
 
 
 @dataclass(frozen=True)
@@ -176,6 +242,9 @@ class NoiseFloor:
     """Its last control run."""
     drift_df: int = 0
     """Degrees of freedom of the drift line (its session's runs less two)."""
+    lines: tuple[DriftLine, ...] = ()
+    """The drift line of every session, oldest last run first; the fields above are the last
+    one's. Empty for a floor built by hand: the fields above then apply to every figure."""
 
     @property
     def within_cv(self) -> float:
@@ -189,35 +258,45 @@ class NoiseFloor:
         """The floor from ``controls`` and from ``groups`` of fresh runs of one configuration each
         (re-validation replicates).
 
-        Control runs more than ``SESSION_GAP_S`` apart belong to different sessions (an earlier
-        invocation, another day): each session is its own group, and drift is fitted to the latest
-        one only; figures measured before it are not corrected."""
+        Control runs of one invocation form a session (runs without one are split at gaps of
+        ``SESSION_GAP_S``); each session is its own group for the between-run variance and has its
+        own drift line, which corrects only figures of its device measured during it. Workers on
+        several GPUs at once each have theirs: one GPU's drift does not move another's figures.
+        The floor's own drift fields are those of the session that ended last."""
         controls = tuple(sorted(controls, key=lambda c: c.time_s))
         sessions = _sessions(controls)
-        latest = sessions[-1] if sessions else ()
-        slope, slope_var, t_ref, p, corrected = _drift_line(latest)
+        lines = tuple(DriftLine.fit(s) for s in sessions)
+        last = lines[-1] if lines else DriftLine("", 0.0, 0.0, 0.0, 0.0, 1.0, False)
         floor = cls(
             controls,
             0.0,
             0,
-            math.expm1(slope * (latest[-1].time_s - latest[0].time_s)) if latest else 0.0,
-            p,
-            corrected,
-            slope if corrected else 0.0,
-            slope_var if corrected else 0.0,
-            t_ref,
-            latest[0].time_s if latest else 0.0,
-            latest[-1].time_s if latest else 0.0,
-            max(len(latest) - 2, 0),
+            last.drift,
+            last.p,
+            last.corrected,
+            last.slope,
+            last.slope_var,
+            last.t_ref,
+            last.start,
+            last.end,
+            last.df,
+            lines,
         )
         rss, explained, df = 0.0, 0.0, 0
-        for runs, fitted in [
-            *((s, 2 if s is latest and corrected else 1) for s in sessions),
-            *((g, 1) for g in groups),
-        ]:
+        fitted_runs = [
+            *(
+                (s, line, 2 if line.corrected else 1)
+                for s, line in zip(sessions, lines, strict=True)
+            ),
+            *((g, None, 1) for g in groups),
+        ]
+        for runs, line, fitted in fitted_runs:
             if len(runs) <= fitted:
                 continue
-            y = np.log([r.throughput / floor.level(r.time_s)[0] for r in runs])
+            levels = [
+                (line.level(r.time_s) if line else floor.level(r.time_s, r.device))[0] for r in runs
+            ]
+            y = np.log([r.throughput / lv for r, lv in zip(runs, levels, strict=True)])
             rss += float(np.sum((y - y.mean()) ** 2))
             explained += (len(runs) - fitted) / len(runs) * sum(r.se_rel**2 for r in runs)
             df += len(runs) - fitted
@@ -230,14 +309,27 @@ class NoiseFloor:
         sessions = _sessions(self.controls)
         return sessions[-1] if sessions else ()
 
-    def level(self, time_s: float) -> tuple[float, float]:
-        """The control's fitted relative level at ``time_s`` (1.0 at ``t_ref``) and the variance of
-        its log; (1.0, 0.0) when drift is not corrected or ``time_s`` lies before the latest
-        session. Beyond the session's ends the line is held at its end values."""
-        if not self.corrected or time_s < self.session_start - SESSION_GRACE_S:
+    def level(self, time_s: float, device: str = "") -> tuple[float, float]:
+        """The fitted relative level of the control at ``time_s`` on ``device`` (1.0 at the
+        session's ``t_ref``) and the variance of its log, from the latest session of that device
+        that covers ``time_s`` (``DriftLine.covers``); (1.0, 0.0) where none does or drift is not
+        corrected. Where every session ran on one device, any ``device`` (or none) means it;
+        where several did, an unknown device gets no correction."""
+        if not self.lines:  # built by hand: one line, the fields', from its session start on
+            if not self.corrected or time_s < self.session_start - SESSION_GRACE_S:
+                return 1.0, 0.0
+            dt = min(max(time_s, self.session_start), self.session_end) - self.t_ref
+            return math.exp(self.slope * dt), self.slope_var * dt * dt
+        devices = {line.device for line in self.lines}
+        mine = (
+            [line for line in self.lines if line.device == device]
+            if device in devices
+            else (list(self.lines) if len(devices) == 1 else [])
+        )
+        covering = [line for line in mine if line.covers(time_s)]
+        if not covering:
             return 1.0, 0.0
-        dt = min(max(time_s, self.session_start), self.session_end) - self.t_ref
-        return math.exp(self.slope * dt), self.slope_var * dt * dt
+        return max(covering, key=lambda line: line.start).level(time_s)
 
     def single_run(
         self,
@@ -248,10 +340,11 @@ class NoiseFloor:
         n_windows: int,
         time_s: float,
         confidence: float,
+        device: str = "",
     ) -> tuple[float, float, float]:
         """(mean, low, high) of one run's throughput, spanning runs: corrected for drift where the
         floor says so, and never narrower than the run's own interval ``[low, high]``."""
-        factor, drift_var = self.level(time_s)
+        factor, drift_var = self.level(time_s, device)
         components = [(self.between_cv**2, self.between_df), (se_rel**2, n_windows - 1)]
         if drift_var:
             components.append((drift_var, self.drift_df))
@@ -266,14 +359,14 @@ class NoiseFloor:
     def pooled(self, runs: Sequence[RunFigures], confidence: float) -> tuple[float, float, float]:
         """(mean, low, high) of the mean of ``runs`` (fresh processes of one configuration)."""
         k = len(runs)
-        corrected = [r.throughput / self.level(r.time_s)[0] for r in runs]
+        corrected = [r.throughput / self.level(r.time_s, r.device)[0] for r in runs]
         mean = float(np.mean(corrected))
         within = float(np.mean([r.se_rel**2 for r in runs]))
         components = [
             (self.between_cv**2 / k, self.between_df),
             (within / k, sum(r.n_windows - 1 for r in runs)),
         ]
-        drift_var = float(np.mean([self.level(r.time_s)[1] for r in runs]))
+        drift_var = float(np.mean([self.level(r.time_s, r.device)[1] for r in runs]))
         if drift_var:
             components.append((drift_var, self.drift_df))
         # A configuration whose processes disagree more than the machine's do is not stable
@@ -326,9 +419,11 @@ class NoiseFloor:
             "noise_control_runs": float(len(self.controls)),
         }
 
-    def nearest(self, time_s: float) -> list[RunFigures]:
-        """The control runs nearest to ``time_s`` (``NEAREST_CONTROLS`` of them)."""
-        return sorted(self.controls, key=lambda c: abs(c.time_s - time_s))[:NEAREST_CONTROLS]
+    def nearest(self, time_s: float, device: str = "") -> list[RunFigures]:
+        """The control runs nearest to ``time_s`` (``NEAREST_CONTROLS`` of them), of ``device``
+        where it made any."""
+        own = [c for c in self.controls if device and c.device == device]
+        return sorted(own or self.controls, key=lambda c: abs(c.time_s - time_s))[:NEAREST_CONTROLS]
 
 
 def _sessions(controls: Sequence[RunFigures]) -> list[tuple[RunFigures, ...]]:
@@ -413,7 +508,7 @@ def judge(
             False, f"max_cv: window CV {run.cv:.1%} above stable.max_cv {settings.max_cv:.0%}"
         )
     alpha = settings.alpha / 3
-    near = floor.nearest(run.time_s)
+    near = floor.nearest(run.time_s, run.device)
     if near:  # else nothing to compare with (noise.budget=0, or every control run failed)
         verdict = _against_control(run, near, settings, alpha)
         if not verdict.stable:
@@ -466,7 +561,7 @@ def _against_control(
 def _disagreement(
     runs: Sequence[RunFigures], floor: NoiseFloor, settings: StableSettings, alpha: float
 ) -> Verdict:
-    y = np.log([r.throughput / floor.level(r.time_s)[0] for r in runs])
+    y = np.log([r.throughput / floor.level(r.time_s, r.device)[0] for r in runs])
     spread = float(np.var(y, ddof=1))
     within = float(np.mean([r.se_rel**2 for r in runs]))
     expected = floor.between_cv**2 + within
@@ -491,16 +586,26 @@ def assess(
     floor: NoiseFloor,
     settings: StableSettings,
     confidence: float,
+    device: str = "",
 ) -> tuple[dict[str, float], Verdict]:
     """One run's stored figures with its throughput interval spanning runs (and corrected for
-    drift where the floor says so), and its stability verdict against the control."""
-    run = RunFigures.of(metrics, time_s)
+    drift where the floor says so), and its stability verdict against the control; ``device``
+    (``telemetry.device_label``) picks the drift line and control runs of the device that
+    measured it."""
+    run = replace(RunFigures.of(metrics, time_s), device=device)
     # The run's own interval, as measured (not corrected for drift). A trial stored before the
     # noise floor has it under the spanning names.
     within_low = metrics.get("throughput_within_ci_low", metrics["throughput_ci_low"])
     within_high = metrics.get("throughput_within_ci_high", metrics["throughput_ci_high"])
     mean, low, high = floor.single_run(
-        run.throughput, within_low, within_high, run.se_rel, run.n_windows, time_s, confidence
+        run.throughput,
+        within_low,
+        within_high,
+        run.se_rel,
+        run.n_windows,
+        time_s,
+        confidence,
+        device,
     )
     out = {
         **metrics,
@@ -510,7 +615,7 @@ def assess(
         "throughput_ci_low": low,
         "throughput_ci_high": high,
     }
-    if floor.corrected:
+    if floor.level(time_s, device)[0] != 1.0:
         out["throughput_uncorrected"] = run.throughput
     verdict = judge(run, floor, settings, throttled=bool(metrics.get("throttled", 0.0)))
     return with_requests(out), verdict
@@ -536,6 +641,7 @@ def assess_pooled(
         sum(r.n_steps for r in runs),
         sum(r.stalls for r in runs),
         step_s=float(np.mean([r.step_s for r in runs])),
+        device=runs[0].device if len({r.device for r in runs}) == 1 else "",
     )
     out = {**metrics, "throughput": mean, "throughput_ci_low": low, "throughput_ci_high": high}
     return with_requests(out), judge(together, floor, settings, replicates=runs)

@@ -373,7 +373,7 @@ def write_noise_plot(path: Path, floor: NoiseFloor, title: str, unit: str = "ite
     )
     mean = float(np.exp(np.mean(np.log(level))))
     if floor.corrected:
-        fitted = [mean * floor.level(c.time_s)[0] for c in session]
+        fitted = [mean * floor.level(c.time_s, c.device)[0] for c in session]
         ax.plot(minutes, fitted, "r--", label=f"drift {floor.drift:+.1%}, corrected")
     ax.axhline(mean, color="gray", lw=0.8, label="geometric mean")
     ax.set_xlabel("minutes since this session's first control run")

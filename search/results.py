@@ -198,7 +198,7 @@ def noise_lines(floor: NoiseFloor, confidence: float) -> list[str]:
             "  the control runs agreed within their own window-to-window noise: no spread between "
             "fresh processes was measured beyond it"
         )
-    return lines + by_device(floor.controls)
+    return lines + by_device(floor.controls, floor.lines)
 
 
 def log_revalidation(tracker: Tracker, run_id: str, pooled: Pooled) -> None:

@@ -518,6 +518,7 @@ class StudyDriver:
                 self.floor(),
                 self.settings.stable,
                 self.settings.measure.confidence,
+                self.where,
             )
             stable, reason = verdict.stable, verdict.reason
         values = objective_values(metrics, [o.metric for o in self.space.objectives])

@@ -320,7 +320,12 @@ def record_of(
         state, failure = FAILED, over
     elif state == COMPLETE:
         metrics, verdict = assess(
-            metrics, time_s, floor, settings.stable, settings.measure.confidence
+            metrics,
+            time_s,
+            floor,
+            settings.stable,
+            settings.measure.confidence,
+            str(attrs.get("measured_on", "")),
         )
         stable, reason = verdict.stable, verdict.reason
     return TrialRecord(

@@ -4,6 +4,7 @@ import math
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from synthetic import Machine
 from search.config import ConfigError
 from search.measure import CpuTimer, MeasureSettings, measure
 from search.metrics import latency_quantiles
-from search.noise import NoiseFloor, RunFigures, assess, judge, stall_steps
+from search.noise import NoiseFloor, RunFigures, assess, by_device, judge, stall_steps
 from search.prepare import control_config
 from search.settings import StableSettings
 from search.space import parse_space
@@ -402,3 +403,45 @@ def test_control_runs_are_reported_by_device_when_several_devices_ran_them():
     assert lines[1].startswith(f"    {a}: 101 items/s (+0.0%), 2 run(s), CV 1.4%")
     assert lines[2].startswith(f"    {b}: 97 items/s (-4.0%), 2 run(s)")
     assert RunFigures.from_dict(run(b, 1.0).as_dict()).device == b
+
+
+def test_each_device_s_drift_corrects_its_own_figures_only():
+    """Two workers at once, one per GPU: GPU a slows by 10% over its session, GPU b holds steady.
+    A figure measured on b during a's session is left as measured; one on a is corrected by a's
+    line, even after b's session (the one that ended last) has begun."""
+    machine = Machine(between_cv=0.005, drift=-0.10, span_s=600.0, seed=4)
+    a, b = "n1 GPU 0 GPU-aaaa", "n1 GPU 1 GPU-bbbb"
+    controls = []
+    for _ in range(6):
+        run = machine.run(CONTROL, gap_s=100)[1]
+        controls.append(replace(run, session="worker-a", device=a))
+    steady = [
+        RunFigures(1e9 + 50 + 100 * i, CONTROL, 0.01, 10, 50, 0, "worker-b", device=b)
+        for i in range(7)
+    ]
+    floor = NoiseFloor.estimate(controls + steady)
+    assert floor.session == tuple(steady) and not floor.corrected  # b's session ended last
+    (line_a,) = [line for line in floor.lines if line.device == a]
+    assert line_a.corrected and line_a.drift == pytest.approx(-0.10, abs=0.03)
+    late = controls[-1].time_s
+    assert floor.level(late, b) == (1.0, 0.0)
+    assert floor.level(late, a)[0] == pytest.approx(line_a.level(late)[0]) and (
+        floor.level(late, a)[0] < 0.97
+    )
+    assert floor.level(late, "n2 GPU 0 GPU-cccc") == (1.0, 0.0), "an unknown device: no line"
+    metrics = {"throughput": 9000.0, "throughput_ci_low": 8900.0, "throughput_ci_high": 9100.0}
+    metrics |= {"throughput_cv": 0.01, "n_windows": 10, "n_steps": 50}
+    on_a, _ = assess(metrics, late, floor, STABLE, 0.95, device=a)
+    on_b, _ = assess(metrics, late, floor, STABLE, 0.95, device=b)
+    assert on_b["throughput"] == 9000.0 and "throughput_uncorrected" not in on_b
+    assert on_a["throughput"] > 9200.0 and on_a["throughput_uncorrected"] == 9000.0
+    (said_a,) = [x for x in by_device(floor.controls, floor.lines) if x.startswith(f"    {a}")]
+    assert "drift -" in said_a and ", corrected)" in said_a
+
+
+def test_one_device_keeps_the_drift_line_for_figures_that_name_no_device():
+    machine = Machine(between_cv=0.005, drift=-0.10, span_s=600.0, seed=4)
+    controls = [machine.run(CONTROL, gap_s=100)[1] for _ in range(6)]
+    floor = NoiseFloor.estimate([replace(c, device="n1 cpu") for c in controls])
+    t = controls[-1].time_s
+    assert floor.corrected and floor.level(t)[0] == floor.level(t, "n1 cpu")[0] < 0.97
