@@ -17,8 +17,9 @@ it and at its end, and reads the machine from those runs and from the re-validat
   invocation, on one device). When its slope is significant (``DRIFT_ALPHA``), the figures its
   device measured during it are *corrected* to its average level (divided by the fitted level at
   their time) and the line's own uncertainty is added to their intervals; another device's figures
-  are not (workers on several GPUs at once drift apart); a slope that is not significant is reported but nothing is corrected, since a fitted
-  line from a few runs would add more noise than it removes.
+  are not (workers on several GPUs at once drift apart); a slope that is not significant is
+  reported but nothing is corrected, since a fitted line from a few runs would add more noise than
+  it removes.
 - **intervals that span runs**: a figure from one run gets the variance ``σ_b² + se²`` (plus the
   drift line's), with Welch-Satterthwaite degrees of freedom; a mean of k fresh runs gets
   ``(σ_b² + mean se²) / k``. The interval is never narrower than the run's own.
