@@ -9,7 +9,9 @@ through submitit, Ray, a shell loop) only decides where each worker runs and whi
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -44,4 +46,14 @@ def run(overrides: Sequence[str], *, summary: bool = False, rank: int = 0, name:
     gpu = env.get("CUDA_VISIBLE_DEVICES", "")
     print(f"{role} on {socket.gethostname()}, CUDA_VISIBLE_DEVICES={gpu or '(unset)'}", flush=True)
     argv = [sys.executable, "-m", "search", *overrides, *(SUMMARY if summary else WORKER)]
-    return subprocess.run(argv, env=env).returncode
+    return subprocess.run(argv, env=env, preexec_fn=_stop_with_parent).returncode
+
+
+def _stop_with_parent() -> None:
+    """The command is stopped (SIGTERM: it stops cleanly) when the engine's process that started
+    it dies, even by SIGKILL (a Ray worker killed, a SLURM task ended), so that it does not keep
+    the GPU while the engine starts another worker on it. Linux only; elsewhere nothing."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass

@@ -86,11 +86,17 @@ is locked' (sqlite's default through SQLAlchemy is 5 s): processes sharing one f
 other instead of failing; a measurement's write is retried beyond that (``search.trial_store``)."""
 
 
+DB_CONNECTIONS = 4
+"""The most connections one process opens to a server database holding the study."""
+
+
 def engine_kwargs(url: str) -> dict:
     """SQLAlchemy engine settings for the study's storage ``url``."""
     if url.startswith("sqlite:"):
         return {"connect_args": {"timeout": SQLITE_BUSY_S}}
-    return {}
+    # A server database: at most DB_CONNECTIONS connections per worker, whatever its threads (the
+    # loop and the heartbeat); SQLAlchemy's default allows 15, and many workers would add up.
+    return {"pool_size": DB_CONNECTIONS // 2, "max_overflow": DB_CONNECTIONS - DB_CONNECTIONS // 2}
 
 
 def measuring_here(study: optuna.Study) -> list[int]:

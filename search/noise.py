@@ -201,11 +201,6 @@ class DriftLine:
             max(len(session) - 2, 0),
         )
 
-    def covers(self, time_s: float) -> bool:
-        """Whether a figure measured at ``time_s`` falls in this session: from
-        ``SESSION_GRACE_S`` before its first control run to ``SESSION_GAP_S`` after its last."""
-        return self.start - SESSION_GRACE_S <= time_s <= self.end + SESSION_GAP_S
-
     def level(self, time_s: float) -> tuple[float, float]:
         """The fitted relative level at ``time_s`` (1.0 at ``t_ref``; held at the session's end
         values beyond them) and the variance of its log; (1.0, 0.0) when not corrected."""
@@ -312,25 +307,50 @@ class NoiseFloor:
 
     def level(self, time_s: float, device: str = "") -> tuple[float, float]:
         """The fitted relative level of the control at ``time_s`` on ``device`` (1.0 at the
-        session's ``t_ref``) and the variance of its log, from the latest session of that device
-        that covers ``time_s`` (``DriftLine.covers``); (1.0, 0.0) where none does or drift is not
-        corrected. Where every session ran on one device, any ``device`` (or none) means it;
-        where several did, an unknown device gets no correction."""
-        if not self.lines:  # built by hand: one line, the fields', from its session start on
-            if not self.corrected or time_s < self.session_start - SESSION_GRACE_S:
-                return 1.0, 0.0
-            dt = min(max(time_s, self.session_start), self.session_end) - self.t_ref
-            return math.exp(self.slope * dt), self.slope_var * dt * dt
+        session's ``t_ref``) and the variance of its log, from the drift line that ``line_at``
+        picks; (1.0, 0.0) where there is none or drift is not corrected."""
+        line = self.line_at(time_s, device)
+        return line.level(time_s) if line is not None else (1.0, 0.0)
+
+    def line_at(self, time_s: float, device: str = "") -> DriftLine | None:
+        """The drift line of the session of ``device`` that a figure measured at ``time_s``
+        belongs to: one whose control runs span ``time_s`` if any, else the last one to start
+        before it (less ``SESSION_GRACE_S``), which holds until the device's next session; None
+        before any. Where every session ran on one device, any ``device`` (or none) means it;
+        where several did, an unknown device has none."""
+        if not self.lines:  # built by hand: the fields' line, from its session start on
+            if time_s < self.session_start - SESSION_GRACE_S:
+                return None
+            return DriftLine(
+                "",
+                self.session_start,
+                self.session_end,
+                self.t_ref,
+                self.drift,
+                self.drift_p,
+                self.corrected,
+                self.slope,
+                self.slope_var,
+                self.drift_df,
+            )
         devices = {line.device for line in self.lines}
         mine = (
             [line for line in self.lines if line.device == device]
             if device in devices
             else (list(self.lines) if len(devices) == 1 else [])
         )
-        covering = [line for line in mine if line.covers(time_s)]
-        if not covering:
-            return 1.0, 0.0
-        return max(covering, key=lambda line: line.start).level(time_s)
+        started = [line for line in mine if line.start - SESSION_GRACE_S <= time_s]
+        inside = [line for line in started if line.start <= time_s <= line.end]
+        chosen = inside or started
+        return max(chosen, key=lambda line: line.start) if chosen else None
+
+    def _drift_df(self, times: Sequence[tuple[float, str]]) -> int:
+        """Degrees of freedom of the drift lines applied at ``times`` ((time, device) pairs): the
+        fewest of those that correct."""
+        dfs = [
+            line.df for t, d in times if (line := self.line_at(t, d)) is not None and line.corrected
+        ]
+        return min(dfs) if dfs else 0
 
     def single_run(
         self,
@@ -348,7 +368,7 @@ class NoiseFloor:
         factor, drift_var = self.level(time_s, device)
         components = [(self.between_cv**2, self.between_df), (se_rel**2, n_windows - 1)]
         if drift_var:
-            components.append((drift_var, self.drift_df))
+            components.append((drift_var, self._drift_df([(time_s, device)])))
         half = _half_width(components, confidence)
         mean = throughput / factor
         return (
@@ -369,7 +389,7 @@ class NoiseFloor:
         ]
         drift_var = float(np.mean([self.level(r.time_s, r.device)[1] for r in runs]))
         if drift_var:
-            components.append((drift_var, self.drift_df))
+            components.append((drift_var, self._drift_df([(r.time_s, r.device) for r in runs])))
         # A configuration whose processes disagree more than the machine's do is not stable
         # (``judge``): its interval is the machine's.
         half = _half_width(components, confidence)

@@ -25,6 +25,7 @@ from mlflow.tracking import MlflowClient
 from servers import MlflowServer, Postgres, postgres_bin  # tests/ is on sys.path
 
 from search import launch
+from search.liveness import DB_CONNECTIONS
 
 REPO = Path(__file__).resolve().parents[1]
 SPACE_DIR = REPO / "tests" / "cluster_space"
@@ -203,7 +204,7 @@ def test_workers_share_a_postgres_study_and_an_mlflow_server(pg, stores, tmp_pat
     # Connections stay bounded: Optuna's pool per worker, MLflow's through its server's pool.
     optuna_db, mlflow_db = databases
     print(f"peak connections: {connections}")
-    assert connections[optuna_db] <= 3 * n_workers, connections
+    assert connections[optuna_db] <= DB_CONNECTIONS * n_workers, connections
     assert connections[mlflow_db] <= 20, connections
 
 

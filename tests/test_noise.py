@@ -445,3 +445,17 @@ def test_one_device_keeps_the_drift_line_for_figures_that_name_no_device():
     floor = NoiseFloor.estimate([replace(c, device="n1 cpu") for c in controls])
     t = controls[-1].time_s
     assert floor.corrected and floor.level(t)[0] == floor.level(t, "n1 cpu")[0] < 0.97
+
+
+def test_an_earlier_invocation_is_corrected_by_its_own_line_with_its_own_df():
+    machine = Machine(between_cv=0.005, drift=-0.10, span_s=600.0, seed=4)
+    first = [replace(machine.run(CONTROL, gap_s=100)[1], session="one") for _ in range(6)]
+    second = [replace(machine.run(CONTROL, gap_s=5000)[1], session="two")]  # one run: no line yet
+    floor = NoiseFloor.estimate(first + second)
+    t = first[-2].time_s
+    line = floor.line_at(t)
+    assert line is not None and line.start == first[0].time_s and line.corrected
+    assert floor.drift_df == 0 and line.df == 4 and floor.level(t)[0] < 0.99
+    assert floor.line_at(second[0].time_s).start == second[0].time_s
+    _, low, high = floor.single_run(9000.0, 8990.0, 9010.0, 0.001, 10, t, 0.95)
+    assert high / low > 1.01, "the line's own uncertainty (4 df) widens the interval"

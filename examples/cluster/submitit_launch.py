@@ -7,7 +7,7 @@
 submitit (the library under Hydra's submitit launcher) submits one SLURM job of nodes x GPUs tasks,
 one GPU each, waits for it, then a one-task job for the summary (re-validation and confirmation
 on one GPU, over every worker's trials). Without SLURM (`--cluster local`, the default where
-`sbatch` is absent) the same code runs the tasks as processes of this machine, each pinned to one
+`srun` is absent) the same code runs the tasks as processes of this machine, each pinned to one
 GPU. Logs: `submitit/` (one `<job>_<task>_log.out` per task). Hydra's launcher plugins launch
 `@hydra.main` sweeps; this tool composes its configuration itself, so the recipe calls submitit.
 
@@ -41,7 +41,7 @@ def main() -> int:
         "--cluster",
         choices=["slurm", "local"],
         default=None,
-        help="default: slurm where sbatch is found, else local",
+        help="default: slurm where srun is found, else local",
     )
     parser.add_argument("--nodes", type=int, default=1)
     parser.add_argument("--gpus-per-node", type=int, default=1, help="one worker per GPU")
@@ -69,13 +69,13 @@ def main() -> int:
         f"{args.nodes * args.gpus_per_node} task(s)",
         flush=True,
     )
-    try:
-        codes = job.results()
-    except submitit.core.utils.FailedJobError as exc:  # a task that raised, or was killed
-        print(f"workers: {str(exc).splitlines()[0]}")
-        codes = [1]
     failed = 0
-    for task, rc in enumerate(codes):
+    for task in range(job.num_tasks):
+        try:
+            rc = job.task(task).result()
+        except submitit.core.utils.UncompletedJobError as exc:  # raised, killed, timed out
+            rc = 1
+            print(f"worker task {task}: {str(exc).splitlines()[0]}")
         print(f"worker task {task}: exit {rc}")
         failed += rc != 0
     if failed:
@@ -84,7 +84,11 @@ def main() -> int:
     executor.update_parameters(nodes=1, tasks_per_node=1, gpus_per_node=min(1, args.gpus_per_node))
     summary = executor.submit(_summary, args.overrides)
     print(f"summary: job {summary.job_id}", flush=True)
-    rc = summary.result()
+    try:
+        rc = summary.result()
+    except submitit.core.utils.UncompletedJobError as exc:
+        print(f"summary: {str(exc).splitlines()[0]}")
+        rc = 1
     print(summary.stdout() or "", end="")
     return rc
 
