@@ -330,12 +330,20 @@ def test_a_retune_says_same_regression_or_moved_and_exits_accordingly(tmp_path):
 
     same = search("retune", *SPACE, WITH_REFERENCE, "retune.n_trials=1", runs_dir=runs_dir)
     line = same.stdout.strip().splitlines()[-1]
-    assert line.startswith("retune: SAME") or line.startswith("retune: AMBIGUOUS"), same.stdout
+    # An unchanged model raises no alarm (exit 0, checked by search()); IMPROVED is allowed, as
+    # SAME and AMBIGUOUS are: on this shared machine the workload's own speed moves by a few
+    # percent within a minute (benchmarks/retune_alarms.py: IMPROVED 1 in 20 unchanged re-tunes),
+    # and the fresh runs measure that move correctly.
+    assert line.startswith(("retune: SAME", "retune: AMBIGUOUS", "retune: IMPROVED")), same.stdout
     assert "best, today vs baseline (the same configuration)" in same.stdout
     assert "machine: the reference step, today vs baseline" in same.stdout
     study_dir = runs_dir / "slowdown-cpu"
     reports = sorted((study_dir / "retune").glob("*.json"))
-    assert len(reports) == 1 and json.loads(reports[0].read_text())["verdict"] in (SAME, AMBIGUOUS)
+    assert len(reports) == 1 and json.loads(reports[0].read_text())["verdict"] in (
+        SAME,
+        AMBIGUOUS,
+        IMPROVED,
+    )
 
     slower = search(
         "retune",
