@@ -210,6 +210,25 @@ class DriftLine:
         return math.exp(self.slope * dt), self.slope_var * dt * dt
 
 
+_FIELD_OF = {
+    "session_start": "start",
+    "session_end": "end",
+    "t_ref": "t_ref",
+    "drift": "drift",
+    "drift_p": "p",
+    "corrected": "corrected",
+    "slope": "slope",
+    "slope_var": "slope_var",
+    "drift_df": "df",
+}
+"""``NoiseFloor`` field: the ``DriftLine`` field it holds (the latest session's)."""
+
+
+def _fields_of(line: DriftLine) -> dict[str, Any]:
+    """The ``NoiseFloor`` fields that hold ``line``."""
+    return {f: getattr(line, k) for f, k in _FIELD_OF.items()}
+
+
 @dataclass(frozen=True)
 class NoiseFloor:
     """The machine's noise as the control runs and re-validation replicates show it."""
@@ -267,16 +286,8 @@ class NoiseFloor:
             controls,
             0.0,
             0,
-            last.drift,
-            last.p,
-            last.corrected,
-            last.slope,
-            last.slope_var,
-            last.t_ref,
-            last.start,
-            last.end,
-            last.df,
-            lines,
+            lines=lines,
+            **_fields_of(last),
         )
         rss, explained, df = 0.0, 0.0, 0
         fitted_runs = [
@@ -321,18 +332,7 @@ class NoiseFloor:
         if not self.lines:  # built by hand: the fields' line, from its session start on
             if time_s < self.session_start - SESSION_GRACE_S:
                 return None
-            return DriftLine(
-                "",
-                self.session_start,
-                self.session_end,
-                self.t_ref,
-                self.drift,
-                self.drift_p,
-                self.corrected,
-                self.slope,
-                self.slope_var,
-                self.drift_df,
-            )
+            return DriftLine("", **{k: getattr(self, f) for f, k in _FIELD_OF.items()})
         devices = {line.device for line in self.lines}
         mine = (
             [line for line in self.lines if line.device == device]
