@@ -13,7 +13,7 @@ import itertools
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +85,40 @@ from search.trial_store import (
 )
 
 
+@dataclass
+class Spent:
+    """Where an invocation's wall time went, s: what the README's time budget is judged on."""
+
+    started_s: float = field(default_factory=time.monotonic)
+    revalidation_s: float = 0.0
+    confirmation_s: float = 0.0
+
+    def line(self, driver: StudyDriver) -> str:
+        total = time.monotonic() - self.started_s
+        new = driver.new_s
+        parts = [
+            f"control runs {driver.control_s:.0f} s",
+            f"re-validation {self.revalidation_s:.0f} s",
+            f"confirmation {self.confirmation_s:.0f} s",
+        ]
+        other = total - new - driver.control_s - self.revalidation_s - self.confirmation_s
+        return (
+            f"time: {new / total:.0%} of {total:.0f} s measured {len(driver.outcome.records)} new "
+            f"configuration(s) ({new:.0f} s); {', '.join(parts)}, the rest {other:.0f} s "
+            "(start-up, stores, files)"
+        )
+
+    def metrics(self, driver: StudyDriver) -> dict[str, float]:
+        total = time.monotonic() - self.started_s
+        return {
+            "time_total_s": total,
+            "time_new_configurations_s": driver.new_s,
+            "time_control_s": driver.control_s,
+            "time_revalidation_s": self.revalidation_s,
+            "time_confirmation_s": self.confirmation_s,
+        }
+
+
 @dataclass(frozen=True)
 class Context:
     """What every step of one invocation reads: settings, the space, where it runs, the terminal."""
@@ -100,6 +134,8 @@ class Context:
     """The control configuration (``search.prepare.control_config``); None: no control runs."""
     peak: Peak | None = None
     """The device's peak FLOP/s and bandwidth, for the regime diagnosis (``search.diagnosis``)."""
+    spent: Spent = field(default_factory=lambda: Spent())
+    """Where this invocation's time went."""
 
     def diagnosis(
         self, record: TrialRecord, history: Sequence[TrialRecord] = ()
@@ -126,6 +162,7 @@ class Context:
 
 def run(cfg_node: DictConfig, kind: str = TUNE) -> int:
     """A tuning (``kind`` ``tune``) or a re-tune against the study's last tuning (``retune``)."""
+    spent = Spent()
     quiet_libraries()
     settings = load_settings(cfg_node)
     device = resolve_device(settings.device)
@@ -158,7 +195,9 @@ def run(cfg_node: DictConfig, kind: str = TUNE) -> int:
         )
     env = {**environment(device), **_versions()}
     peak = _peak(out, device, env["device_name"], space, Path(settings.runs_dir))
-    ctx = Context(settings, space, device, env, fingerprint(space, env), out, control, peak)
+    ctx = Context(
+        settings, space, device, env, fingerprint(space, env), out, control, peak, spent=spent
+    )
     cfg = for_logging(cfg_node)  # as written, for the parent run's params and config.yaml
     _start_parent(ctx, tracker, cfg)
     if base is not None:
@@ -199,6 +238,8 @@ def run(cfg_node: DictConfig, kind: str = TUNE) -> int:
             _adopt(ctx, driver, remeasured)
         finished = _finish(ctx, driver, outcome, tracker)
         code = _conclude(ctx, study, tracker, base, finished)
+        out.print(spent.line(driver), markup=False)
+        tracker.log_metrics(tracker.parent_id, spent.metrics(driver))
         if outcome.failure_stop:
             print(f"search: error: stopped early: {outcome.failure_stop}", file=sys.stderr)
             return 1
@@ -498,7 +539,9 @@ def _finish(ctx: Context, driver: StudyDriver, outcome: StudyOutcome, tracker: T
         todo = results.next_candidates(history, done, settings, space)
         if not todo:
             break
+        started = time.monotonic()
         _revalidate(ctx, study, todo)
+        ctx.spent.revalidation_s += time.monotonic() - started
     driver.run_control()  # the end of the study: drift needs both ends
     floor = driver.floor()
     history = driver.history()
@@ -812,9 +855,11 @@ def _conclude(
     settings, out = ctx.settings, ctx.out
     best = finished.best
     old = base.recommended if base is not None else None
+    started = time.monotonic()
     confirmed, old_today = (
         _confirm(ctx, tracker, best, finished.unit, old) if best is not None else (None, None)
     )
+    ctx.spent.confirmation_s += time.monotonic() - started
     now = time.time()
     kind = TUNE if base is None else RETUNE
     today = Tuned(

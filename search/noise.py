@@ -55,6 +55,12 @@ NEAREST_CONTROLS = 2
 """Control runs nearest in time that a configuration's variability is compared with."""
 SESSION_GAP_S = 1800.0
 """Control runs of no named invocation further apart than this belong to different sessions."""
+MIN_BETWEEN_DF = 3
+"""Degrees of freedom the between-run variance needs before intervals include it. From 1 or 2
+its t quantile (12.7, 4.3) makes an interval wider than any spread seen between runs, and early
+trials would be ranked on that width; until 3 (t 3.18) a figure carries its within-run interval,
+and the end of the study judges every figure again with the floor as it then stands (the control's
+start, study and end runs, and the re-validation replicates)."""
 SESSION_GRACE_S = 60.0
 """A figure measured more than this before the latest session's first control run belongs to an
 earlier session: the latest session's drift line does not correct it."""
@@ -366,7 +372,9 @@ class NoiseFloor:
         """(mean, low, high) of one run's throughput, spanning runs: corrected for drift where the
         floor says so, and never narrower than the run's own interval ``[low, high]``."""
         factor, drift_var = self.level(time_s, device)
-        components = [(self.between_cv**2, self.between_df), (se_rel**2, n_windows - 1)]
+        components = [(se_rel**2, n_windows - 1)]
+        if self.between_known:
+            components.append((self.between_cv**2, self.between_df))
         if drift_var:
             components.append((drift_var, self._drift_df([(time_s, device)])))
         half = _half_width(components, confidence)
@@ -383,10 +391,9 @@ class NoiseFloor:
         corrected = [r.throughput / self.level(r.time_s, r.device)[0] for r in runs]
         mean = float(np.mean(corrected))
         within = float(np.mean([r.se_rel**2 for r in runs]))
-        components = [
-            (self.between_cv**2 / k, self.between_df),
-            (within / k, sum(r.n_windows - 1 for r in runs)),
-        ]
+        components = [(within / k, sum(r.n_windows - 1 for r in runs))]
+        if self.between_known:
+            components.append((self.between_cv**2 / k, self.between_df))
         drift_var = float(np.mean([self.level(r.time_s, r.device)[1] for r in runs]))
         if drift_var:
             components.append((drift_var, self._drift_df([(r.time_s, r.device) for r in runs])))
@@ -424,10 +431,16 @@ class NoiseFloor:
             + (f" and {earlier} of earlier ones" if earlier else "")
         )
 
+    @property
+    def between_known(self) -> bool:
+        """Whether intervals include the between-run variance (``MIN_BETWEEN_DF``)."""
+        return self.between_df >= MIN_BETWEEN_DF
+
     def one_run_spread(self, confidence: float) -> float:
         """How far one run's mean lands from the long-run level in ``confidence`` of fresh
         processes, relative (the between-run part only)."""
-        return _t(confidence, self.between_df) * self.between_cv if self.between_df else math.nan
+        known = self.between_known
+        return _t(confidence, self.between_df) * self.between_cv if known else math.nan
 
     def metrics(self) -> dict[str, float]:
         """The floor as MLflow metrics of the parent run."""

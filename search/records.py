@@ -43,6 +43,8 @@ class TrialRecord:
     """When the trial's measurement ended, s since the epoch (0.0: unknown)."""
     reason: str = ""
     """Why it is not stable: the test it failed, with its figures ('' when stable)."""
+    why: str = ""
+    """Why it was proposed, in a few words (``search.guided``; '' when not known)."""
 
 
 _SHORT = {"batch_size": "bs", "micro_batch_size": "mb", "streams": "s"}

@@ -83,7 +83,8 @@ def trial_line(
 ) -> str:
     """``[3/10] #4 batch_size=8 ... -> 41.2k tokens/s [40.1k, 42.3k] ..., stable, mfu 31%
     compute-bound | front 2 | 0:42, ETA 1:30``."""
-    head = f"[{done}/{total}] #{record.number} {knobs_text(record.config, knob_names)} -> "
+    why = f" ({record.why})" if record.why else ""
+    head = f"[{done}/{total}] #{record.number} {knobs_text(record.config, knob_names)}{why} -> "
     if record.state == COMPLETE:
         m = record.metrics
         figures = ", ".join(f"{METRICS[k].label} {_figure(m, k)} {METRICS[k].unit}" for k in shown)

@@ -17,7 +17,7 @@ from typing import Any
 
 from search import pareto
 from search.metrics import ranked_on
-from search.noise import NoiseFloor, by_device
+from search.noise import MIN_BETWEEN_DF, NoiseFloor, by_device
 from search.records import COMPLETE, TrialRecord
 from search.report import throughput_text, write_best, write_csv, write_plot
 from search.revalidate import Pooled
@@ -192,6 +192,11 @@ def noise_lines(floor: NoiseFloor, confidence: float) -> list[str]:
             f"{confidence:.0%} of fresh processes; the throughput intervals include that spread "
             "(a re-validated mean of k runs 1/sqrt(k) of it), and configurations closer than it "
             "are ties"
+        )
+    elif 0 < floor.between_df < MIN_BETWEEN_DF:
+        lines.append(
+            f"  the between-run spread rests on {floor.between_df} degree(s) of freedom, too few "
+            f"to widen intervals by (they need {MIN_BETWEEN_DF}): intervals are within-run only"
         )
     elif floor.between_df:
         lines.append(

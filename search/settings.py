@@ -21,6 +21,9 @@ from search.pareto import check_slo
 
 PRESETS = ("auto", "cpu", "cuda")
 
+SAMPLER_NAMES = ("guided", "tpe", "gp", "nsga2", "random")
+"""What ``study.sampler`` may name (``search.study`` builds each)."""
+
 SLO_EXPECTED = "a mapping of metric name to limit, e.g. +slo.latency_p95_ms=200"
 """What ``slo`` must be, as error messages say it."""
 
@@ -42,7 +45,8 @@ class StudySettings:
     """No new trial starts after this many seconds, s; null: no limit."""
 
     sampler: str
-    """Optuna sampler that proposes configurations: a name in ``search.study.SAMPLERS``."""
+    """What proposes configurations: a name in ``SAMPLER_NAMES`` (``guided``: the expert's order,
+    ``search.strategy``; the others are Optuna's samplers)."""
 
     heartbeat_s: int
     """Running trials report every this many seconds, s (integer); one silent for 6x as long was
@@ -63,12 +67,9 @@ class StudySettings:
             "study.n_trials must be an integer >= 0 (0: measure nothing new, only re-validate "
             f"and summarise what the study holds), but got {self.n_trials!r}",
         )
-        # Imported here: search.study imports search.config, which imports this module.
-        from search.study import SAMPLERS
-
         _require(
-            self.sampler in SAMPLERS,
-            f"study.sampler must be one of {', '.join(SAMPLERS)}, but got {self.sampler!r}",
+            self.sampler in SAMPLER_NAMES,
+            f"study.sampler must be one of {', '.join(SAMPLER_NAMES)}, but got {self.sampler!r}",
         )
         _optional_finite("study.timeout_s", self.timeout_s, "null for no limit")
         _require(

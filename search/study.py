@@ -40,12 +40,14 @@ from optuna.trial import Trial, TrialState
 
 from search.config import ConfigError, redact
 from search.guards import KnownOutcomes, Proposal, Verdict, guards
+from search.guided import HANDED_OVER, WHY, GuidedSampler, distribution, seen_of
 from search.liveness import Heartbeat, Recovery, engine_kwargs, measuring_here, owner
 from search.metrics import objective_values, ranked_on, trial_metrics
 from search.noise import NoiseFloor, RunFigures, assess
 from search.pareto import constraint_values
 from search.records import COMPLETE, FAILED, TrialRecord, fault_kind
 from search.runner import TrialRequest, TrialResult, run_isolated
+from search.settings import SAMPLER_NAMES
 from search.space import CategoricalParam, FixedParam, FloatParam, IntParam, Param, SearchSpace
 from search.trial_store import (
     noise_floor,
@@ -77,6 +79,9 @@ SAMPLERS: dict[str, Callable[[int], optuna.samplers.BaseSampler]] = {
     "nsga2": lambda seed: optuna.samplers.NSGAIISampler(seed=seed),
     "random": lambda seed: optuna.samplers.RandomSampler(seed=seed),
 }
+"""The plain Optuna samplers by name; ``guided`` (the default, ``search.guided``) wraps ``tpe``."""
+GUIDED = "guided"
+assert set(SAMPLER_NAMES) == {GUIDED, *SAMPLERS}, "settings.SAMPLER_NAMES lists every sampler"
 
 
 @dataclass
@@ -113,18 +118,6 @@ def suggest(trial: Trial, name: str, param: Param) -> Any:
         return trial.suggest_categorical(name, list(param.choices))
     assert isinstance(param, FixedParam)
     return param.value
-
-
-def distribution(param: Param) -> BaseDistribution:
-    """The Optuna distribution ``suggest`` draws ``param`` from."""
-    if isinstance(param, IntParam) and param.pow2:
-        return CategoricalDistribution(param.values())
-    if isinstance(param, IntParam):
-        return IntDistribution(param.low, param.high, log=param.log, step=param.step)
-    if isinstance(param, FloatParam):
-        return FloatDistribution(param.low, param.high, log=param.log, step=param.step)
-    assert isinstance(param, CategoricalParam)
-    return CategoricalDistribution(list(param.choices))
 
 
 RENAMED = "~"
@@ -326,14 +319,14 @@ class StudyDriver:
         )
         self.request, self.log_trial, self.progress = request, log_trial, progress
         self.recovery, self.heartbeat = recovery, heartbeat
-        # Offset the seed by the trials already stored, so a resumed study does not replay its
-        # start.
-        self._reseed(len(study.trials))
         self.outcome = StudyOutcome(study.study_name)
         self.known = KnownOutcomes.load(study, space, fingerprint, settings.runner.memory_limit_mb)
         self.guards = guards(study, space, self.known)
         self.names, self.notes = optuna_names(study, space)
         """Each searched knob's Optuna parameter name; a note for each one renamed."""
+        # Offset the seed by the trials already stored, so a resumed study does not replay its
+        # start.
+        self._reseed(len(study.trials))
         self.started_s = time.monotonic()
         self.control, self.on_control = control, on_control
         self.warn = warn or (lambda line: None)
@@ -343,6 +336,8 @@ class StudyDriver:
         """Whether another process of this machine was seen measuring on its CPU at once."""
         self.control_s = 0.0
         """Time spent on control runs in this invocation, s."""
+        self.new_s = 0.0
+        """Time spent measuring the configurations of this invocation's trials, s."""
         self.control_runs = 0
         self.session = f"{owner()['host']}-{owner()['pid']}-{time.time():.0f}"
         """This invocation, as its control runs name it (``search.noise`` sessions)."""
@@ -415,7 +410,7 @@ class StudyDriver:
                     self.run_control()
             else:
                 repeats += 1
-                if not self._queue_unmeasured():
+                if not self._queue_unmeasured(trial):
                     self.outcome.stop_reason = "exhausted"
                     break
         return self.outcome
@@ -507,7 +502,9 @@ class StudyDriver:
         self._check_shared_cpu(request.device)
         if self.where:
             trial.set_user_attr("measured_on", self.where)
+        started = time.monotonic()
         result = run_isolated(request)
+        self.new_s += time.monotonic() - started
         measured_at = time.time()
         stored = trial_metrics(result, self.settings.measure.confidence)
         metrics, stable, reason = stored, False, ""
@@ -546,6 +543,7 @@ class StudyDriver:
             unit=result.unit,
             time_s=measured_at,
             reason=reason,
+            why=self._why(trial),
         )
         try:  # Optuna first: the measurement is kept whatever happens to MLflow after
             frozen = store_measured(
@@ -575,6 +573,14 @@ class StudyDriver:
         self.progress(record, self.history())
         return True
 
+    def _why(self, trial: Trial) -> str:
+        """Why ``trial``'s configuration was proposed: the guided sampler's reason or what queued
+        it (read from the storage: the sampler wrote it there, past the trial's own cache)."""
+        attrs = self.study._storage.get_trial(trial._trial_id).user_attrs
+        if "retry_of" in attrs:
+            return f"a retry of stale trial #{attrs['retry_of']}"
+        return str(attrs.get(WHY) or attrs.get("proposed_by") or "")
+
     def _constraints(self, stable: bool) -> dict[str, float]:
         """The Optuna constraints a measured trial is told (none under GPSampler, which refuses a
         study whose trials have different numbers of them, as trials stored before would)."""
@@ -597,7 +603,17 @@ class StudyDriver:
 
     def _reseed(self, offset: int) -> None:
         seed = self.settings.seed + offset
-        self.study.sampler = SAMPLERS[self.settings.study.sampler](seed)
+        name = self.settings.study.sampler
+        if name == GUIDED:
+            self.study.sampler = GuidedSampler(
+                self.space,
+                self.names,
+                lambda: seen_of(list(self.known.reusable.values()), self.known.ran_out, self.space),
+                SAMPLERS["tpe"](seed),
+                self.settings.slo,
+            )
+        else:
+            self.study.sampler = SAMPLERS[name](seed)
         self.rng = random.Random(seed)
 
     def _too_many_failures(self) -> bool:
@@ -618,9 +634,10 @@ class StudyDriver:
         )
         return True
 
-    def _queue_unmeasured(self) -> bool:
+    def _queue_unmeasured(self, rejected: Trial) -> bool:
         """Queue a uniformly drawn feasible configuration not measured yet; False if none is
-        left."""
+        left. Not after a move of the expert's order (``guided``), which proposes only what is
+        open: it lost a race with another process, and its next move is better than a draw."""
         feasible = self.space.feasible_configs()
         if feasible is not None:
             running = [
@@ -639,6 +656,9 @@ class StudyDriver:
             choice = self.space.random_feasible(self.rng)
         if choice is None:
             return False
+        why = self.study._storage.get_trial(rejected._trial_id).user_attrs.get(WHY)
+        if self.settings.study.sampler == GUIDED and why not in (None, HANDED_OVER):
+            return True
         self.study.enqueue_trial(
             {self.names[k]: v for k, v in choice.items() if k in self.space.searched},
             user_attrs={"proposed_by": "uniform draw after a rejected proposal"},

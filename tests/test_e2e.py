@@ -76,10 +76,17 @@ def test_llm_study_end_to_end(runs_dir):
     )
     assert "Pareto-optimal stable configurations" in result.stdout
     assert f"mlflow ui --backend-store-uri sqlite:///{runs_dir}/mlflow.db" in result.stdout
+    # the default sampler opens with the expert's first guess and says why on the trial's line
+    assert (
+        "[1/3] #0 batch_size=8 micro_batch_size=8 precision=bf16 streams=1 recompute=False "
+        "(the expert's first guess: the largest batch and micro-batch) -> "
+    ) in result.stdout
+    assert "time: " in result.stdout and "new configuration(s)" in result.stdout
 
     study = optuna.load_study(study_name="llm-cpu", storage=f"sqlite:///{runs_dir}/optuna.db")
     trials = measured(study)
     assert len(trials) == 3
+    assert all(t.user_attrs["why"] for t in trials)
     assert [o for o in study.directions] == [
         optuna.study.StudyDirection.MAXIMIZE,
         optuna.study.StudyDirection.MINIMIZE,
@@ -502,7 +509,7 @@ def test_two_processes_on_one_study_share_it_without_losing_or_repeating_a_resul
         "space.params.batch_size.high=4",
         "space.params.micro_batch_size.low=2",
         "space.params.precision.choices=[fp32,bf16]",
-        "study.sampler=random",
+        # the default (guided) sampler: each process reads the other's running trial as busy
         f"runs_dir={runs_dir}",
     ]
     env = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -1,0 +1,300 @@
+"""Workloads whose true figures are known, for judging search strategies (``sampler_choice.py``).
+
+A ``Simulated`` workload gives every configuration of its space a true throughput, step time and
+peak memory from a cost model with the effects that decide real tuning:
+
+* **host overhead per micro-batch** (Python, dispatch, kernel launches) against **device work**
+  that grows with the micro-batch; on an accelerator the host runs ahead of the device (the slower
+  of the two sets the pace), on a CPU the same cores do both (they add up);
+* **a device idling below a minimum micro-batch**: a smaller one costs as much as that minimum;
+* **precision speed-ups** of the device work (tensor cores; bf16 on a CPU with AMX/AVX-512);
+* **lanes** (concurrent micro-batches) that hide host overhead and let small micro-batches fill
+  the device together, at a contention cost on the device;
+* **a fixed optimizer-step cost** per step, which large batches amortise;
+* **recompute** (a second forward) that keeps a third of the activations;
+* **an OOM wall**: activations per sample (halved by 16-bit precisions, cut by recompute, one set
+  per lane) plus weights and optimizer state against the device's memory.
+
+``Replayed`` reads a table measured once on a real machine (``data/llm_cpu_table.csv``: every
+feasible configuration of the CPU ``llm`` space, measured by the tool) and serves its figures.
+
+Both add measurement noise: a lognormal factor on the step time (and so on throughput and
+latency alike), memory exact.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from search.space import SearchSpace, parse_space
+
+DATA = Path(__file__).parent / "data"
+OBJECTIVES = {"throughput": "maximize", "latency_p95_ms": "minimize", "peak_memory_mb": "minimize"}
+P95_OVER_MEAN = 1.08
+"""The step-time 95th percentile over its mean (the measured llm trials: 1.05-1.12)."""
+
+
+def space_of(name: str, batch: list[int], micro: list[int], precisions: list[str]) -> SearchSpace:
+    """The ``llm`` space's knobs and constraints over these ranges, as the tool parses it."""
+    return parse_space(
+        name,
+        {
+            "workload": {"_target_": "simulated"},
+            "params": {
+                "batch_size": {"type": "int", "low": batch[0], "high": batch[-1], "pow2": True},
+                "micro_batch_size": {
+                    "type": "int",
+                    "low": micro[0],
+                    "high": micro[-1],
+                    "pow2": True,
+                },
+                "precision": {"type": "categorical", "choices": precisions},
+                "streams": {"type": "int", "low": 1, "high": 2},
+                "recompute": {"type": "bool"},
+            },
+            "constraints": [
+                "batch_size % micro_batch_size == 0",
+                "streams <= batch_size // micro_batch_size",
+            ],
+            "memory_grows_with": ["batch_size", "micro_batch_size"],
+            "objectives": OBJECTIVES,
+        },
+    )
+
+
+def feasible(space: SearchSpace) -> list[dict[str, Any]]:
+    configs = space.feasible_configs()
+    assert configs is not None
+    return configs
+
+
+@dataclass(frozen=True)
+class Figures:
+    """A configuration's true figures; ``throughput`` 0 where it runs out of memory."""
+
+    throughput: float
+    step_ms: float
+    memory_mb: float
+    oom: bool
+
+    def objectives(self) -> dict[str, float]:
+        return {
+            "throughput": self.throughput,
+            "latency_p95_ms": self.step_ms * P95_OVER_MEAN,
+            "peak_memory_mb": self.memory_mb,
+        }
+
+
+@dataclass(frozen=True)
+class Simulated:
+    """A training step's cost model (module docstring); times in ms, memory in MB."""
+
+    name: str
+    space: SearchSpace
+    host_ms_per_micro: float
+    device_ms_per_sample: Mapping[str, float]
+    """Device time per sample at full occupancy, by precision."""
+    min_fill: int
+    """Samples in flight below which the device idles: fewer cost as much as this many."""
+    host_runs_ahead: bool
+    """An accelerator (host and device overlap) rather than a CPU (they add up)."""
+    lane_host_share: float
+    """Share of the host overhead left per micro-batch with two lanes (0.5: fully hidden)."""
+    lane_contention: float
+    """Device time grows by this factor per extra lane."""
+    optimizer_ms: float
+    weights_mb: float
+    activation_mb_per_sample: Mapping[str, float]
+    capacity_mb: float
+    recompute_keeps: float = 0.3
+    recompute_cost: float = 1.33
+    items_per_sample: int = 128
+    noise_sigma: float = 0.05
+    unit: str = "tokens"
+
+    def figures(self, c: Mapping[str, Any]) -> Figures:
+        b, m, p, s, r = (
+            c[k] for k in ("batch_size", "micro_batch_size", "precision", "streams", "recompute")
+        )
+        activations = (
+            self.activation_mb_per_sample[p] * m * s * (self.recompute_keeps if r else 1.0)
+        )
+        memory = self.weights_mb + activations + 0.01 * b
+        if memory > self.capacity_mb:
+            return Figures(0.0, math.inf, memory, True)
+        # s lanes run s micro-batches at once: together they fill the device
+        in_flight = max(m * s, self.min_fill)
+        device = self.device_ms_per_sample[p] * in_flight / s
+        device *= (self.recompute_cost if r else 1.0) * (1.0 + self.lane_contention * (s - 1))
+        host = self.host_ms_per_micro * (self.lane_host_share if s > 1 else 1.0)
+        per_micro = max(host, device) if self.host_runs_ahead else host + device
+        step_ms = (b // m) * per_micro + self.optimizer_ms
+        return Figures(b * self.items_per_sample / step_ms * 1000.0, step_ms, memory, False)
+
+    def measure(self, c: Mapping[str, Any], rng: np.random.Generator) -> Figures:
+        true = self.figures(c)
+        if true.oom:
+            return true
+        factor = float(rng.lognormal(0.0, self.noise_sigma))
+        return Figures(true.throughput / factor, true.step_ms * factor, true.memory_mb, False)
+
+
+@dataclass
+class Replayed:
+    """Figures measured once on a real machine, served from a table (CSV: the knobs, then
+    ``throughput``, ``latency_p95_ms``, ``peak_memory_mb``; an empty throughput ran out of
+    memory)."""
+
+    name: str
+    space: SearchSpace
+    table: dict[str, Figures] = field(default_factory=dict)
+    noise_sigma: float = 0.05
+    unit: str = "tokens"
+
+    @classmethod
+    def load(cls, name: str, path: Path, space: SearchSpace, noise_sigma: float) -> Replayed:
+        table = {}
+        with path.open() as f:
+            for row in csv.DictReader(f):
+                config = {
+                    "batch_size": int(row["batch_size"]),
+                    "micro_batch_size": int(row["micro_batch_size"]),
+                    "precision": row["precision"],
+                    "streams": int(row["streams"]),
+                    "recompute": row["recompute"] == "True",
+                }
+                thr = float(row["throughput"]) if row["throughput"] else 0.0
+                step = float(row["latency_p95_ms"]) / P95_OVER_MEAN if thr else math.inf
+                table[key(config)] = Figures(thr, step, float(row["peak_memory_mb"] or 0), not thr)
+        return cls(name, space, table, noise_sigma)
+
+    def figures(self, c: Mapping[str, Any]) -> Figures:
+        return self.table[key(c)]
+
+    def measure(self, c: Mapping[str, Any], rng: np.random.Generator) -> Figures:
+        true = self.figures(c)
+        if true.oom:
+            return true
+        factor = float(rng.lognormal(0.0, self.noise_sigma))
+        return Figures(true.throughput / factor, true.step_ms * factor, true.memory_mb, False)
+
+
+Workload = Simulated | Replayed
+
+
+def key(config: Mapping[str, Any]) -> tuple[Any, ...]:
+    return tuple(
+        config[k] for k in ("batch_size", "micro_batch_size", "precision", "streams", "recompute")
+    )
+
+
+def expert_guess(workload: Workload) -> dict[str, Any]:
+    """The expert's first guess, from the true figures: the lowest precision (every precision of
+    these workloads computes the same), the largest batch, one lane, no recompute, the largest
+    micro-batch that fits."""
+    space = workload.space
+    precisions = space.params["precision"].values()
+    precision = next(p for p in ("bf16", "fp16", "tf32", "fp32") if p in precisions)
+    batch = max(space.params["batch_size"].values())
+    for micro in sorted(space.params["micro_batch_size"].values(), reverse=True):
+        config = {
+            "batch_size": batch,
+            "micro_batch_size": micro,
+            "precision": precision,
+            "streams": 1,
+            "recompute": False,
+        }
+        if space.contains(config) and not workload.figures(config).oom:
+            return config
+    raise ValueError(f"{workload.name}: no micro-batch fits at the largest batch")
+
+
+def cpu_simulated() -> Simulated:
+    """Shaped like the CPU ``llm`` preset on a 2-core machine (a 2-layer GPT, 128 tokens a
+    sample): a few ms of Python per micro-batch, bf16 1.6x faster, lanes that compete for the
+    same two cores, and a memory cap that fp32 at micro-batch 32 crosses."""
+    return Simulated(
+        "cpu-sim",
+        space_of("cpu-sim", [4, 8, 16, 32], [1, 2, 4, 8, 16, 32], ["fp32", "bf16"]),
+        host_ms_per_micro=4.0,
+        device_ms_per_sample={"fp32": 6.0, "bf16": 3.8},
+        min_fill=2,
+        host_runs_ahead=False,
+        lane_host_share=0.45,
+        lane_contention=0.35,
+        optimizer_ms=18.0,
+        weights_mb=60.0,
+        activation_mb_per_sample={"fp32": 9.0, "bf16": 5.0},
+        capacity_mb=300.0,
+        noise_sigma=0.06,
+    )
+
+
+def gpu_simulated() -> Simulated:
+    """Shaped like the CUDA ``llm`` preset on an H100 (GPT-2 small, 1024 tokens a sample): the
+    host issues a micro-batch's kernels in ~25 ms and runs ahead of the device, which idles below
+    16 samples; bf16 and fp16 use tensor cores, tf32 half as fast, fp32 a sixth; activations of
+    ~0.66 GB a sample in 16 bits on an 80 GB device."""
+    return Simulated(
+        "gpu-sim",
+        space_of(
+            "gpu-sim",
+            [4, 8, 16, 32, 64],
+            [1, 2, 4, 8, 16, 32, 64],
+            ["fp32", "tf32", "bf16", "fp16"],
+        ),
+        host_ms_per_micro=25.0,
+        device_ms_per_sample={"fp32": 16.0, "tf32": 5.5, "bf16": 2.6, "fp16": 2.5},
+        min_fill=16,
+        host_runs_ahead=True,
+        lane_host_share=0.8,
+        lane_contention=0.03,
+        optimizer_ms=10.0,
+        weights_mb=3000.0,
+        activation_mb_per_sample={"fp32": 1250.0, "tf32": 1250.0, "bf16": 660.0, "fp16": 660.0},
+        capacity_mb=80_000.0,
+        items_per_sample=1024,
+        noise_sigma=0.02,
+    )
+
+
+def cpu_replayed(noise_sigma: float = 0.06) -> Replayed:
+    space = space_of("cpu-replay", [4, 8, 16, 32], [1, 2, 4, 8, 16, 32], ["fp32", "bf16"])
+    return Replayed.load("cpu-replay", DATA / "llm_cpu_table.csv", space, noise_sigma)
+
+
+WORKLOADS = {"cpu-sim": cpu_simulated, "gpu-sim": gpu_simulated, "cpu-replay": cpu_replayed}
+
+
+def every_config(workload: Workload) -> list[dict[str, Any]]:
+    return feasible(workload.space)
+
+
+def _check() -> None:  # python benchmarks/simulator.py: each workload's true best and expert
+    for make in WORKLOADS.values():
+        try:
+            w = make()
+        except FileNotFoundError as e:
+            print(f"{make.__name__}: {e}")
+            continue
+        configs = every_config(w)
+        figures = [(w.figures(c), c) for c in configs]
+        best = max(figures, key=lambda fc: fc[0].throughput)
+        guess = expert_guess(w)
+        oom = sum(f.oom for f, _ in figures)
+        print(
+            f"{w.name}: {len(configs)} configurations ({oom} out of memory); best "
+            f"{best[0].throughput:.0f} {best[1]}; expert {w.figures(guess).throughput:.0f} "
+            f"({w.figures(guess).throughput / best[0].throughput:.2f} of best) {guess}"
+        )
+
+
+if __name__ == "__main__":
+    _check()

@@ -1,0 +1,259 @@
+"""The expert's order (search.strategy) and the guided sampler (search.guided) on known workloads."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from search.guided import HANDED_OVER, WHY, GuidedSampler
+from search.space import parse_space
+from search.strategy import COMPLETE, FIDELITY, OOM, Seen, next_move
+from search.study import suggest
+
+OBJECTIVES = {"throughput": "maximize", "latency_p95_ms": "minimize", "peak_memory_mb": "minimize"}
+
+
+def llm_like(batch=(4, 64), micro=(1, 64), precisions=("fp32", "bf16"), **extra_params):
+    return parse_space(
+        "t",
+        {
+            "workload": {"_target_": "x"},
+            "params": {
+                "batch_size": {"type": "int", "low": batch[0], "high": batch[1], "pow2": True},
+                "micro_batch_size": {
+                    "type": "int",
+                    "low": micro[0],
+                    "high": micro[1],
+                    "pow2": True,
+                },
+                "precision": {"type": "categorical", "choices": list(precisions)},
+                "streams": {"type": "int", "low": 1, "high": 2},
+                "recompute": {"type": "bool"},
+                **extra_params,
+            },
+            "constraints": [
+                "batch_size % micro_batch_size == 0",
+                "streams <= batch_size // micro_batch_size",
+            ],
+            "memory_grows_with": ["batch_size", "micro_batch_size"],
+            "objectives": OBJECTIVES,
+        },
+    )
+
+
+Oracle = Callable[[Mapping[str, Any]], Seen]
+
+
+def walled(wall: int, speed: Callable[[Mapping[str, Any]], float] | None = None) -> Oracle:
+    """Micro-batches above ``wall`` run out of memory (above ``2 * wall`` with recompute)."""
+
+    def run(c: Mapping[str, Any]) -> Seen:
+        limit = wall * (2 if c["recompute"] else 1) // c["streams"]
+        if c["micro_batch_size"] > limit:
+            return Seen(dict(c), OOM, {})
+        thr = speed(c) if speed else 1000.0 * c["micro_batch_size"] / (c["micro_batch_size"] + 4)
+        step_ms = c["batch_size"] / thr * 1000
+        memory = 10.0 * c["micro_batch_size"] * c["streams"] * (0.4 if c["recompute"] else 1)
+        figures = {"throughput": thr, "latency_p95_ms": step_ms, "peak_memory_mb": memory}
+        return Seen(dict(c), COMPLETE, figures)
+
+    return run
+
+
+def drive(space, oracle: Oracle, budget: int) -> list[tuple[dict[str, Any], str]]:
+    """Measure the order's moves with ``oracle`` until ``budget`` or until it has none left."""
+    seen: list[Seen] = []
+    made = []
+    for _ in range(budget):
+        move = next_move(space, seen)
+        if move is None:
+            break
+        made.append((dict(move.config), move.why))
+        seen.append(oracle(move.config))
+    return made
+
+
+def test_the_opening_bisects_to_the_oom_wall():
+    space = llm_like(batch=(64, 64))
+    made = drive(space, walled(8), budget=4)
+    micros = [c["micro_batch_size"] for c, _ in made]
+    # the largest first, then halfway between what fitted and what did not: 64 x, 4 ok, 16 x, 8 ok
+    assert micros == [64, 4, 16, 8]
+    assert all(c["precision"] == "bf16" and c["streams"] == 1 for c, _ in made)
+    assert not any(c["recompute"] for c, _ in made)
+    assert "largest batch and micro-batch" in made[0][1]
+    assert "did not fit" in made[1][1]
+    # the wall found, the order goes on with recompute past it: 16 with recompute fits
+    after = next_move(space, [walled(8)(c) for c, _ in made])
+    assert after is not None
+    assert after.config["micro_batch_size"] == 16 and after.config["recompute"] is True
+    assert "recompute" in after.why
+
+
+def test_the_opening_steps_down_a_batch_when_nothing_fits():
+    space = llm_like(batch=(16, 32), micro=(1, 32))
+
+    def oracle(c):  # batch 32 never fits, whatever the micro-batch
+        return Seen(dict(c), OOM, {}) if c["batch_size"] == 32 else walled(64)(c)
+
+    made = drive(space, oracle, budget=4)
+    # at batch 32: micro-batch 32, then 4 and 1 (bisection down to the smallest), then batch 16
+    assert [(c["batch_size"], c["micro_batch_size"]) for c, _ in made] == [
+        (32, 32),
+        (32, 4),
+        (32, 1),
+        (16, 16),
+    ]
+
+
+def test_a_precision_that_fails_fidelity_is_passed_over():
+    space = llm_like(batch=(8, 8), micro=(1, 8), precisions=("fp32", "tf32", "bf16", "fp16"))
+
+    def oracle(c):
+        if c["precision"] in ("bf16", "fp16"):
+            return Seen(dict(c), FIDELITY, {})
+        return walled(64)(c)
+
+    made = drive(space, oracle, budget=3)
+    assert [c["precision"] for c, _ in made] == ["bf16", "fp16", "tf32"]
+
+
+def test_nothing_is_measured_twice_and_nothing_certain_to_run_out():
+    space = llm_like(batch=(4, 32), micro=(1, 32))
+    oracle = walled(8)
+    seen: list[Seen] = []
+    keys = set()
+    while (move := next_move(space, seen)) is not None:
+        config = dict(move.config)
+        key = tuple(sorted(config.items()))
+        assert key not in keys, f"measured twice: {config} ({move.why})"
+        keys.add(key)
+        ran_out = [s.config for s in seen if s.outcome == OOM]
+        assert not any(space.certain_oom(config, r) for r in ran_out), (config, move.why)
+        assert space.contains(config)
+        seen.append(oracle(config))
+    # the order stops only once nothing near the front is left: every feasible configuration
+    # that fits is measured or dominated well away from it
+    assert len(keys) >= 20
+
+
+def test_overhead_bound_climbs_to_lanes_and_the_best_is_found_early():
+    """Lanes double the speed of micro-batches up to 8: the best is batch 64, micro-batch 8 on
+    two lanes, which the expert's guess (micro-batch 64) misses."""
+    space = llm_like(batch=(4, 64), micro=(1, 64))
+
+    def speed(c):
+        base = 1000.0 * c["micro_batch_size"] / (c["micro_batch_size"] + 8)
+        base *= c["batch_size"] / (c["batch_size"] + 4)  # the optimizer step, amortised
+        return base * (2.0 if c["streams"] == 2 and c["micro_batch_size"] <= 8 else 1.0)
+
+    oracle = walled(64, speed)
+    made = drive(space, oracle, budget=10)
+    best = max((oracle(c) for c, _ in made), key=lambda s: s.figures.get("throughput", 0))
+    assert best.config["streams"] == 2 and best.config["micro_batch_size"] == 8
+    assert best.config["batch_size"] == 64
+
+
+def test_another_process_measuring_a_move_is_skipped():
+    space = llm_like(batch=(64, 64))
+    first = next_move(space, [])
+    assert first is not None
+    other = next_move(space, [], busy=[first.config])
+    assert other is None or other.config != first.config
+
+
+def test_the_slo_keeps_the_climb_to_batches_that_meet_it():
+    space = llm_like(batch=(4, 64), micro=(1, 64))
+    oracle = walled(64)
+    made = drive(space, oracle, budget=12)
+    seen = [oracle(c) for c, _ in made]
+    slo = {"latency_p95_ms": 60.0}
+    move = next_move(space, seen, slo=slo)
+    assert move is not None
+    meeting = [s for s in seen if s.figures.get("latency_p95_ms", math.inf) <= 60.0]
+    assert meeting, "some measured configuration meets the slo"
+
+
+# -- the sampler, through Optuna's ask and tell -------------------------------------------------
+
+
+def run_sampler(space, oracle: Oracle, budget: int, seed: int = 0):
+    names = {k: k for k in space.searched}
+    seen: list[Seen] = []
+    sampler = GuidedSampler(
+        space, names, lambda: list(seen), optuna.samplers.TPESampler(seed=seed, multivariate=True)
+    )
+    study = optuna.create_study(directions=["maximize", "minimize", "minimize"], sampler=sampler)
+    configs, whys = [], []
+    for _ in range(20 * budget):
+        if len(configs) >= budget:
+            break
+        trial = study.ask()
+        config = {k: suggest(trial, k, p) for k, p in space.searched.items()}
+        whys.append(study._storage.get_trial(trial._trial_id).user_attrs.get(WHY))
+        if space.violations(config) or any(
+            {k: v for k, v in s.config.items() if k in config} == config for s in seen
+        ):
+            study.tell(trial, state=TrialState.PRUNED)
+            continue
+        outcome = oracle(config)
+        seen.append(outcome)
+        configs.append(config)
+        if outcome.outcome == COMPLETE:
+            study.tell(trial, [outcome.figures[m] for m in OBJECTIVES])
+        else:
+            study.tell(trial, state=TrialState.FAIL)
+    return configs, whys
+
+
+def test_the_sampler_searches_a_workloads_own_knobs_and_floats():
+    space = llm_like(
+        batch=(8, 8),
+        micro=(4, 8),
+        precisions=("bf16",),
+        width={"type": "categorical", "choices": [64, 128]},
+        lr={"type": "float", "low": 1e-4, "high": 1e-2, "log": True},
+    )
+
+    def oracle(c):
+        seen = walled(64)(c)
+        bonus = 1.5 if c["width"] == 128 else 1.0
+        return Seen(
+            seen.config,
+            COMPLETE,
+            {**seen.figures, "throughput": seen.figures["throughput"] * bonus},
+        )
+
+    configs, whys = run_sampler(space, oracle, budget=12)
+    assert len(configs) == 12
+    assert {c["width"] for c in configs} == {64, 128}
+    assert len({round(c["lr"], 12) for c in configs}) >= 6  # drawn by TPE on every trial
+    assert all(1e-4 <= c["lr"] <= 1e-2 for c in configs)
+    assert any(w == HANDED_OVER for w in whys), "the order hands over once it has nothing left"
+
+
+def test_the_sampler_opens_with_the_experts_guess_and_says_why():
+    space = llm_like(batch=(4, 32), micro=(1, 32))
+    configs, whys = run_sampler(space, walled(64), budget=3)
+    assert configs[0] == {
+        "batch_size": 32,
+        "micro_batch_size": 32,
+        "precision": "bf16",
+        "streams": 1,
+        "recompute": False,
+    }
+    assert "expert's first guess" in whys[0]
+    assert all(whys[:3]) and HANDED_OVER not in whys[:3]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_sampler_never_repeats_a_configuration(seed):
+    space = llm_like(batch=(4, 16), micro=(1, 16))
+    configs, _ = run_sampler(space, walled(4), budget=40, seed=seed)
+    keys = [tuple(sorted(c.items())) for c in configs]
+    assert len(keys) == len(set(keys))
