@@ -1,6 +1,6 @@
 """Which search should `search` use by default? Each sampler on workloads whose true best is known.
 
-    python benchmarks/sampler_choice.py --seeds 20 --budgets 10 24 48
+    python benchmarks/sampler_choice.py --seeds 20 --budgets 10 22 24 48
 
 The workloads (``benchmarks/simulator.py``): ``cpu-sim`` and ``gpu-sim``, cost models with host
 overhead, an idling device, precision speed-ups, lanes, an optimizer step and an OOM wall, shaped
@@ -16,8 +16,8 @@ measured (it counts) and told failed. Every measurement carries the workload's n
 Scored per budget, over seeds:
 
 * **best found**: the true throughput of what the run would recommend over the true best. As in
-  the tool, the fastest configurations of the measured front (up to 4, by their measured
-  throughput) are measured 3 more times and the one with the highest mean is recommended;
+  the tool, the fastest configurations of the measured front (up to 2, by their measured
+  throughput) are measured 2 more times and the one with the highest mean is recommended;
 * **>= expert**: in how many seeds the recommendation's true throughput is at least that of the
   expert's first guess (bf16, the largest batch and micro-batch that fits, one lane, no
   recompute);
@@ -58,9 +58,10 @@ from search.study import suggest  # noqa: E402
 DIRECTIONS = ["maximize", "minimize", "minimize"]
 METRICS = ["throughput", "latency_p95_ms", "peak_memory_mb"]
 REF_POINT = np.full(3, 1.1)
-REVALIDATED = 4
+REVALIDATED = 2
 """Front configurations re-measured at the end (``revalidate.max_candidates`` on a CPU)."""
-REVALIDATION_RUNS = 3
+REVALIDATION_RUNS = 2
+"""Fresh runs of each (``revalidate.processes``)."""
 
 
 def _plain(name: str) -> Callable[[int], optuna.samplers.BaseSampler]:
@@ -268,7 +269,7 @@ def report(studies: list[Study], budgets: list[int], workloads: list[str]) -> st
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=20)
-    parser.add_argument("--budgets", type=int, nargs="+", default=[10, 24, 48])
+    parser.add_argument("--budgets", type=int, nargs="+", default=[10, 22, 24, 48])
     parser.add_argument(
         "--samplers", nargs="+", default=["guided", "tpe", "random"], choices=SAMPLERS
     )

@@ -7,6 +7,8 @@ peak memory from a cost model with the effects that decide real tuning:
   that grows with the micro-batch; on an accelerator the host runs ahead of the device (the slower
   of the two sets the pace), on a CPU the same cores do both (they add up);
 * **a device idling below a minimum micro-batch**: a smaller one costs as much as that minimum;
+* **a cache the working set outgrows**: above a micro-batch, each sample's device work grows (a
+  CPU's caches; what makes the measured CPU table peak at micro-batch 8);
 * **precision speed-ups** of the device work (tensor cores; bf16 on a CPU with AMX/AVX-512);
 * **lanes** (concurrent micro-batches) that hide host overhead and let small micro-batches fill
   the device together, at a contention cost on the device;
@@ -115,6 +117,10 @@ class Simulated:
     capacity_mb: float
     recompute_keeps: float = 0.3
     recompute_cost: float = 1.33
+    cache_micro: int = 0
+    """Micro-batch above which each sample's device work grows (0: no such cache)."""
+    cache_growth: float = 1.0
+    """Growth of a sample's device work per doubling of the micro-batch above ``cache_micro``."""
     items_per_sample: int = 128
     noise_sigma: float = 0.05
     unit: str = "tokens"
@@ -132,6 +138,8 @@ class Simulated:
         # s lanes run s micro-batches at once: together they fill the device
         in_flight = max(m * s, self.min_fill)
         device = self.device_ms_per_sample[p] * in_flight / s
+        if self.cache_micro and m > self.cache_micro:
+            device *= self.cache_growth ** math.log2(m / self.cache_micro)
         device *= (self.recompute_cost if r else 1.0) * (1.0 + self.lane_contention * (s - 1))
         host = self.host_ms_per_micro * (self.lane_host_share if s > 1 else 1.0)
         per_micro = max(host, device) if self.host_runs_ahead else host + device
@@ -217,22 +225,28 @@ def expert_guess(workload: Workload) -> dict[str, Any]:
 
 
 def cpu_simulated() -> Simulated:
-    """Shaped like the CPU ``llm`` preset on a 2-core machine (a 2-layer GPT, 128 tokens a
-    sample): a few ms of Python per micro-batch, bf16 1.6x faster, lanes that compete for the
-    same two cores, and a memory cap that fp32 at micro-batch 32 crosses."""
+    """Shaped like the CPU ``llm`` preset on the 2-core machine, fitted by eye to the measured
+    table (``cpu-replay``): 4.1 ms of Python per micro-batch, 3.5 ms of bf16 work per sample (fp32
+    1.45x), a cache that makes micro-batches above 8 slower, two lanes that each keep one core
+    busy (15% less device time a sample, half the host overhead), and a memory cap that fp32 at
+    micro-batch 32 and two lanes of 16 cross."""
     return Simulated(
         "cpu-sim",
         space_of("cpu-sim", [4, 8, 16, 32], [1, 2, 4, 8, 16, 32], ["fp32", "bf16"]),
-        host_ms_per_micro=4.0,
-        device_ms_per_sample={"fp32": 6.0, "bf16": 3.8},
-        min_fill=2,
+        host_ms_per_micro=4.1,
+        device_ms_per_sample={"fp32": 5.1, "bf16": 3.5},
+        min_fill=1,
         host_runs_ahead=False,
-        lane_host_share=0.45,
-        lane_contention=0.35,
-        optimizer_ms=18.0,
-        weights_mb=60.0,
-        activation_mb_per_sample={"fp32": 9.0, "bf16": 5.0},
-        capacity_mb=300.0,
+        lane_host_share=0.5,
+        lane_contention=-0.15,
+        optimizer_ms=15.0,
+        weights_mb=90.0,
+        activation_mb_per_sample={"fp32": 9.3, "bf16": 8.0},
+        capacity_mb=360.0,
+        recompute_keeps=0.6,
+        recompute_cost=1.2,
+        cache_micro=8,
+        cache_growth=1.27,
         noise_sigma=0.06,
     )
 

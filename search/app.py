@@ -73,7 +73,7 @@ from search.runner import TrialRequest, TrialResult, run_isolated
 from search.settings import Settings
 from search.space import SearchSpace
 from search.stores import open_stores, quiet_libraries, recover_runs, require_study
-from search.study import StudyDriver, StudyOutcome, optuna_names
+from search.study import StudyDriver, StudyOutcome, optuna_names, repeat_run
 from search.telemetry import contention, device_label, environment
 from search.tracking import Tracker
 from search.trial_store import (
@@ -145,6 +145,10 @@ class Context:
             return None
         precision = str(record.config.get("precision", "fp32"))
         return diagnose(record.metrics, precision, self.peak, doubling(record, history))
+
+    def repeat(self, config: Mapping[str, Any]) -> TrialRequest:
+        """The worker's request to measure ``config`` again (``search.study.repeat_run``)."""
+        return repeat_run(self.request(config), self.settings)
 
     def request(self, config: Mapping[str, Any]) -> TrialRequest:
         """The isolated worker's request to measure ``config``."""
@@ -427,8 +431,7 @@ def _revalidate(ctx: Context, study: optuna.Study, todo: list[TrialRecord]) -> N
     )
 
     def measure(candidate: TrialRecord) -> TrialResult:
-        # counted at search time already: the diagnosis reads that count
-        return run_isolated(replace(ctx.request(candidate.config), count=False))
+        return run_isolated(ctx.repeat(candidate.config))
 
     def progress(i: int, n: int, candidate: TrialRecord, result: TrialResult) -> None:
         figure = (
@@ -687,8 +690,7 @@ def _remeasure(ctx: Context, study: optuna.Study, base: Tuned) -> dict[str, Pool
     ]
 
     def measure(candidate: TrialRecord) -> TrialResult:
-        # counted at search time already: the diagnosis reads that count
-        return run_isolated(replace(ctx.request(candidate.config), count=False))
+        return run_isolated(ctx.repeat(candidate.config))
 
     def progress(i: int, n: int, candidate: TrialRecord, result: TrialResult) -> None:
         m = result.measurement
@@ -803,7 +805,7 @@ def _confirm(
 
     confirmed = confirm(
         configs,
-        ctx.request,
+        ctx.repeat,
         str(ctx.device),
         rounds,
         settings.seed + best.number,

@@ -37,9 +37,15 @@ def stable_front(records: Sequence[TrialRecord], space: SearchSpace) -> list[Tri
 
 
 def revalidation_candidates(front: Sequence[TrialRecord], settings: Settings) -> list[TrialRecord]:
-    """The front configurations re-validation measures again, highest lower throughput bound
-    first."""
-    ranked = sorted(front, key=lambda r: -r.metrics["throughput_ci_low"])
+    """The front configurations re-validation measures again: those that meet the ``slo`` first
+    (the recommendation is one of them), each group by highest lower throughput bound."""
+    ranked = sorted(
+        front,
+        key=lambda r: (
+            not pareto.meets_slo(r.metrics, settings.slo),
+            -r.metrics["throughput_ci_low"],
+        ),
+    )
     return ranked[: settings.revalidate.max_candidates]
 
 

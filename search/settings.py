@@ -194,6 +194,12 @@ class RevalidateSettings:
     """At most this many candidates are re-measured, highest lower throughput bound first
     (count)."""
 
+    max_time_s: float
+    """Budget for warm-up and windows of every run that repeats a configuration measured before
+    (the control, re-validation, confirmation, a re-tune's re-measurements), s: between fresh
+    processes a mean moves by more than a longer run would narrow, so the time goes to more
+    processes instead. At most ``measure.max_time_s`` applies either way."""
+
     def __post_init__(self) -> None:
         _require(
             _is_int(self.processes) and (self.processes == 0 or self.processes >= 2),
@@ -203,6 +209,12 @@ class RevalidateSettings:
             _is_int(self.max_candidates) and self.max_candidates >= 1,
             "revalidate.max_candidates must be a positive integer, "
             f"but got {self.max_candidates!r}",
+        )
+        _finite("revalidate.max_time_s", self.max_time_s)
+        _require(
+            _is_number(self.max_time_s) and self.max_time_s > 0,
+            f"revalidate.max_time_s must be a positive number of seconds, "
+            f"but got {self.max_time_s!r}",
         )
 
 

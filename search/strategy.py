@@ -13,14 +13,17 @@ of memory, breaks a constraint or is being measured by another process:
    lane, no recompute, and the largest micro-batch that fits, found by bisection over the OOM
    wall: the largest first, then halfway between the largest that fitted and the smallest that
    did not. With no micro-batch fitting at a batch, the next smaller batch.
-2. **Recompute where it lets a larger micro-batch fit**: just above the wall, with recompute.
-3. **The best inner configuration of each batch size**, from the largest down (the throughput-
-   latency front): a batch starts from the best inner configuration of the batch above it, then
-   climbs to better neighbours (micro-batch halved or doubled, lanes, both at once) until none is
-   better. The regime orders the neighbours: where doubling the micro-batch cost little time
-   (overhead-bound) larger micro-batches and more lanes come first; otherwise lanes and smaller
-   micro-batches.
-4. **Local search around the front**: each configuration on the Pareto front of what was
+2. **The other 16-bit precision** (fp16 for bf16, and back) at the best so far, once.
+3. **Recompute where it lets a larger micro-batch fit**: just above the wall, with recompute.
+4. **The best inner configuration of each batch size**, from the largest down (the throughput-
+   latency front): at the largest batch, micro-batch sweeps from the largest that fits down, on
+   more lanes and on one, each until it has passed its peak; a smaller batch starts from the best
+   inner configuration of the batch above it; each batch's best with recompute (the memory end of
+   the front); then each smaller batch climbs to better neighbours (micro-batch halved or doubled,
+   lanes, both at once) until none is better. The regime orders the neighbours: where doubling
+   the micro-batch cost little time (overhead-bound) larger micro-batches and more lanes come
+   first; otherwise lanes and smaller micro-batches.
+5. **Local search around the front**: each configuration on the Pareto front of what was
    measured, one knob a step away (any knob, the workload's own too).
 
 Floats are not the order's to choose: they are drawn by the model-based sampler on every trial.
@@ -51,6 +54,7 @@ OVERHEAD_BOUND_GAIN = 1.25
 twice the work in at most 1.6x the time (``search.diagnosis.SUBLINEAR`` is 1.5x the time)."""
 
 OOM, FIDELITY, FAILED = "oom", "fidelity", "failed"
+MEMORY = "peak_memory_mb"
 """Outcomes of a configuration that did not complete (``Seen.outcome``)."""
 
 
@@ -199,6 +203,7 @@ def _order(book: _Book) -> Iterator[Move]:
     if first is not None:
         yield first
         return  # the opening is sequential: each step needs the one before it
+    yield from _precision_peer(book)
     yield from _recompute_past_the_wall(book)
     yield from _batches(book)
     yield from _local_search(book)
@@ -271,6 +276,25 @@ def _bisect(book: _Book, config: Mapping[str, Any], micros: Sequence[Any]) -> Mo
     return Move({**config, "micro_batch_size": micros[index]}, why)
 
 
+PEERS = {"bf16": "fp16", "fp16": "bf16"}
+"""Precisions as narrow as each other: which one is faster depends on the device (fp16 needs a
+loss scaler, bf16 does not), so an expert tries the other once the first guess stands."""
+
+
+def _precision_peer(book: _Book) -> Iterator[Move]:
+    """The fastest configuration so far in the other 16-bit precision, where the space has it."""
+    best = book.best()
+    if best is None or "precision" not in book.discrete:
+        return
+    peer = PEERS.get(best.config["precision"])
+    tried = any(s.config.get("precision") == peer for s in book.outcomes.values())
+    if peer in book.ladder("precision") and not tried:
+        yield Move(
+            {**best.config, "precision": peer},
+            f"{peer}: as few bits as {best.config['precision']}; which is faster here?",
+        )
+
+
 def _recompute_past_the_wall(book: _Book) -> Iterator[Move]:
     """Recompute at the micro-batch just above the largest that fitted without it."""
     if not {"micro_batch_size", "recompute"} <= set(book.discrete):
@@ -294,7 +318,8 @@ def _recompute_past_the_wall(book: _Book) -> Iterator[Move]:
 
 def _batches(book: _Book) -> Iterator[Move]:
     """The largest batch's micro-batch sweeps, then each smaller batch's start (carried from the
-    batch above), then their climbs: the throughput end first, then the latency end."""
+    batch above), each batch's best with recompute, then the smaller batches' climbs: the
+    throughput end of the front first, then its latency end, then its memory end."""
     if "batch_size" not in book.discrete:
         yield from _sweeps(book, None)
         yield from _climb(book, None)
@@ -307,8 +332,37 @@ def _batches(book: _Book) -> Iterator[Move]:
             start = _carried(book, above, batch)
             if start is not None:
                 yield start
+    for batch in batches:
+        yield from _with_recompute(book, batch)
     for batch in batches[1:]:
         yield from _climb(book, batch)
+
+
+def _with_recompute(book: _Book, batch: Any) -> Iterator[Move]:
+    """The best configuration of ``batch`` with recompute: the memory end of the front (a third
+    of the activations or so, for another forward pass)."""
+    best = book.best(batch)
+    if best is None or "recompute" not in book.discrete or best.config["recompute"]:
+        return
+    if True in book.ladder("recompute") and _recompute_saves_memory(book):
+        yield Move({**best.config, "recompute": True}, f"memory front: recompute at batch {batch}")
+
+
+RECOMPUTE_SAVING = 0.1
+"""Share of peak memory recompute must save, where it was tried, to be tried at other batches."""
+
+
+def _recompute_saves_memory(book: _Book) -> bool:
+    """Whether recompute saved memory where a configuration was measured with and without it
+    (True while no such pair is known): on a CPU the allocator may keep what it frees."""
+    pairs = []
+    for s in book.complete:
+        if s.config.get("recompute") is True:
+            plain = book.outcomes.get(_key({**s.config, "recompute": False}, book.discrete))
+            if plain is not None and plain.outcome == COMPLETE:
+                pairs.append((plain.figures.get(MEMORY), s.figures.get(MEMORY)))
+    known = [(a, b) for a, b in pairs if a and b is not None]
+    return not known or any(b < (1 - RECOMPUTE_SAVING) * a for a, b in known)
 
 
 def _sweeps(book: _Book, batch: Any) -> Iterator[Move]:

@@ -281,6 +281,15 @@ def study_id(study: optuna.Study) -> str:
     return str(study.user_attrs[STUDY_ID])
 
 
+def repeat_run(request: TrialRequest, settings: Settings) -> TrialRequest:
+    """A fresh run of a configuration measured before (the control, re-validation, confirmation,
+    a re-tune's re-measurement): no fidelity check or work count (search time did both, and they
+    only cost time), and at most ``revalidate.max_time_s`` of warm-up and windows."""
+    budget_s = min(request.measure.max_time_s, settings.revalidate.max_time_s)
+    measure = replace(request.measure, max_time_s=budget_s)
+    return replace(request, measure=measure, fidelity=False, count=False)
+
+
 class StudyDriver:
     """Measures ``settings.study.n_trials`` new configurations of ``space`` into one Optuna study.
 
@@ -348,8 +357,7 @@ class StudyDriver:
         if self.control is None:
             return None
         started = time.monotonic()
-        # The control's numerics are not in question: no fidelity check (it only costs time)
-        result = run_isolated(replace(self.request(self.control), fidelity=False, count=False))
+        result = run_isolated(repeat_run(self.request(self.control), self.settings))
         self.control_s += time.monotonic() - started
         self.control_runs += 1
         if result.state == COMPLETE and result.measurement is not None:

@@ -114,3 +114,19 @@ def test_the_plot_shows_the_final_verdicts():
     final = with_revalidation([candidate, SLOW_STABLE], {7: left})
     groups = {label: [r.number for r in rows] for label, rows in plot_groups(final, [SLOW_STABLE])}
     assert groups["unstable"] == [7] and groups["Pareto-optimal, stable"] == [1]
+
+
+def test_re_validation_takes_what_meets_the_slo_first():
+    from search.config import compose_config, load_settings
+    from search.results import next_candidates
+
+    settings = load_settings(
+        compose_config(
+            ["+space=llm", "device=cpu", "revalidate.max_candidates=1", "+slo.latency_p95_ms=50"]
+        )
+    )
+    fast_but_slow_steps = _record(1, 5000.0, 5100.0, 5200.0, True, p95=90.0)
+    meets = _record(2, 2000.0, 2100.0, 2200.0, True, p95=5.0)
+    history = [fast_but_slow_steps, meets]
+    # the slo leaves only #2 to recommend: re-validating #1 would leave nothing to recommend
+    assert [r.number for r in next_candidates(history, {}, settings, SPACE)] == [2]

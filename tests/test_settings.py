@@ -57,7 +57,14 @@ NOT_FINITE = [
     ("measure.confidence=nan", "confidence"),
     ("+slo.latency_p95_ms=nan", "slo.latency_p95_ms"),
     ("+slo.latency_p95_ms=inf", "slo.latency_p95_ms"),
+    ("revalidate.max_time_s=inf", "revalidate.max_time_s"),
 ]
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_a_repeat_budget_that_is_not_positive_is_refused(value):
+    message = _one_line_error(f"revalidate.max_time_s={value}")
+    assert "revalidate.max_time_s must be a positive number of seconds" in message
 
 
 @pytest.mark.parametrize("override, key", NOT_FINITE, ids=[o for o, _ in NOT_FINITE])
