@@ -90,30 +90,37 @@ class Spent:
     """Where an invocation's wall time went, s: what the README's time budget is judged on."""
 
     started_s: float = field(default_factory=time.monotonic)
+    new_s: float = 0.0
+    """Measuring the configurations of this invocation's trials."""
+    new_trials: int = 0
+    control_s: float = 0.0
     revalidation_s: float = 0.0
     confirmation_s: float = 0.0
 
-    def line(self, driver: StudyDriver) -> str:
+    def took(self, driver: StudyDriver) -> None:
+        """Take the study driver's figures (after its last control run)."""
+        self.new_s, self.control_s = driver.new_s, driver.control_s
+        self.new_trials = len(driver.outcome.records)
+
+    def line(self) -> str:
         total = time.monotonic() - self.started_s
-        new = driver.new_s
         parts = [
-            f"control runs {driver.control_s:.0f} s",
+            f"control runs {self.control_s:.0f} s",
             f"re-validation {self.revalidation_s:.0f} s",
             f"confirmation {self.confirmation_s:.0f} s",
         ]
-        other = total - new - driver.control_s - self.revalidation_s - self.confirmation_s
+        other = total - self.new_s - self.control_s - self.revalidation_s - self.confirmation_s
         return (
-            f"time: {new / total:.0%} of {total:.0f} s measured {len(driver.outcome.records)} new "
-            f"configuration(s) ({new:.0f} s); {', '.join(parts)}, the rest {other:.0f} s "
+            f"time: {self.new_s / total:.0%} of {total:.0f} s measured {self.new_trials} new "
+            f"configuration(s) ({self.new_s:.0f} s); {', '.join(parts)}, the rest {other:.0f} s "
             "(start-up, stores, files)"
         )
 
-    def metrics(self, driver: StudyDriver) -> dict[str, float]:
-        total = time.monotonic() - self.started_s
+    def metrics(self) -> dict[str, float]:
         return {
-            "time_total_s": total,
-            "time_new_configurations_s": driver.new_s,
-            "time_control_s": driver.control_s,
+            "time_total_s": time.monotonic() - self.started_s,
+            "time_new_configurations_s": self.new_s,
+            "time_control_s": self.control_s,
             "time_revalidation_s": self.revalidation_s,
             "time_confirmation_s": self.confirmation_s,
         }
@@ -134,7 +141,7 @@ class Context:
     """The control configuration (``search.prepare.control_config``); None: no control runs."""
     peak: Peak | None = None
     """The device's peak FLOP/s and bandwidth, for the regime diagnosis (``search.diagnosis``)."""
-    spent: Spent = field(default_factory=lambda: Spent())
+    spent: Spent = field(default_factory=Spent)
     """Where this invocation's time went."""
 
     def diagnosis(
@@ -241,9 +248,8 @@ def run(cfg_node: DictConfig, kind: str = TUNE) -> int:
         if remeasured:
             _adopt(ctx, driver, remeasured)
         finished = _finish(ctx, driver, outcome, tracker)
+        spent.took(driver)
         code = _conclude(ctx, study, tracker, base, finished)
-        out.print(spent.line(driver), markup=False)
-        tracker.log_metrics(tracker.parent_id, spent.metrics(driver))
         if outcome.failure_stop:
             print(f"search: error: stopped early: {outcome.failure_stop}", file=sys.stderr)
             return 1
@@ -862,6 +868,9 @@ def _conclude(
         _confirm(ctx, tracker, best, finished.unit, old) if best is not None else (None, None)
     )
     ctx.spent.confirmation_s += time.monotonic() - started
+    # before a re-tune's verdict, which stays the last line (scripts read it)
+    out.print(ctx.spent.line(), markup=False)
+    tracker.log_metrics(tracker.parent_id, ctx.spent.metrics())
     now = time.time()
     kind = TUNE if base is None else RETUNE
     today = Tuned(

@@ -197,7 +197,7 @@ def test_load_settings_gives_typed_resolved_settings(preset):
     assert type(settings.seed) is int and type(settings.study.n_trials) is int
     assert type(settings.runner.timeout_s) is float and type(settings.measure.max_time_s) is float
     assert type(settings.revalidate.max_candidates) is int
-    assert settings.study.n_trials == (10 if preset == "cpu" else 24)  # ${by_device:10,24}
+    assert settings.study.n_trials == (22 if preset == "cpu" else 24)  # ${by_device:22,24}
     assert settings.study.name == "llm-cpu"  # named by the device type, not the preset
     assert settings.study.storage == "sqlite:////r/optuna.db"
     assert settings.tracking.experiment == "llm"
