@@ -94,6 +94,14 @@ class Figures:
         }
 
 
+def noisy(true: Figures, sigma: float, rng: np.random.Generator) -> Figures:
+    """One measurement of ``true``: a lognormal factor on the step time, memory exact."""
+    if true.oom:
+        return true
+    factor = float(rng.lognormal(0.0, sigma))
+    return Figures(true.throughput / factor, true.step_ms * factor, true.memory_mb, False)
+
+
 @dataclass(frozen=True)
 class Simulated:
     """A training step's cost model (module docstring); times in ms, memory in MB."""
@@ -147,11 +155,7 @@ class Simulated:
         return Figures(b * self.items_per_sample / step_ms * 1000.0, step_ms, memory, False)
 
     def measure(self, c: Mapping[str, Any], rng: np.random.Generator) -> Figures:
-        true = self.figures(c)
-        if true.oom:
-            return true
-        factor = float(rng.lognormal(0.0, self.noise_sigma))
-        return Figures(true.throughput / factor, true.step_ms * factor, true.memory_mb, False)
+        return noisy(self.figures(c), self.noise_sigma, rng)
 
 
 @dataclass
@@ -187,11 +191,7 @@ class Replayed:
         return self.table[key(c)]
 
     def measure(self, c: Mapping[str, Any], rng: np.random.Generator) -> Figures:
-        true = self.figures(c)
-        if true.oom:
-            return true
-        factor = float(rng.lognormal(0.0, self.noise_sigma))
-        return Figures(true.throughput / factor, true.step_ms * factor, true.memory_mb, False)
+        return noisy(self.figures(c), self.noise_sigma, rng)
 
 
 Workload = Simulated | Replayed
