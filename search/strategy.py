@@ -54,8 +54,9 @@ OVERHEAD_BOUND_GAIN = 1.25
 twice the work in at most 1.6x the time (``search.diagnosis.SUBLINEAR`` is 1.5x the time)."""
 
 OOM, FIDELITY, FAILED = "oom", "fidelity", "failed"
-MEMORY = "peak_memory_mb"
 """Outcomes of a configuration that did not complete (``Seen.outcome``)."""
+MEMORY = "peak_memory_mb"
+"""The figure recompute is judged on (``_recompute_saves_memory``)."""
 
 
 @dataclass(frozen=True)
@@ -163,7 +164,7 @@ class _Book:
 
     def front(self) -> list[Seen]:
         """The complete configurations on the Pareto front of the objectives, fastest first."""
-        objectives = [o for o in self.space.objectives]
+        objectives = list(self.space.objectives)
         pool = [s for s in self.complete if all(o.metric in s.figures for o in objectives)]
         if not pool:
             return []
@@ -259,9 +260,11 @@ def _feasible(book: _Book, config: Mapping[str, Any], micro: Any) -> bool:
 def _bisect(book: _Book, config: Mapping[str, Any], micros: Sequence[Any]) -> Move | None:
     """The next micro-batch to try at ``config`` to find the largest that fits; None once found
     (or when nothing is left to try)."""
-    fitted = [i for i, m in enumerate(micros) if book.outcome({**config, "micro_batch_size": m})]
-    ok = [i for i in fitted if book.outcome({**config, "micro_batch_size": micros[i]}) == COMPLETE]
-    walls = [i for i in fitted if i not in ok and (not ok or i > max(ok))]
+    outcomes = [book.outcome({**config, "micro_batch_size": m}) for m in micros]
+    ok = [i for i, o in enumerate(outcomes) if o == COMPLETE]
+    walls = [
+        i for i, o in enumerate(outcomes) if o not in (None, COMPLETE) and i > max(ok, default=-1)
+    ]
     low = max(ok) if ok else -1
     high = min(walls) if walls else len(micros)
     if high - low <= 1:
@@ -408,12 +411,16 @@ def _past_the_peak(figures: Sequence[float]) -> bool:
     )
 
 
-def _most_lanes(book: _Book, config: Mapping[str, Any]) -> Any:
-    """The most lanes the space allows ``config`` (its constraints, e.g. lanes <= micro-batches)."""
-    for streams in reversed(book.ladder("streams")):
+def _most_lanes(book: _Book, config: Mapping[str, Any], at_most: Any = None) -> Any:
+    """The most lanes (up to ``at_most``) the space allows ``config`` (its constraints, e.g.
+    lanes <= micro-batches); the fewest where none is allowed."""
+    ladder = book.ladder("streams")
+    for streams in reversed(ladder):
+        if at_most is not None and streams > at_most:
+            continue
         if not book.space.violations({**config, "streams": streams}):
             return streams
-    return book.ladder("streams")[0]
+    return ladder[0]
 
 
 def _carried(book: _Book, above: Any, batch: Any) -> Move | None:
@@ -425,8 +432,8 @@ def _carried(book: _Book, above: Any, batch: Any) -> Move | None:
     config = {**best.config, "batch_size": batch}
     if "micro_batch_size" in config:
         config["micro_batch_size"] = min(config["micro_batch_size"], batch)
-    while "streams" in config and book.space.violations(config) and config["streams"] > 1:
-        config["streams"] = _step(book, "streams", config["streams"], -1)
+    if "streams" in book.discrete:
+        config["streams"] = _most_lanes(book, config, at_most=config["streams"])
     return Move(
         config, f"latency front: batch {batch} with the best inner configuration of batch {above}"
     )
@@ -496,8 +503,8 @@ def _shift(book: _Book, config: Mapping[str, Any], by: int) -> dict[str, Any] | 
     if micro is None:
         return None
     moved = {**config, "micro_batch_size": micro}
-    while "streams" in book.discrete and book.space.violations(moved) and moved["streams"] > 1:
-        moved["streams"] = _step(book, "streams", moved["streams"], -1)
+    if "streams" in book.discrete:
+        moved["streams"] = _most_lanes(book, moved, at_most=moved["streams"])
     return moved if book.fits(moved) else None
 
 
