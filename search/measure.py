@@ -23,6 +23,8 @@ from scipy import special
 STOP_TARGET_CI = "target_ci"
 STOP_MAX_WINDOWS = "max_windows"
 STOP_TIME_BUDGET = "time_budget"
+STOP_SCREENED = "screened"
+"""A ``Screen`` stopped it: the configuration cannot reach the front (``search.racing``)."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,11 @@ class MeasureSettings:
 
     confidence: float = 0.95
     """Two-sided confidence level of the throughput interval (fraction)."""
+
+    race: bool = True
+    """Whether a new configuration's measurement may stop after ``min_windows`` once it cannot
+    reach the front (``search.racing``). The study reads this and hands the worker the front;
+    ``measure`` only applies what it is handed."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -209,7 +216,7 @@ class Measurement:
         steps_per_window: steps in every window, fixed from the warm-up step time.
         warmup_steps: untimed steps run first. warmup_s: how long they took, s (host clock).
         elapsed_s: warm-up plus windows, s (host clock).
-        stop_reason: "target_ci" | "max_windows" | "time_budget".
+        stop_reason: "target_ci" | "max_windows" | "time_budget" | "screened".
         window_throughputs: raw samples, items/s, in order.
         step_latencies_ms: raw samples, ms, in order.
         phase_samples_ms: raw samples of times inside a step, ms, by name (a serving step's
@@ -237,6 +244,11 @@ class Measurement:
     step_latencies_ms: tuple[float, ...]
     phase_samples_ms: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
 
+
+Screen = Callable[[Sequence[float], Sequence[float], Mapping[str, Sequence[float]]], bool]
+"""Given the window throughputs (items/s), step latencies (ms) and phase samples (ms by name) so
+far, whether to stop measuring: the caller knows the configuration cannot matter
+(``search.racing``). Asked after every window from ``min_windows`` on."""
 
 Phases = Callable[[], Mapping[str, Sequence[float]]]
 """Takes the times a step marked inside itself since the last call, ms by name (a serving step's
@@ -381,8 +393,10 @@ def measure(
     settings: MeasureSettings,
     timer: Timer,
     phases: Phases | None = None,
+    screen: Screen | None = None,
 ) -> Measurement:
-    """Warm ``step`` up, then time windows of it until ``settings`` say the estimate is done.
+    """Warm ``step`` up, then time windows of it until ``settings`` say the estimate is done, or
+    ``screen`` says it does not matter.
 
     ``step`` runs one step processing ``items_per_step`` items; ``phases`` takes the times it
     marked inside itself (those of the warm-up are dropped).
@@ -415,6 +429,13 @@ def measure(
         stop_reason = _stop_reason(
             throughputs, latencies_ms, settings, remaining_s, float(np.mean(window_wall_s))
         )
+        if (
+            stop_reason is None  # screened means stopped early, not merely out of reach
+            and screen is not None
+            and len(throughputs) >= settings.min_windows
+            and screen(throughputs, latencies_ms, inside)
+        ):
+            stop_reason = STOP_SCREENED
 
     summary = summarize(throughputs, latencies_ms, settings.confidence)
     return Measurement(

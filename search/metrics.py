@@ -21,6 +21,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy import stats
 
+from search.measure import STOP_SCREENED
 from search.noise import stall_steps
 from search.records import COMPLETE, with_requests
 
@@ -150,6 +151,21 @@ def quantile_upper_bound(samples: ArrayLike, q: float, confidence: float) -> flo
     return float(ordered[min(k, n) - 1])
 
 
+def quantile_lower_bound(samples: ArrayLike, q: float, confidence: float) -> float:
+    """A distribution-free lower confidence bound for the ``q`` quantile of ``samples``: the
+    mirror of ``quantile_upper_bound``.
+
+    The k-th smallest of n samples lies below the true q-quantile with probability
+    P[Binomial(n, q) >= k]; the largest k reaching ``confidence`` gives the bound. With too few
+    samples for that, the bound is 0 (a time cannot be lower).
+    """
+    ordered = np.sort(np.asarray(samples, dtype=float))
+    # The smallest j with P[X <= j] >= 1 - confidence: P[X >= j] = 1 - P[X <= j - 1] > confidence,
+    # and j + 1 would fall short.
+    k = int(stats.binom.ppf(1 - confidence, len(ordered), q))  # 1-based rank
+    return float(ordered[k - 1]) if k >= 1 else 0.0
+
+
 def latency_quantiles(samples: Mapping[str, ArrayLike], confidence: float) -> dict[str, float]:
     """Every registered latency quantile whose samples (``Metric.samples``: ``steps``, ``ttft_ms``,
     ...) are in ``samples``, ms, and its upper bound (``_ub``)."""
@@ -188,6 +204,8 @@ def trial_metrics(result: TrialResult, confidence: float) -> dict[str, float]:
         "outliers_severe": m.outliers_severe,
         "stall_steps": stall_steps(m.step_latencies_ms),
         "measure_time_s": m.elapsed_s,
+        # 1: racing stopped it early, out of reach of the front (``search.racing``)
+        "screened": float(m.stop_reason == STOP_SCREENED),
         "trial_time_s": result.duration_s,
     }
     if result.items_per_request is not None:

@@ -46,6 +46,12 @@ class TrialRecord:
     why: str = ""
     """Why it was proposed, in a few words (``search.guided``; '' when not known)."""
 
+    @property
+    def screened(self) -> bool:
+        """Whether racing stopped its measurement early, out of reach of the front
+        (``search.racing``): its interval is that of fewer windows."""
+        return self.metrics.get("screened", 0.0) == 1.0
+
 
 _SHORT = {"batch_size": "bs", "micro_batch_size": "mb", "streams": "s"}
 """The generic knobs a run name abbreviates, with the value after (``bs32``)."""

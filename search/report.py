@@ -89,6 +89,8 @@ def trial_line(
         m = record.metrics
         figures = ", ".join(f"{METRICS[k].label} {_figure(m, k)} {METRICS[k].unit}" for k in shown)
         verdict = "stable" if record.stable else f"UNSTABLE ({record.reason.split(':', 1)[0]})"
+        if record.screened:
+            verdict += ", screened: out of the front's reach"
         body = (
             f"{throughput_text(m, record.unit)} ({confidence:.0%} CI, "
             f"{m['n_windows']:.0f} windows, {m['n_steps']:.0f} steps) "
@@ -145,6 +147,15 @@ def summary_lines(
         lines += [f"  #{r.number} {r.failure}" for r in failed]
     infeasible = [r for r in outcome.records if r.state == INFEASIBLE]
     lines += [f"  #{r.number} infeasible: {r.failure}" for r in infeasible]
+    screened = [r for r in outcome.records if r.state == COMPLETE and r.screened]
+    if screened:
+        windows = sorted(int(r.metrics["n_windows"]) for r in screened)
+        span = f"{windows[0]}" + (f" to {windows[-1]}" if windows[-1] > windows[0] else "")
+        lines.append(
+            f"screened: {', '.join(f'#{r.number}' for r in screened)} stopped after {span} "
+            "windows, their best case dominated by the front (measure.race; their figures are "
+            "kept, with wider intervals)"
+        )
     unstable = [r for r in history if r.state == COMPLETE and not r.stable]
     if unstable:
         lines.append(

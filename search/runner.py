@@ -40,6 +40,7 @@ from search.fidelity import check_fidelity
 from search.gpu_telemetry import CpuEnergyMonitor, GpuMonitor
 from search.knobs import GENERIC_KNOBS, KnobError, Knobs, TrainStep
 from search.measure import Measurement, MeasureSettings, make_timer, measure, t_interval
+from search.racing import Race, Samples, out_of_reach
 from search.records import COMPLETE, FAILED, INFEASIBLE
 from search.serving import ServeStep
 from search.telemetry import MemoryProbe, rss_bytes
@@ -73,6 +74,10 @@ class TrialRequest:
     count: bool = True
     """Whether to count the step's FLOPs and bytes after the measurement (``search.diagnosis``);
     off where, as for ``fidelity``, it was counted already."""
+    race: Race | None = None
+    """The front this configuration races against (``search.racing``): its measurement stops
+    early, ``screened``, once it cannot reach it. None: measured to the full budget (repeat runs,
+    ``measure.race=false``)."""
 
 
 @dataclass(frozen=True)
@@ -141,7 +146,10 @@ def run_trial(request: TrialRequest, on_memory_exceeded=None) -> TrialResult:
         try:
             with _make_step(workload, knobs, device, request.seed) as step:
                 phases = step.take_phases if isinstance(step, ServeStep) else None
-                measurement = measure(step, step.items_per_step, request.measure, timer, phases)
+                screen = _screen(request.race, probe, getattr(step, "items_per_request", None))
+                measurement = measure(
+                    step, step.items_per_step, request.measure, timer, phases, screen
+                )
                 peak_mb = probe.peak_mb()
                 # After the windows and the memory reading, as cheap as one more step or two
                 work = _counted(step) if request.count else {}
@@ -207,6 +215,19 @@ def run_trial(request: TrialRequest, on_memory_exceeded=None) -> TrialResult:
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def _screen(race: Race | None, probe: MemoryProbe, items_per_request: int | None):
+    """The ``measure`` screen that stops a measurement ``race`` says is out of reach (None: no
+    race)."""
+    if race is None:
+        return None
+
+    def screen(throughputs, latencies_ms, phases) -> bool:
+        samples = Samples(throughputs, latencies_ms, phases, probe.peak_mb(), items_per_request)
+        return out_of_reach(race, samples)
+
+    return screen
 
 
 _CPU_OOM = re.compile(r"can't allocate memory|not enough memory|DefaultCPUAllocator", re.IGNORECASE)

@@ -149,13 +149,14 @@ class _Book:
             return None
         return known.figures.get("throughput")
 
-    def best(self, batch: Any = None) -> Seen | None:
-        """The fastest complete configuration (at ``batch`` if given) that meets the slo; the
-        fastest of all where none does."""
+    def best(self, batch: Any = None, recompute: bool | None = None) -> Seen | None:
+        """The fastest complete configuration (at ``batch`` and ``recompute`` if given) that meets
+        the slo; the fastest of all where none does."""
         pool = [
             s
             for s in self.complete
             if batch is None or s.config.get("batch_size") == batch
+            if recompute is None or s.config.get("recompute") == recompute
             if "throughput" in s.figures
         ]
         meeting = [s for s in pool if meets_slo(s.figures, self.slo)] if self.slo else pool
@@ -440,12 +441,19 @@ def _carried(book: _Book, above: Any, batch: Any) -> Move | None:
 
 
 def _climb(book: _Book, batch: Any) -> Iterator[Move]:
-    """The neighbours of the best configuration at ``batch`` (micro-batch and lanes), the
-    regime's direction first."""
+    """The neighbours of the best configuration at ``batch`` without recompute, then of the best
+    with it where that is faster: recompute is worth its extra forward pass only where it lets a
+    larger micro-batch fit, so a lead it holds by noise must not steer the climb."""
     best = book.best(batch)
     if best is None:
         return
-    config = dict(best.config)
+    plain = (book.best(batch, recompute=False) if "recompute" in book.discrete else None) or best
+    for base in (plain, best) if best is not plain else (plain,):
+        yield from _neighbours(book, base.config, batch)
+
+
+def _neighbours(book: _Book, config: Mapping[str, Any], batch: Any) -> Iterator[Move]:
+    """``config``'s neighbours on micro-batch and lanes, the regime's direction first."""
     moves: list[tuple[str, dict[str, Any], str]] = []
     up, down = _shift(book, config, +1), _shift(book, config, -1)
     lanes = _lanes(book, config, +1)

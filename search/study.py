@@ -45,6 +45,7 @@ from search.liveness import Heartbeat, Recovery, engine_kwargs, measuring_here, 
 from search.metrics import objective_values, ranked_on, trial_metrics
 from search.noise import NoiseFloor, RunFigures, assess
 from search.pareto import constraint_values
+from search.racing import Race, can_race, race_against
 from search.records import COMPLETE, FAILED, TrialRecord, fault_kind
 from search.runner import TrialRequest, TrialResult, run_isolated
 from search.settings import SAMPLER_NAMES
@@ -506,7 +507,7 @@ class StudyDriver:
 
     def _measure(self, trial: Trial, config: dict[str, Any]) -> bool:
         """Measure and tell ``trial``; False when another process had already failed it as stale."""
-        request = self.request(config)
+        request = replace(self.request(config), race=self._race())
         self._check_shared_cpu(request.device)
         if self.where:
             trial.set_user_attr("measured_on", self.where)
@@ -580,6 +581,28 @@ class StudyDriver:
         self.outcome.records.append(record)
         self.progress(record, self.history())
         return True
+
+    def _race(self) -> Race | None:
+        """The front a new configuration races against (``search.racing``), from the stable
+        configurations measured so far and the noise floor as it stands; None where racing is
+        off or an objective cannot be bounded mid-measurement."""
+        objectives = [o.metric for o in self.space.objectives]
+        if not self.settings.measure.race or not can_race(objectives):
+            return None
+        keys = [ranked_on(m) for m in objectives]
+        measured = [
+            [r.metrics[k] for k in keys]
+            for r in self.history()
+            if r.state == COMPLETE and r.stable and all(k in r.metrics for k in keys)
+        ]
+        floor, confidence = self.floor(), self.settings.measure.confidence
+        return race_against(
+            objectives,
+            measured,
+            confidence,
+            between_rel=floor.one_run_spread(confidence) if floor.between_known else 0.0,
+            level=floor.level(time.time(), self.where)[0],
+        )
 
     def _why(self, trial: Trial) -> str:
         """Why ``trial``'s configuration was proposed: the guided sampler's reason or what queued

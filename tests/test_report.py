@@ -130,3 +130,20 @@ def test_re_validation_takes_what_meets_the_slo_first():
     history = [fast_but_slow_steps, meets]
     # the slo leaves only #2 to recommend: re-validating #1 would leave nothing to recommend
     assert [r.number for r in next_candidates(history, {}, settings, SPACE)] == [2]
+
+
+def test_a_screened_configuration_says_so_in_its_line_and_the_summary():
+    from dataclasses import replace
+
+    from search.report import trial_line
+
+    base = _record(7, 500.0, 600.0, 700.0, True)
+    screened = replace(
+        base, metrics={**base.metrics, "screened": 1.0, "n_windows": 5, "n_steps": 9}
+    )
+    line = trial_line(screened, 2, 4, 1, 3.0, ["batch_size"], 0.95, ["latency_p95_ms"])
+    assert "stable, screened: out of the front's reach" in line
+    lines = summary_lines(StudyOutcome("s", records=[SLOW_STABLE, screened]), [SLOW_STABLE])
+    assert any(x.startswith("screened: #7 stopped after 5 windows") for x in lines)
+    lines = summary_lines(StudyOutcome("s", records=[SLOW_STABLE]), [SLOW_STABLE])
+    assert not any(x.startswith("screened") for x in lines)

@@ -159,6 +159,30 @@ def test_overhead_bound_climbs_to_lanes_and_the_best_is_found_early():
     assert best.config["batch_size"] == 64
 
 
+def test_a_lead_recompute_holds_by_noise_does_not_steer_the_climb():
+    """Recompute reads 1% faster everywhere (noise: it adds a forward pass) and nothing needs it
+    to fit: the climbs at smaller batches start from the best configuration without it."""
+    space = llm_like(batch=(4, 64), micro=(1, 64))
+    plain = walled(64)
+    oracle = lambda c: Seen(  # noqa: E731
+        dict(c),
+        COMPLETE,
+        {
+            **plain(c).figures,
+            "throughput": plain(c).figures["throughput"] * (1.01 if c["recompute"] else 1),
+        },
+    )
+    made = drive(space, oracle, budget=40)
+    climbs = [
+        (c, why)
+        for c, why in made
+        if why.startswith(("larger micro", "overhead-bound", "more lanes", "smaller micro"))
+        and c["batch_size"] < 64
+    ]
+    assert climbs, "the order climbs at the smaller batches"
+    assert climbs[0][0]["recompute"] is False, climbs[0]
+
+
 def test_another_process_measuring_a_move_is_skipped():
     space = llm_like(batch=(64, 64))
     first = next_move(space, [])

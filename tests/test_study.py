@@ -64,12 +64,21 @@ def cfg(n_trials=1, excess_cv=0.10, memory_limit_mb=None, max_cv=None, extra=())
 
 
 def stored(
-    study, micro, *, state="complete", cv=0.02, fingerprint=FINGERPRINT, system_attrs=None, **attrs
+    study,
+    micro,
+    *,
+    state="complete",
+    cv=0.02,
+    fingerprint=FINGERPRINT,
+    system_attrs=None,
+    throughput=None,
+    **attrs,
 ):
+    throughput = 1000.0 * micro if throughput is None else throughput
     metrics = {
-        "throughput": 1000.0 * micro,
-        "throughput_ci_low": 990.0 * micro,
-        "throughput_ci_high": 1010.0 * micro,
+        "throughput": throughput,
+        "throughput_ci_low": 0.99 * throughput,
+        "throughput_ci_high": 1.01 * throughput,
         "throughput_cv": cv,
         "n_windows": 10,
         "n_steps": 30,
@@ -769,3 +778,37 @@ def test_a_reused_measurement_is_told_with_its_constraints(recwarn):
     for t in reused:
         assert t.constraints == study.trials[t.user_attrs["reused_from"]].constraints
     assert not [w for w in recwarn if "old format constraint" in str(w.message)]
+
+
+RACED = MeasureSettings(
+    warmup_steps=1,
+    warmup_s=0.0,
+    window_s=0.01,
+    min_windows=2,
+    max_windows=30,
+    target_rel_ci=1e-9,  # never reached: only the budget or racing stops a measurement
+    max_time_s=1.0,
+)
+
+
+@pytest.mark.parametrize("race", [True, False])
+def test_a_configuration_the_front_dominates_is_screened_and_kept(race):
+    study = new_study()
+    space = make_space()
+    stored(study, 2, throughput=1e12)  # a front no real step reaches
+    d = StudyDriver(
+        cfg(n_trials=1, extra=[f"measure.race={str(race).lower()}"]),
+        space,
+        study,
+        FINGERPRINT,
+        lambda c: TrialRequest(space.workload, c, "cpu", 0, RACED),
+        lambda record, result: None,
+        lambda record, h: None,
+    )
+    d.run()
+    (record,) = d.outcome.records
+    assert record.config["micro_batch_size"] == 1 and record.state == "complete"
+    assert record.screened == race
+    assert (record.metrics["n_windows"] == RACED.min_windows) == race
+    # kept in the study with its figures, like any measured configuration
+    assert [r.number for r in d.history()] == [0, record.number]
