@@ -9,7 +9,7 @@ moment ``Process.start()`` is called until the new process has what a trial work
   the server's own start, paid once per study process, is reported apart.
 
 A worker reused across trials would cost nothing to start, but reads CPU peak memory far too low
-(see "How it measures" in the README), so it is not an option here.
+(see docs/method/measuring.md), so it is not an option here.
 
     python benchmarks/worker_start.py --starts 8
 """

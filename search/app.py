@@ -87,7 +87,8 @@ from search.trial_store import (
 
 @dataclass
 class Spent:
-    """Where an invocation's wall time went, s: what the README's time budget is judged on."""
+    """Where an invocation's wall time went, s: what the time budget (docs/method/time.md) is
+    judged on."""
 
     started_s: float = field(default_factory=time.monotonic)
     new_s: float = 0.0
@@ -945,7 +946,7 @@ def _regime_lines(diagnoses: Mapping[int, Diagnosis], best: TrialRecord | None) 
     lines = [
         "regimes: "
         + ", ".join(f"{regimes.count(r)} {r}" for r in dict.fromkeys(sorted(regimes)))
-        + " (README 'Why a configuration is fast')"
+        + " (docs/method/why-fast.md)"
     ]
     if best is not None and best.number in diagnoses:
         d = diagnoses[best.number]

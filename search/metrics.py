@@ -1,11 +1,11 @@
 """The metric registry: one entry for every figure a space may name as an objective or an SLO.
 
 An entry says what the figure is (name, unit), which way is better, the figure Optuna and the front
-rank it on (the end of its interval that is worse for it, see README "Ranking on what a
-configuration surely delivers"), how the terminal shows it, and how re-validation pools it over
-fresh processes. Space validation, the Optuna values, the front, the report and the re-validation
-all read it; adding an objective is one entry here plus the code that measures it (a ``Measurement``
-field, a telemetry reading, or nothing at all for a latency quantile).
+rank it on (the end of its interval that is worse for it, see docs/method/ranking.md), how the
+terminal shows it, and how re-validation pools it over fresh processes. Space validation, the Optuna
+values, the front, the report and the re-validation all read it; adding an objective is one entry
+here plus the code that measures it (a ``Measurement`` field, a telemetry reading, or nothing at all
+for a latency quantile).
 
 ``trial_metrics`` flattens one trial's result into the figures stored with it (Optuna user attrs,
 MLflow metrics, the CSV). Nothing here knows Optuna or MLflow.

@@ -131,8 +131,8 @@ def _check_workload(space: SearchSpace) -> None:
     if task not in _TASK_METHODS or missing:
         raise ConfigError(
             f"space '{space.name}': workload {target} lacks {', '.join(missing) or 'a task'}; "
-            f"subclass {_TASK_BASES.get(task, 'search.Workload')} (see README, 'Your own "
-            "workload')"
+            f"subclass {_TASK_BASES.get(task, 'search.Workload')} (see "
+            "docs/guide/own-workload.md)"
         )
     applies = getattr(cls, "knobs", GENERIC_KNOBS)
     for name in space.params:

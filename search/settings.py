@@ -39,7 +39,8 @@ class StudySettings:
     """Optuna storage URL that holds the study, e.g. ``sqlite:///runs/optuna.db``."""
 
     n_trials: int
-    """Configurations to measure in this invocation (count, at least 1)."""
+    """Configurations to measure in this invocation (count). 0: measure nothing new, only
+    re-validate and summarise what the study holds (a study that does not exist is refused)."""
 
     timeout_s: float | None
     """No new trial starts after this many seconds, s; null: no limit."""
@@ -54,7 +55,7 @@ class StudySettings:
 
     max_failure_rate: float
     """Stop once more than this fraction of this invocation's measured trials failed (fraction,
-    0 to 1; judged from the 5th measured trial on)."""
+    0 to 1; judged from the 5th measured trial on); the run then exits with code 1."""
 
     def __post_init__(self) -> None:
         _require(
@@ -168,7 +169,8 @@ class NoiseSettings:
 
     budget: float
     """Largest share of the invocation's time spent on control runs during the study (fraction);
-    the start and end runs are always made. 0: no control at all (intervals within-run only)."""
+    the start and end runs are always made. 0: no control at all (intervals within-run only, and
+    stability judged by throttling and ``stable.max_cv`` alone)."""
 
     start_runs: int
     """Control runs at the start of every invocation (at least 2 for a between-run figure)."""
@@ -191,8 +193,8 @@ class RevalidateSettings:
     alone cannot tell process-to-process spread, so 1 is refused."""
 
     max_candidates: int
-    """At most this many candidates are re-measured, highest lower throughput bound first
-    (count)."""
+    """At most this many candidates are re-measured (count): those that meet the ``slo`` first,
+    each group by highest lower throughput bound."""
 
     max_time_s: float
     """Budget for warm-up and windows of every run that repeats a configuration measured before
@@ -299,7 +301,8 @@ class Settings:
     """Everything a run is told: the composed ``conf/config.yaml`` with a space and overrides."""
 
     runs_dir: str
-    """Directory for everything a run writes: Optuna and MLflow stores, artifacts, best configs."""
+    """Directory for everything a run writes: Optuna and MLflow stores, artifacts, and each
+    study's ``<study>/best.yaml``."""
 
     device: str
     """Device to measure on: auto (cuda if available, else cpu) | cpu | cuda | cuda:N."""

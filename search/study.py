@@ -74,7 +74,8 @@ MIN_TRIALS_FOR_FAILURE_RATE = 5
 """Measured trials in this invocation before ``study.max_failure_rate`` is applied."""
 
 SAMPLERS: dict[str, Callable[[int], optuna.samplers.BaseSampler]] = {
-    # Multivariate: independent TPE cannot learn joint rules such as micro <= batch (see README).
+    # Multivariate: independent TPE cannot learn joint rules such as micro <= batch
+    # (docs/method/sampler.md).
     "tpe": lambda seed: optuna.samplers.TPESampler(seed=seed, multivariate=True),
     "gp": lambda seed: optuna.samplers.GPSampler(seed=seed),
     "nsga2": lambda seed: optuna.samplers.NSGAIISampler(seed=seed),
@@ -212,7 +213,8 @@ def open_study(
     With ``recovery``, the storage keeps heartbeats of running trials (see ``search.liveness``).
     """
     directions = [o.direction for o in space.objectives]
-    metrics = [ranked_on(o.metric) for o in space.objectives]  # what Optuna ranks: see README
+    # What Optuna ranks: docs/method/ranking.md.
+    metrics = [ranked_on(o.metric) for o in space.objectives]
 
     def create() -> tuple[optuna.Study, bool]:
         backend = (
@@ -628,8 +630,8 @@ class StudyDriver:
             self.warn(
                 f"warning: another process on this machine (pid {', '.join(map(str, others))}) "
                 "is measuring trials of this study on the same CPU: each slows the other's "
-                "trials and blurs their figures; on a CPU run one worker per machine (README "
-                "'Many GPUs and machines')"
+                "trials and blurs their figures; on a CPU run one worker per machine "
+                "(docs/guide/many-gpus.md)"
             )
 
     def _reseed(self, offset: int) -> None:

@@ -96,8 +96,8 @@ def test_llm_study_end_to_end(runs_dir):
         assert t.user_attrs["state"] in ("complete", "failed", "infeasible")
         if t.state == optuna.trial.TrialState.COMPLETE:
             m = t.user_attrs["metrics"]
-            # Optuna ranks the conservative end of each figure: see README "How it measures".
-            # The lower bound spans runs (README "Noise floor"): never above the run's own.
+            # Optuna ranks the conservative end of each figure: see docs/method/ranking.md.
+            # The lower bound spans runs (docs/method/noise-floor.md): never above the run's own.
             assert t.values[1:] == [m["latency_p95_ms_ub"], m["peak_memory_mb"]]
             assert t.values[0] <= m["throughput_within_ci_low"] == m["throughput_ci_low"]
             assert m["latency_p95_ms_ub"] >= m["latency_p95_ms"]

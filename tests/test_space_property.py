@@ -1,7 +1,7 @@
 """Space files drawn from the documented grammar, and mutations of it: each is either a space or
 refused with one line (``ConfigError``), never another exception.
 
-The grammar is the README's "Search spaces": a workload with its ``_target_``, params (``int`` with
+The grammar is that of docs/guide/spaces.md: a workload with its ``_target_``, params (``int`` with
 ``low``/``high``/``step``/``log``/``pow2``, ``float`` with ``low``/``high``/``log``/``step``,
 ``categorical`` with ``choices``, ``bool``, or a plain fixed value), constraints over knob names,
 ``memory_grows_with`` and objectives. A mutation puts any YAML value where another was.
