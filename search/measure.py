@@ -20,10 +20,12 @@ import torch
 from numpy.typing import ArrayLike
 from scipy import special
 
+from search.records import SCREENED
+
 STOP_TARGET_CI = "target_ci"
 STOP_MAX_WINDOWS = "max_windows"
 STOP_TIME_BUDGET = "time_budget"
-STOP_SCREENED = "screened"
+STOP_SCREENED = SCREENED
 """A ``Screen`` stopped it: the configuration cannot reach the front (``search.racing``)."""
 
 

@@ -21,9 +21,8 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy import stats
 
-from search.measure import STOP_SCREENED
 from search.noise import stall_steps
-from search.records import COMPLETE, with_requests
+from search.records import COMPLETE, SCREENED, with_requests
 
 if TYPE_CHECKING:
     from search.runner import TrialResult
@@ -205,7 +204,7 @@ def trial_metrics(result: TrialResult, confidence: float) -> dict[str, float]:
         "stall_steps": stall_steps(m.step_latencies_ms),
         "measure_time_s": m.elapsed_s,
         # 1: racing stopped it early, out of reach of the front (``search.racing``)
-        "screened": float(m.stop_reason == STOP_SCREENED),
+        "screened": float(m.stop_reason == SCREENED),
         "trial_time_s": result.duration_s,
     }
     if result.items_per_request is not None:

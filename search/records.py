@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 COMPLETE, FAILED, INFEASIBLE = "complete", "failed", "infeasible"
+SCREENED = "screened"
+"""A measurement's stop reason when racing stopped it early (``search.racing``): the figures stay,
+with the wider interval of fewer windows."""
 """A trial's state: measured; a fault (see ``FAULT_KINDS``); never run or not a valid
 configuration."""
 FAULT_KINDS = ("oom", "crash", "timeout", "error")
