@@ -31,7 +31,7 @@ import numpy as np
 from scipy import stats
 
 from search.config import compose_config, load_settings, resolve_device
-from search.metrics import trial_metrics
+from search.figures import trial_metrics
 from search.noise import NoiseFloor, RunFigures, assess
 from search.prepare import control_config, load_space
 from search.runner import COMPLETE, TrialRequest, run_isolated

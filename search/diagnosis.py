@@ -36,8 +36,8 @@ import torch
 from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from search.knobs import counting
 from search.records import COMPLETE, TrialRecord, si
+from search.workloads.base import counting
 
 FAR_FROM_ROOF = 0.2
 """Below this fraction of the attainable FLOP/s (roofline), and with no batch-doubling pair to say
@@ -98,7 +98,7 @@ class _Traffic(TorchDispatchMode):
 
 def count_work(step: Any) -> Work:
     """The FLOPs and bytes of one call of ``step`` (a ``TrainStep`` or ``ServeStep``): lanes run in
-    this thread and recompute is off while it is counted (see ``search.knobs.counting``)."""
+    this thread and recompute is off while it is counted (``search.workloads.base.counting``)."""
     flops = flop_counter.FlopCounterMode(display=False, custom_mapping=_EXTRA_FORMULAS)
     traffic = _Traffic()
     with counting(), flops, traffic:

@@ -8,9 +8,8 @@ optimizer step per call, so that calling it measures only the step.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
@@ -19,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from search.workloads.base import Batch, ServingWorkload, Workload
+from search.workloads.base import Batch, ServingWorkload, Workload, is_counting
 
 GENERIC_KNOBS: tuple[str, ...] = (
     "batch_size",
@@ -39,31 +38,13 @@ class KnobError(ValueError):
     """A knob value this workload or device cannot run."""
 
 
-_COUNTING = contextvars.ContextVar("counting", default=False)
 T = TypeVar("T")
-
-
-@contextlib.contextmanager
-def counting() -> Iterator[None]:
-    """While a step's work is counted (``search.diagnosis``): what would run on other threads
-    runs in this one (torch's dispatch modes, which count, are per thread), and recompute is off
-    (model FLOPs, not the repeats)."""
-    token = _COUNTING.set(True)
-    try:
-        yield
-    finally:
-        _COUNTING.reset(token)
-
-
-def is_counting() -> bool:
-    """Whether a step's work is being counted (``counting``): run everything in this thread."""
-    return _COUNTING.get()
 
 
 def concurrently(pool: ThreadPoolExecutor, calls: Sequence[Callable[[], T]]) -> list[T]:
     """Run ``calls`` on ``pool``'s threads at the same time and return their results in order;
     one after another in this thread while work is counted (``counting``)."""
-    if _COUNTING.get():
+    if is_counting():
         return [call() for call in calls]
     futures = [pool.submit(call) for call in calls]
     return [future.result() for future in futures]
@@ -274,7 +255,7 @@ def _checkpoint_forwards(modules: list[nn.Module]) -> None:
 
 def _checkpointed(forward: Callable) -> Callable:
     def run(*args, **kwargs):
-        if _COUNTING.get():
+        if is_counting():
             return forward(*args, **kwargs)
         return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 

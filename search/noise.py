@@ -37,15 +37,24 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 from scipy import stats
 
 from search.records import with_requests
 
-if TYPE_CHECKING:
-    from search.settings import StableSettings
+
+class StableSettings(Protocol):
+    """The limits ``judge`` applies (``stable.*``; ``search.settings.StableSettings`` is the one
+    a run reads): a protocol, so that the statistics here need nothing of the settings above."""
+
+    alpha: float
+    excess_cv: float
+    excess_stalls: float
+    excess_between_cv: float
+    max_cv: float | None
+
 
 STALL_FACTOR = 2.0
 """A step slower than this multiple of its run's median step counts as a stall."""
@@ -101,7 +110,7 @@ class RunFigures:
 
     @classmethod
     def of(cls, metrics: Mapping[str, float], time_s: float) -> RunFigures:
-        """The figures of a complete trial's stored metrics (``search.metrics.trial_metrics``)."""
+        """The figures of a complete trial's stored metrics (``search.figures.trial_metrics``)."""
         return cls(
             time_s,
             float(metrics["throughput"]),

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from search.figures import trial_metrics
 from search.gpu_telemetry import SLOWDOWN_NAMES
 from search.measure import t_interval
 from search.metrics import (
@@ -31,7 +32,6 @@ from search.metrics import (
     POOL_STEPS,
     Metric,
     quantile_upper_bound,
-    trial_metrics,
 )
 from search.noise import RunFigures
 from search.records import COMPLETE, FAILED, TrialRecord

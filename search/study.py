@@ -39,10 +39,11 @@ from optuna.study import StudyDirection
 from optuna.trial import Trial, TrialState
 
 from search.config import ConfigError, redact
+from search.figures import trial_metrics
 from search.guards import KnownOutcomes, Proposal, Verdict, guards
 from search.guided import HANDED_OVER, WHY, GuidedSampler, distribution, seen_of
 from search.liveness import Heartbeat, Recovery, engine_kwargs, measuring_here, owner
-from search.metrics import objective_values, ranked_on, trial_metrics
+from search.metrics import objective_values, ranked_on
 from search.noise import NoiseFloor, RunFigures, assess
 from search.pareto import constraint_values
 from search.racing import Race, can_race, race_against

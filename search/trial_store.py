@@ -4,7 +4,7 @@ A trial's figures live in its user attributes (Optuna's values hold only what it
 
 - ``config``: the knob values; ``fingerprint``: workload, device and torch it was measured under;
 - ``state`` (``COMPLETE``, ``FAILED``, ``INFEASIBLE``) and ``failure`` (one line);
-- ``metrics``: every figure (``search.metrics.trial_metrics``); ``unit``: what throughput counts;
+- ``metrics``: every figure (``search.figures.trial_metrics``); ``unit``: what throughput counts;
 - ``memory_limit_mb``, ``stderr_tail`` (faults), ``owner`` (see liveness); ``mlflow_run_id`` on
   trials of older versions, which logged to MLflow before telling Optuna;
 - ``measured_at``: when its measurement ended (s since the epoch; the noise floor's clock);

@@ -4,7 +4,7 @@ Each "run" stands for a fresh process: it draws its own offset (log-normal, ``be
 the machine's level at the current time (``drift`` over ``span_s``, linear in log), and times its
 steps with the real ``measure`` on a virtual clock: Gaussian step noise (``step_cv``) and, with
 probability ``stall_p``, a stall of ``stall_x`` times the step. A run's figures are what
-``search.metrics.trial_metrics`` stores for a complete trial.
+``search.figures.trial_metrics`` stores for a complete trial.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ from search.metrics import (
     latency_quantiles,
     objective_values,
     ranked_on,
-    trial_metrics,
 )
+from search.figures import trial_metrics
 from search.records import COMPLETE, TrialRecord
 from search.report import pareto_table, shown_metrics, trial_line, write_csv
 from search.revalidate import pool

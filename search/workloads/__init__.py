@@ -1,8 +1,8 @@
 """The workload contract and the built-in workloads."""
 
-from search.workloads.base import Batch, ServingWorkload, Workload
+from search.workloads.base import Batch, ServingWorkload, Workload, is_counting
 from search.workloads.gpt import GPT
 from search.workloads.gpt_serve import GPTServe
 from search.workloads.vision import TwoBranchCNN
 
-__all__ = ["GPT", "Batch", "GPTServe", "ServingWorkload", "TwoBranchCNN", "Workload"]
+__all__ = ["GPT", "Batch", "GPTServe", "ServingWorkload", "TwoBranchCNN", "Workload", "is_counting"]

@@ -11,6 +11,9 @@ settings plus every searched parameter that is not a generic knob.
 from __future__ import annotations
 
 import abc
+import contextlib
+import contextvars
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -25,6 +28,27 @@ TRAIN_KNOBS = ("batch_size", "micro_batch_size", "precision", "streams", "recomp
 SERVE_KNOBS = ("batch_size", "micro_batch_size", "precision", "streams")
 """Serving has no backward pass, so nothing to recompute: a knob that trades compute for memory
 there is the workload's own (e.g. ``kv_cache``)."""
+
+
+_COUNTING = contextvars.ContextVar("counting", default=False)
+
+
+@contextlib.contextmanager
+def counting() -> Iterator[None]:
+    """While a step's work is counted (``search.diagnosis``): what would run on other threads
+    runs in this one (torch's dispatch modes, which count, are per thread), and recompute is off
+    (model FLOPs, not the repeats). Part of the contract because a workload that runs threads of
+    its own must honour it (``is_counting``)."""
+    token = _COUNTING.set(True)
+    try:
+        yield
+    finally:
+        _COUNTING.reset(token)
+
+
+def is_counting() -> bool:
+    """Whether a step's work is being counted (``counting``): run everything in this thread."""
+    return _COUNTING.get()
 
 
 class Workload(abc.ABC):

@@ -16,8 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from search.knobs import is_counting
-from search.workloads.base import Workload, require_positive_ints
+from search.workloads.base import Workload, is_counting, require_positive_ints
 
 BRANCHES = ("serial", "parallel")
 

@@ -1,0 +1,23 @@
+"""The import rules of ``pyproject.toml`` cover every module, so a new one must take a place in the
+layers (``lint-imports``, run in CI, then checks that its imports point only downwards)."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_every_module_of_the_package_has_a_layer():
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (layers,) = [c["layers"] for c in config["contracts"] if c["type"] == "layers"]
+    placed = {name.strip() for layer in layers for name in layer.replace("|", ":").split(":")}
+    package = REPO / "search"
+    modules = {
+        f"search.{p.stem if p.is_file() else p.name}"
+        for p in package.iterdir()
+        if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()
+    }
+    assert modules - placed == set(), "add these modules to a layer in pyproject.toml"
+    assert placed - modules == set(), "these layers name modules that do not exist"
