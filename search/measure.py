@@ -320,7 +320,7 @@ def t_interval(samples: ArrayLike, confidence: float) -> Interval:
     if values.size < 2:
         return Interval(mean, -math.inf, math.inf, math.nan)
     std = 0.0 if values.min() == values.max() else float(values.std(ddof=1))
-    half = _t_quantile(confidence, df=values.size - 1) * std / math.sqrt(values.size)
+    half = t_quantile(confidence, df=values.size - 1) * std / math.sqrt(values.size)
     return Interval(mean, mean - half, mean + half, std)
 
 
@@ -339,7 +339,7 @@ def _interval(samples: Sequence[float], confidence: float) -> Interval:
         raise ValueError(f"a confidence interval needs at least 2 samples, but got {values.size}.")
     mean, low, high, std = t_interval(values, confidence)
     if std > 0 and values.size >= 3:  # skewness needs three samples
-        t = _t_quantile(confidence, df=values.size - 1)
+        t = t_quantile(confidence, df=values.size - 1)
         se = std / math.sqrt(values.size)
         skew = _skewness(values)
         low = min(low, mean - se * _hall_inverse(t, skew, values.size))
@@ -347,9 +347,10 @@ def _interval(samples: Sequence[float], confidence: float) -> Interval:
     return Interval(mean, low, high, std)
 
 
-def _t_quantile(confidence: float, df: int) -> float:
-    """Two-sided Student-t quantile, from scipy.special: scipy.stats.t.ppf costs far more a call."""
-    return float(special.stdtrit(df, (1 + confidence) / 2))
+def t_quantile(confidence: float, df: float) -> float:
+    """Two-sided Student-t quantile (inf without degrees of freedom): the one of this package,
+    from scipy.special, as scipy.stats.t.ppf costs far more a call for the same figure."""
+    return float(special.stdtrit(df, (1 + confidence) / 2)) if df > 0 else math.inf
 
 
 def _skewness(values: np.ndarray) -> float:
@@ -384,7 +385,7 @@ def _steps_rel_halfwidth(step_latencies_ms: Sequence[float], confidence: float) 
     latencies_ms = np.asarray(step_latencies_ms, dtype=float)
     if latencies_ms.min() == latencies_ms.max():
         return 0.0
-    t = _t_quantile(confidence, df=latencies_ms.size - 1)
+    t = t_quantile(confidence, df=latencies_ms.size - 1)
     cv = float(latencies_ms.std(ddof=1) / latencies_ms.mean())
     return t * cv / math.sqrt(latencies_ms.size)
 

@@ -42,6 +42,7 @@ from typing import Any, Protocol
 import numpy as np
 from scipy import stats
 
+from search.measure import t_quantile
 from search.records import with_requests
 
 
@@ -169,10 +170,6 @@ def stall_steps(step_latencies_ms: Sequence[float]) -> int:
     """How many steps took longer than ``STALL_FACTOR`` times the median step."""
     steps = np.asarray(step_latencies_ms, dtype=float)
     return int(np.count_nonzero(steps > STALL_FACTOR * np.median(steps)))
-
-
-def _t(confidence: float, df: float) -> float:
-    return float(stats.t.ppf((1 + confidence) / 2, df)) if df > 0 else math.inf
 
 
 @dataclass(frozen=True)
@@ -449,7 +446,7 @@ class NoiseFloor:
         """How far one run's mean lands from the long-run level in ``confidence`` of fresh
         processes, relative (the between-run part only)."""
         known = self.between_known
-        return _t(confidence, self.between_df) * self.between_cv if known else math.nan
+        return t_quantile(confidence, self.between_df) * self.between_cv if known else math.nan
 
     def metrics(self) -> dict[str, float]:
         """The floor as MLflow metrics of the parent run."""
@@ -507,7 +504,7 @@ def _half_width(components: Sequence[tuple[float, float]], confidence: float) ->
     if total == 0:
         return 0.0
     df = total**2 / sum(v * v / df for v, df in known)
-    return _t(confidence, df) * math.sqrt(total)
+    return t_quantile(confidence, df) * math.sqrt(total)
 
 
 @dataclass(frozen=True)
