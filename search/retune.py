@@ -30,7 +30,7 @@ import optuna
 from scipy import stats
 
 from search.config import ConfigError
-from search.measure import MeasureSettings
+from search.measure import MeasureSettings, t_quantile
 from search.records import COMPLETE, TrialRecord
 from search.runner import TrialRequest, TrialResult, run_isolated
 from search.trial_store import retried
@@ -123,14 +123,8 @@ class Figure:
         processes: their spread is the between-run spread)."""
         logs = np.log(np.asarray(runs, dtype=float))
         mean = float(np.mean(logs))
-        if len(logs) > 1:
-            half = float(
-                stats.t.ppf(0.5 + confidence / 2, len(logs) - 1)
-                * np.std(logs, ddof=1)
-                / math.sqrt(len(logs))
-            )
-        else:
-            half = math.inf
+        spread = float(np.std(logs, ddof=1)) if len(logs) > 1 else math.inf
+        half = t_quantile(confidence, len(logs) - 1) * spread / math.sqrt(len(logs))
         return cls(
             dict(config),
             math.exp(mean),
