@@ -31,6 +31,7 @@ from omegaconf.errors import (
     ValidationError,
 )
 
+from search.errors import ConfigError
 from search.measure import MeasureSettings
 from search.settings import PRESETS, SLO_EXPECTED, Settings
 
@@ -50,10 +51,6 @@ def _data_dir(name: str) -> Path:
 
 CONF_DIR = _data_dir("conf")
 SPACES_DIR = _data_dir("spaces")
-
-
-class ConfigError(ValueError):
-    """Bad input on the command line or in a config file; the message says what to change."""
 
 
 def device_type(root: DictConfig) -> str:

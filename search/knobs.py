@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from search.errors import KnobError
 from search.workloads.base import Batch, ServingWorkload, Workload, is_counting
 
 GENERIC_KNOBS: tuple[str, ...] = (
@@ -32,10 +33,6 @@ PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # Every precision sets the float32 matmul precision, so no step inherits another's TF32 setting.
 MATMUL_PRECISIONS = {"fp32": "highest", "tf32": "high", "bf16": "highest", "fp16": "highest"}
-
-
-class KnobError(ValueError):
-    """A knob value this workload or device cannot run."""
 
 
 T = TypeVar("T")

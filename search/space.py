@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from search.errors import SpaceError
 from search.metrics import directions
 
 METRIC_DIRECTIONS: dict[str, str] = directions()
@@ -37,10 +38,6 @@ registry, ``search.metrics``)."""
 ENUMERATION_LIMIT = 100_000
 """Discrete spaces up to this many configurations are enumerated exactly; larger ones are
 sampled."""
-
-
-class SpaceError(ValueError):
-    """A space file that cannot be used as written; the message says what to change."""
 
 
 @dataclass(frozen=True)

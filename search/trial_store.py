@@ -30,6 +30,7 @@ import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from search.config import redact
+from search.errors import StoreError
 from search.noise import NoiseFloor, RunFigures, assess, assess_pooled
 from search.records import COMPLETE, FAILED, TrialRecord
 from search.revalidate import Pooled, Run
@@ -60,11 +61,6 @@ over 15 s, three times sqlite's own wait for a lock)."""
 UNSAVED = "unsaved.jsonl"
 """In ``runs_dir``: measurements the study could not take (one JSON object a line), for ``sync``
 to add to the study."""
-
-
-class StoreError(RuntimeError):
-    """A write to the study failed on every attempt (one line: what, why, where the measurement
-    is kept and how to recover it)."""
 
 
 def retried(write: Callable[[], T], what: str) -> T:

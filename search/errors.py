@@ -1,0 +1,30 @@
+"""The package's errors, under one root: ``except SearchError`` catches any of them.
+
+Each also derives from the built-in its callers have caught so far (``ValueError`` for bad input,
+``RuntimeError`` for a store that keeps failing), so code written against those still works.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ConfigError", "KnobError", "SearchError", "SpaceError", "StoreError"]
+
+
+class SearchError(Exception):
+    """Any error this package raises on purpose, with a message that says what to do."""
+
+
+class ConfigError(SearchError, ValueError):
+    """Bad input on the command line or in a config file; the message says what to change."""
+
+
+class SpaceError(SearchError, ValueError):
+    """A space file that cannot be used as written; the message says what to change."""
+
+
+class KnobError(SearchError, ValueError):
+    """A knob value this workload or device cannot run."""
+
+
+class StoreError(SearchError, RuntimeError):
+    """A write to the study failed on every attempt (one line: what, why, where the measurement
+    is kept and how to recover it)."""
