@@ -84,6 +84,8 @@ from search.trial_store import (
     unfinished_revalidations,
 )
 
+__all__ = ["Context", "Finished", "REVALIDATION_ROUNDS", "Spent", "run"]
+
 
 @dataclass
 class Spent:

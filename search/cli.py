@@ -15,6 +15,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+__all__ = ["USAGE", "main"]
+
 USAGE = """usage: python -m search +space=NAME [key=value ...] [--config-dir DIR] [--cfg]
        python -m search sync +space=NAME [key=value ...] [--config-dir DIR]
        python -m search retune +space=NAME [key=value ...] [--config-dir DIR]

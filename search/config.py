@@ -35,6 +35,25 @@ from search.errors import ConfigError
 from search.measure import MeasureSettings
 from search.settings import PRESETS, SLO_EXPECTED, Settings
 
+__all__ = [
+    "CONF_DIR",
+    "ENV_RESOLVER",
+    "MIN_MASKED_LEN",
+    "SCHEMA_NAME",
+    "SECRET_KEYS",
+    "SPACES_DIR",
+    "builtin_spaces",
+    "compose_config",
+    "device_type",
+    "for_logging",
+    "load_settings",
+    "preset",
+    "redact",
+    "redact_tree",
+    "resolve",
+    "resolve_device",
+]
+
 
 def _data_dir(name: str) -> Path:
     """``conf/`` or ``spaces/``: package data ``search.NAME`` when installed, else the repository's

@@ -39,6 +39,25 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from search.records import COMPLETE, TrialRecord, si
 from search.workloads.base import counting
 
+__all__ = [
+    "COMPUTE",
+    "Diagnosis",
+    "FAR_FROM_ROOF",
+    "GPU_PEAKS",
+    "MEMORY",
+    "OVERHEAD",
+    "Peak",
+    "SUBLINEAR",
+    "Work",
+    "count_work",
+    "device_peak",
+    "diagnose",
+    "doubling",
+    "measure_peak",
+    "table_peak",
+    "work_metrics",
+]
+
 FAR_FROM_ROOF = 0.2
 """Below this fraction of the attainable FLOP/s (roofline), and with no batch-doubling pair to say
 otherwise, a configuration is called overhead-bound."""

@@ -24,6 +24,17 @@ from search.knobs import Knobs, TrainStep
 from search.serving import ServeStep
 from search.workloads.base import ServingWorkload, Workload
 
+__all__ = [
+    "FidelityReport",
+    "GRADIENT_FLOOR",
+    "SERVING_TOLERANCES",
+    "ServingFidelityReport",
+    "TOLERANCES",
+    "Tolerance",
+    "check_fidelity",
+    "check_serving_fidelity",
+]
+
 
 @dataclass(frozen=True)
 class Tolerance:

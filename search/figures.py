@@ -10,6 +10,8 @@ from search.noise import stall_steps
 from search.records import COMPLETE, SCREENED, with_requests
 from search.runner import TrialResult
 
+__all__ = ["trial_metrics"]
+
 
 def trial_metrics(result: TrialResult, confidence: float) -> dict[str, float]:
     """The figures stored with one trial, units in their names; only fidelity errors unless

@@ -24,6 +24,19 @@ from typing import Any
 
 import torch
 
+__all__ = [
+    "CpuEnergyMonitor",
+    "CpuEnergyWindow",
+    "GpuMonitor",
+    "GpuWindow",
+    "POWERCAP_DIR",
+    "SAMPLE_PERIOD_S",
+    "SLOWDOWN_NAMES",
+    "decode_clock_event_reasons",
+    "energy_unavailable_reason",
+    "nvml_handle",
+]
+
 _NO_OPEN_WINDOW = (
     "end_window() needs an open window, but none was begun; call begin_window() first."
 )

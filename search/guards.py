@@ -33,6 +33,20 @@ from search.records import COMPLETE, FAILED, INFEASIBLE, fault_kind
 from search.space import SearchSpace
 from search.trial_store import OUTCOME_ATTRS, named_constraints, over_limit, own_trials
 
+__all__ = [
+    "CertainOom",
+    "Constraints",
+    "Guard",
+    "InFlight",
+    "KnownOutcomes",
+    "Proposal",
+    "RepeatedRetry",
+    "Reuse",
+    "Verdict",
+    "config_key",
+    "guards",
+]
+
 
 @dataclass(frozen=True)
 class Proposal:

@@ -21,6 +21,19 @@ from torch.utils.checkpoint import checkpoint
 from search.errors import KnobError
 from search.workloads.base import Batch, ServingWorkload, Workload, is_counting
 
+__all__ = [
+    "AUTOCAST_DTYPES",
+    "GENERIC_KNOBS",
+    "Knobs",
+    "MATMUL_PRECISIONS",
+    "PRECISIONS",
+    "TrainStep",
+    "build_model",
+    "concurrently",
+    "make_streams",
+    "unsupported_reason",
+]
+
 GENERIC_KNOBS: tuple[str, ...] = (
     "batch_size",
     "micro_batch_size",

@@ -17,6 +17,8 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 
+__all__ = ["SUMMARY", "WORKER", "pin", "run"]
+
 WORKER = ("revalidate.processes=0", "retune.confirm=0")
 SUMMARY = ("study.n_trials=0",)
 

@@ -28,6 +28,23 @@ from optuna.trial import FrozenTrial, TrialState
 
 from search.records import FAILED
 
+__all__ = [
+    "DB_CONNECTIONS",
+    "GRACE_HEARTBEATS",
+    "HEARTBEAT_ATTR",
+    "HOST",
+    "Heartbeat",
+    "MACHINE",
+    "Recovery",
+    "SQLITE_BUSY_S",
+    "agree_on_heartbeat",
+    "duplicate_retry",
+    "engine_kwargs",
+    "measuring_here",
+    "owner",
+    "stale_runs",
+]
+
 HOST = socket.gethostname()
 GRACE_HEARTBEATS = 6
 """A heartbeat older than this many intervals means its process is gone (allows for a busy

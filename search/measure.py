@@ -22,6 +22,27 @@ from scipy import special
 
 from search.records import SCREENED
 
+__all__ = [
+    "CpuTimer",
+    "CudaTimer",
+    "Interval",
+    "MeasureSettings",
+    "Measurement",
+    "Phases",
+    "STOP_MAX_WINDOWS",
+    "STOP_SCREENED",
+    "STOP_TARGET_CI",
+    "STOP_TIME_BUDGET",
+    "Screen",
+    "Summary",
+    "Timer",
+    "make_timer",
+    "measure",
+    "summarize",
+    "t_interval",
+    "t_quantile",
+]
+
 STOP_TARGET_CI = "target_ci"
 STOP_MAX_WINDOWS = "max_windows"
 STOP_TIME_BUDGET = "time_budget"

@@ -20,6 +20,23 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy import stats
 
+__all__ = [
+    "MAXIMIZE",
+    "METRICS",
+    "MINIMIZE",
+    "Metric",
+    "POOL_MAX",
+    "POOL_MEAN_UPPER",
+    "POOL_PROCESS_MEANS",
+    "POOL_STEPS",
+    "directions",
+    "latency_quantiles",
+    "objective_values",
+    "quantile_lower_bound",
+    "quantile_upper_bound",
+    "ranked_on",
+]
+
 MAXIMIZE, MINIMIZE = "maximize", "minimize"
 
 # How re-validation pools one metric over a candidate's fresh-process runs.

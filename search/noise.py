@@ -45,6 +45,25 @@ from scipy import stats
 from search.measure import t_quantile
 from search.records import with_requests
 
+__all__ = [
+    "DRIFT_ALPHA",
+    "DriftLine",
+    "MIN_BETWEEN_DF",
+    "NEAREST_CONTROLS",
+    "NoiseFloor",
+    "RunFigures",
+    "SESSION_GAP_S",
+    "SESSION_GRACE_S",
+    "STALL_FACTOR",
+    "StableSettings",
+    "Verdict",
+    "assess",
+    "assess_pooled",
+    "by_device",
+    "judge",
+    "stall_steps",
+]
+
 
 class StableSettings(Protocol):
     """The limits ``judge`` applies (``stable.*``; ``search.settings.StableSettings`` is the one

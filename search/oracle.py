@@ -21,6 +21,15 @@ from search.report import knobs_text, si
 from search.results import recommend
 from search.space import IntParam, Param
 
+__all__ = [
+    "MAX_LISTED",
+    "OracleRow",
+    "oracle",
+    "oracle_lines",
+    "oracle_values",
+    "write_oracle_plot",
+]
+
 
 @dataclass(frozen=True)
 class OracleRow:

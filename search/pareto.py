@@ -13,6 +13,8 @@ from numpy.typing import ArrayLike
 
 from search.metrics import MAXIMIZE, METRICS
 
+__all__ = ["check_slo", "constraint_values", "meets_slo", "pareto_mask", "recommend"]
+
 
 def pareto_mask(values: ArrayLike, directions: Sequence[str]) -> np.ndarray:
     """Which rows of ``values`` (n points x k objectives) no other row dominates.

@@ -26,6 +26,8 @@ from search.metrics import METRICS
 from search.space import FloatParam, IntParam, Param, SearchSpace, SpaceError, parse_space
 from search.workloads import ServingWorkload, Workload
 
+__all__ = ["control_config", "fingerprint", "load_space", "workload_class"]
+
 
 def load_space(
     raw: Mapping[str, Any], device: torch.device, slo: Mapping[str, Any] | None = None

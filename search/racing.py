@@ -32,6 +32,8 @@ from search.measure import summarize
 from search.metrics import METRICS, quantile_lower_bound
 from search.pareto import pareto_mask
 
+__all__ = ["Race", "Samples", "best_case", "can_race", "out_of_reach", "race_against"]
+
 _THROUGHPUTS = ("throughput", "requests_per_s")
 
 

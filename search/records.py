@@ -6,6 +6,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+__all__ = [
+    "COMPLETE",
+    "FAILED",
+    "FAULT_KINDS",
+    "INFEASIBLE",
+    "SCREENED",
+    "TrialRecord",
+    "config_name",
+    "fault_kind",
+    "si",
+    "with_requests",
+]
+
 COMPLETE, FAILED, INFEASIBLE = "complete", "failed", "infeasible"
 SCREENED = "screened"
 """A measurement's stop reason when racing stopped it early (``search.racing``): the figures stay,

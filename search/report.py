@@ -33,6 +33,24 @@ from search.records import (
     si,
 )
 
+__all__ = [
+    "DESCRIPTION_CHARS",
+    "console",
+    "front_cells",
+    "knobs_text",
+    "pareto_table",
+    "plot_groups",
+    "shown_metrics",
+    "summary_lines",
+    "summary_markdown",
+    "throughput_text",
+    "trial_line",
+    "write_best",
+    "write_csv",
+    "write_noise_plot",
+    "write_plot",
+]
+
 
 def _clock(seconds: float) -> str:
     minutes, secs = divmod(int(round(seconds)), 60)

@@ -25,6 +25,21 @@ from search.settings import Settings
 from search.space import SearchSpace
 from search.tracking import Tracker
 
+__all__ = [
+    "final_front",
+    "left_the_front",
+    "log_revalidation",
+    "mark_front",
+    "next_candidates",
+    "noise_lines",
+    "passed_over",
+    "recommend",
+    "revalidation_candidates",
+    "stable_front",
+    "with_revalidation",
+    "write_files",
+]
+
 
 def stable_front(records: Sequence[TrialRecord], space: SearchSpace) -> list[TrialRecord]:
     """Pareto-optimal configurations among the stable, complete ones, on the figures ranked on.

@@ -35,6 +35,49 @@ from search.records import COMPLETE, TrialRecord
 from search.runner import TrialRequest, TrialResult, run_isolated
 from search.trial_store import retried
 
+__all__ = [
+    "AMBIGUOUS",
+    "Comparison",
+    "Conclusion",
+    "Confirmed",
+    "EXACT_UP_TO",
+    "EXIT_REGRESSION",
+    "Figure",
+    "HISTORY_COLUMNS",
+    "IMPROVED",
+    "MIN_RUNS",
+    "MOVED",
+    "REFERENCE_CONFIG",
+    "REFERENCE_MEASURE",
+    "REFERENCE_WORKLOAD",
+    "REGRESSION",
+    "RETUNE",
+    "SAME",
+    "SOFTWARE_ENV",
+    "TUNE",
+    "TUNED_PREFIX",
+    "Tuned",
+    "VOLATILE_ENV",
+    "at_machine_speed",
+    "baseline",
+    "comparable",
+    "compare",
+    "conclude",
+    "confirm",
+    "history_rows",
+    "reference_workload",
+    "run_history",
+    "runs_needed",
+    "save_tuned",
+    "sensitivity",
+    "shift",
+    "software_changes",
+    "tuned_runs",
+    "what_changed",
+    "write_history",
+    "write_report",
+]
+
 TUNED_PREFIX = "tuned:"
 """Study user attr ``tuned:<time>``: what one tuning or re-tune concluded (``Tuned``)."""
 

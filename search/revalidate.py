@@ -37,6 +37,8 @@ from search.noise import RunFigures
 from search.records import COMPLETE, FAILED, TrialRecord
 from search.runner import TrialResult
 
+__all__ = ["Pooled", "Run", "Runs", "Samples", "pool", "pool_runs", "revalidate"]
+
 
 @dataclass(frozen=True)
 class Pooled:

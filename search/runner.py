@@ -46,6 +46,21 @@ from search.serving import ServeStep
 from search.telemetry import MemoryProbe, rss_bytes
 from search.workloads.base import ServingWorkload
 
+__all__ = [
+    "MEMORY_POLL_S",
+    "STDERR_KEPT_BYTES",
+    "STDERR_TAIL_LINES",
+    "TrialRequest",
+    "TrialResult",
+    "classify",
+    "die_with_parent",
+    "run_isolated",
+    "run_trial",
+    "split_config",
+    "telemetry_metrics",
+    "worker_context",
+]
+
 STDERR_TAIL_LINES = 20
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 MEMORY_POLL_S = 0.02

@@ -34,6 +34,8 @@ from search.knobs import (
 )
 from search.workloads.base import ServingWorkload
 
+__all__ = ["Generated", "Mark", "PHASES", "ServeStep"]
+
 Mark = torch.cuda.Event | float
 """A point in a step: a recorded CUDA event, or the host clock (s) on a CPU."""
 

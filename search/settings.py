@@ -19,6 +19,20 @@ from typing import Any
 from search.measure import MeasureSettings
 from search.pareto import check_slo
 
+__all__ = [
+    "NoiseSettings",
+    "PRESETS",
+    "RetuneSettings",
+    "RevalidateSettings",
+    "RunnerSettings",
+    "SAMPLER_NAMES",
+    "SLO_EXPECTED",
+    "Settings",
+    "StableSettings",
+    "StudySettings",
+    "TrackingSettings",
+]
+
 PRESETS = ("auto", "cpu", "cuda")
 
 SAMPLER_NAMES = ("guided", "tpe", "gp", "nsga2", "random")

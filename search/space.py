@@ -31,6 +31,20 @@ from typing import Any
 from search.errors import SpaceError
 from search.metrics import directions
 
+__all__ = [
+    "CategoricalParam",
+    "Constraint",
+    "ENUMERATION_LIMIT",
+    "FixedParam",
+    "FloatParam",
+    "IntParam",
+    "METRIC_DIRECTIONS",
+    "Objective",
+    "Param",
+    "SearchSpace",
+    "parse_space",
+]
+
 METRIC_DIRECTIONS: dict[str, str] = directions()
 """Metrics a space may name as objectives, with the direction that makes sense for each (from the
 registry, ``search.metrics``)."""

@@ -23,6 +23,8 @@ from search.space import SearchSpace
 from search.study import open_study, storage_error, study_id, with_retries
 from search.tracking import Tracker, quoted
 
+__all__ = ["CREATION_WAIT_S", "open_stores", "quiet_libraries", "recover_runs", "require_study"]
+
 
 def quiet_libraries() -> None:
     """The libraries' own INFO lines and experimental-API warnings would bury the trial lines."""

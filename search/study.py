@@ -64,6 +64,28 @@ from search.trial_store import (
 if TYPE_CHECKING:
     from search.settings import Settings
 
+__all__ = [
+    "GUIDED",
+    "MAX_REPEATS",
+    "MIN_TRIALS_FOR_FAILURE_RATE",
+    "OPEN_ATTEMPTS",
+    "QUEUE_SETTLE_S",
+    "RENAMED",
+    "SAMPLERS",
+    "STUDY_ID",
+    "STUDY_ID_SETTLE_S",
+    "STUDY_ID_WAIT_S",
+    "StudyDriver",
+    "StudyOutcome",
+    "open_study",
+    "optuna_names",
+    "repeat_run",
+    "storage_error",
+    "study_id",
+    "suggest",
+    "with_retries",
+]
+
 MAX_REPEATS = 50
 """Consecutive proposals that are infeasible or already measured before the space counts as
 exhausted."""

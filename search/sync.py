@@ -37,6 +37,8 @@ from search.trial_store import (
     study_history,
 )
 
+__all__ = ["run_sync"]
+
 
 def run_sync(cfg_node: DictConfig) -> int:
     """Copy the study's missing trials to MLflow and set the pareto tags; 0 when done."""

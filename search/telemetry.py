@@ -18,6 +18,8 @@ import torch
 
 from search.gpu_telemetry import nvml_handle
 
+__all__ = ["MemoryProbe", "contention", "device_label", "device_name", "environment", "rss_bytes"]
+
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 

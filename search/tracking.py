@@ -28,6 +28,17 @@ from mlflow.tracking import MlflowClient
 from search.config import redact
 from search.records import FAILED, TrialRecord, config_name
 
+__all__ = [
+    "EXPERIMENT_KIND",
+    "EXPERIMENT_NOTE",
+    "NETWORK_LIMITS",
+    "NOTE",
+    "Tracker",
+    "limit_network",
+    "quoted",
+    "unreachable",
+]
+
 NETWORK_LIMITS = {
     # MLflow's defaults (120 s timeout, 7 retries with backoff factor 2) wait about 4 minutes before
     # reporting an unreachable server. These are read on every request (mlflow/utils/rest_utils.py),

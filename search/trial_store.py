@@ -39,6 +39,37 @@ from search.space import SearchSpace
 if TYPE_CHECKING:
     from search.settings import Settings
 
+__all__ = [
+    "CONTROL_PREFIX",
+    "OUTCOME_ATTRS",
+    "REVALIDATED_PREFIX",
+    "REVALIDATION_RUN_PREFIX",
+    "SYNCED_RUN_PREFIX",
+    "UNSAVED",
+    "WRITE_ATTEMPTS",
+    "judged_revalidations",
+    "keep_unsaved",
+    "named_constraints",
+    "noise_floor",
+    "over_limit",
+    "own_trials",
+    "record_of",
+    "record_synced_run",
+    "restore_unsaved",
+    "retried",
+    "save_control",
+    "save_revalidation",
+    "save_revalidation_run",
+    "set_aside",
+    "set_constraints",
+    "store_measured",
+    "study_controls",
+    "study_history",
+    "study_revalidations",
+    "tell_failed",
+    "unfinished_revalidations",
+]
+
 T = TypeVar("T")
 
 SYNCED_RUN_PREFIX = "mlflow_run:"

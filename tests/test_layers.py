@@ -1,5 +1,6 @@
-"""The import rules of ``pyproject.toml`` cover every module, so a new one must take a place in the
-layers (``lint-imports``, run in CI, then checks that its imports point only downwards)."""
+"""The package's shape: the import rules of ``pyproject.toml`` cover every module, so a new one
+must take a place in the layers (``lint-imports``, run in CI, then checks that its imports point
+only downwards), and every public module says what it exports (``__all__``)."""
 
 from __future__ import annotations
 
@@ -21,3 +22,18 @@ def test_every_module_of_the_package_has_a_layer():
     }
     assert modules - placed == set(), "add these modules to a layer in pyproject.toml"
     assert placed - modules == set(), "these layers name modules that do not exist"
+
+
+def test_every_public_module_says_what_it_exports():
+    import importlib
+
+    package = REPO / "search"
+    for path in sorted(package.rglob("*.py")):
+        if path.name.startswith("_"):
+            continue  # __init__ (its own list), __main__, private modules
+        name = ".".join(path.relative_to(REPO).with_suffix("").parts)
+        module = importlib.import_module(name)
+        exported = getattr(module, "__all__", None)
+        assert exported is not None, f"{name} has no __all__"
+        missing = [x for x in exported if not hasattr(module, x)]
+        assert not missing, f"{name}.__all__ names what it does not define: {missing}"

@@ -19,6 +19,18 @@ from typing import Any
 import torch
 from torch import nn
 
+__all__ = [
+    "Batch",
+    "SERVE_KNOBS",
+    "ServingWorkload",
+    "State",
+    "TRAIN_KNOBS",
+    "Workload",
+    "counting",
+    "is_counting",
+    "require_positive_ints",
+]
+
 Batch = Any
 """A tensor, or a tuple/list/dict of tensors, holding ``size`` samples on the CPU."""
 State = Any

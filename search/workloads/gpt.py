@@ -10,6 +10,8 @@ from torch import nn
 
 from search.workloads.base import Workload, require_positive_ints
 
+__all__ = ["GPT", "check_gpt_shape"]
+
 _INIT_STD = 0.02
 """GPT-2's weight init: keeps the logits small, so the initial loss is close to ln(vocab_size)."""
 

@@ -11,6 +11,8 @@ from torch import nn
 from search.workloads.base import ServingWorkload
 from search.workloads.gpt import _Block, _Decoder, check_gpt_shape
 
+__all__ = ["GPTServe", "KVCache"]
+
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
 """Each block's keys and values so far, ``(batch, heads, positions, head_dim)`` each."""
 

@@ -14,6 +14,8 @@ from torch import nn
 
 from search.workloads.gpt import GPT
 
+__all__ = ["MATMUL", "ReferenceStep"]
+
 MATMUL = {"cpu": (256, 12), "cuda": (4096, 2)}
 """Side of the fixed square matrices and products per micro-batch, by device type. On the 2-core
 CPU the products take a little less time than the GPT step itself (the reference step read 10-14k

@@ -18,6 +18,8 @@ from torch import nn
 
 from search.workloads.base import Workload, is_counting, require_positive_ints
 
+__all__ = ["BRANCHES", "TwoBranchCNN"]
+
 BRANCHES = ("serial", "parallel")
 
 
