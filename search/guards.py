@@ -237,32 +237,39 @@ class Reuse:
 
 @dataclass(frozen=True)
 class InFlight:
-    """Another running trial of the same configuration and fingerprint (another process's).
+    """Another trial of the same configuration and fingerprint (another process's) that is
+    running, or that completed after this process last read the study's outcomes.
 
-    Each process stores its parameters before it looks, so of two such trials at least one sees
-    the other and gives way (both may: a proposal is lost, never a measurement doubled).
+    Each process stores its parameters before it looks, so of two such running trials at least
+    one sees the other and gives way (both may: a proposal is lost, never a measurement doubled).
+    A trial that completed between that read and this look is no longer running and not yet known
+    to ``Reuse``: it is caught here too, or its configuration would be measured twice.
     """
 
     study: optuna.Study
     fingerprint: str
 
     def __call__(self, proposal: Proposal) -> Verdict | None:
-        running = next(
+        states = (TrialState.RUNNING, TrialState.COMPLETE)
+        other = next(
             (
                 t
-                for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                for t in self.study.get_trials(deepcopy=False, states=states)
                 if t.number != proposal.number
                 and t.params == proposal.params
                 and t.user_attrs.get("fingerprint") == self.fingerprint
+                # a completed one also under the same fixed knobs (they are no parameters)
+                and (t.state == TrialState.RUNNING or t.user_attrs.get("config") == proposal.config)
             ),
             None,
         )
-        if running is None:
+        if other is None:
             return None
+        doing = "is measuring" if other.state == TrialState.RUNNING else "has just measured"
         return _not_run(
             "in_flight",
             proposal.config,
-            f"trial #{running.number} of another process is measuring this configuration",
+            f"trial #{other.number} of another process {doing} this configuration",
             resample=True,
         )
 

@@ -812,3 +812,24 @@ def test_a_configuration_the_front_dominates_is_screened_and_kept(race):
     assert (record.metrics["n_windows"] == RACED.min_windows) == race
     # kept in the study with its figures, like any measured configuration
     assert [r.number for r in d.history()] == [0, record.number]
+
+
+def test_a_configuration_another_process_completed_since_the_last_read_is_not_measured_again(
+    monkeypatch,
+):
+    study = new_study()
+    measured = []
+    d = driver(study, make_space(), cfg(n_trials=1), measured)  # reads the study's outcomes now
+    # Another process completes micro-batch 2 right after this one's last read of the outcomes
+    # (the read before each proposal is held back to open that window), and this one is offered
+    # the same configuration.
+    monkeypatch.setattr(d.known, "refresh", lambda study: None)
+    stored(study, 2)
+    study.enqueue_trial({"micro_batch_size": 2})
+    outcome = d.run()
+    assert {"batch_size": 4, "micro_batch_size": 2} not in measured
+    assert outcome.in_flight == 1
+    deferred = next(t for t in study.trials if t.state == TrialState.PRUNED)
+    assert deferred.user_attrs["failure"] == (
+        "not run: trial #0 of another process has just measured this configuration"
+    )
