@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+from tiny import TINY_GPT
 
 from search.measure import MeasureSettings, measure
 from search.metrics import quantile_lower_bound
@@ -130,14 +131,6 @@ def test_a_measurement_done_anyway_is_not_called_screened():
     assert result.stop_reason == "target_ci" and result.n_windows == 3
 
 
-TINY_GPT = {
-    "_target_": "search.workloads.GPT",
-    "vocab_size": 64,
-    "seq_len": 16,
-    "d_model": 32,
-    "n_layers": 1,
-    "n_heads": 2,
-}
 LONG = MeasureSettings(
     warmup_steps=1,
     warmup_s=0.0,

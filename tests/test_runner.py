@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from tiny import TINY_GPT
 from torch import nn
 
 from search.gpu_telemetry import CpuEnergyMonitor
@@ -22,14 +23,6 @@ from search.workloads import Workload
 QUICK = MeasureSettings(
     warmup_steps=1, warmup_s=0.0, window_s=0.01, min_windows=2, max_windows=3, max_time_s=0.5
 )
-TINY_GPT = {
-    "_target_": "search.workloads.GPT",
-    "vocab_size": 64,
-    "seq_len": 16,
-    "d_model": 32,
-    "n_layers": 1,
-    "n_heads": 2,
-}
 
 
 class Wide(Workload):

@@ -6,6 +6,7 @@ import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
+from tiny import TINY_GPT
 
 from search.config import ConfigError, compose_config, load_settings
 from search.measure import MeasureSettings
@@ -17,14 +18,7 @@ FINGERPRINT = "abc123"
 QUICK = MeasureSettings(
     warmup_steps=1, warmup_s=0.0, window_s=0.01, min_windows=2, max_windows=3, max_time_s=0.5
 )
-WORKLOAD = {
-    "_target_": "search.workloads.GPT",
-    "vocab_size": 64,
-    "seq_len": 16,
-    "d_model": 32,
-    "n_layers": 1,
-    "n_heads": 2,
-}
+WORKLOAD = TINY_GPT
 
 
 def make_space(micro_choices=(1, 2), constraints=(), **extra):

@@ -27,6 +27,15 @@ LENIENT = [
     "stable.excess_between_cv=10",
 ]
 """Stability margins no tiny configuration can exceed: every complete trial is stable."""
+TINY_GPT = {
+    "_target_": "search.workloads.GPT",
+    "vocab_size": 64,
+    "seq_len": 16,
+    "d_model": 32,
+    "n_layers": 1,
+    "n_heads": 2,
+}
+"""A workload mapping for tests that build a trial request themselves (a step of a few ms)."""
 KNOBS = {"batch_size", "micro_batch_size", "precision", "streams", "recompute"}
 CONTRACT_METRICS = {
     "throughput",
