@@ -6,7 +6,7 @@ On this machine, with the real workload in fresh worker processes (the trial's o
 worker), it plays a study the way ``python -m search`` schedules one: 2 runs of the control
 configuration, one run of each of ``--configs`` random feasible configurations with a control run
 after every third, the 2 fastest re-validated in 3 fresh processes each, a control run at the end.
-From those it estimates the noise floor (``search.noise``) and each configuration's interval
+From those it estimates the noise floor (``search.analysis.noise_floor``) and each configuration's interval
 spanning runs. Then it measures every configuration ``--repeats`` more times, all runs in one
 seeded random order, and takes their mean as the long-run mean.
 
@@ -30,11 +30,11 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from search.config import compose_config, load_settings, resolve_device
-from search.figures import trial_metrics
-from search.noise import NoiseFloor, RunFigures, assess
-from search.prepare import control_config, load_space
-from search.runner import COMPLETE, TrialRequest, run_isolated
+from search.analysis.noise_floor import NoiseFloor, RunFigures, assess
+from search.config.compose import compose_config, load_settings, resolve_device
+from search.config.prepare import control_config, load_space
+from search.execution.figures import trial_metrics
+from search.execution.worker import COMPLETE, TrialRequest, run_isolated
 
 
 def clopper_pearson(k: int, n: int) -> tuple[float, float]:

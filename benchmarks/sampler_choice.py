@@ -7,7 +7,7 @@ overhead, an idling device, precision speed-ups, lanes, an optimizer step and an
 like the ``llm`` space on the 2-core CPU and on an H100; and ``cpu-replay``, the CPU ``llm`` space
 measured once by the tool, every configuration, and replayed with noise.
 
-Each sampler runs this tool's protocol (``search.study``) through Optuna's ask and tell: a
+Each sampler runs this tool's protocol (``search.study.driver``) through Optuna's ask and tell: a
 proposal that breaks a constraint, is certain to run out of memory (``memory_grows_with``) or was
 measured before is not measured and does not count; after one, a uniformly drawn unmeasured
 configuration is queued (not after a move of the guided sampler, as in the tool). An OOM is
@@ -50,10 +50,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from simulator import WORKLOADS, Figures, Workload, expert_guess, feasible, key  # noqa: E402
 
-from search.guided import HANDED_OVER, WHY, GuidedSampler  # noqa: E402
-from search.pareto import pareto_mask  # noqa: E402
-from search.strategy import COMPLETE, OOM, Seen  # noqa: E402
-from search.study import suggest  # noqa: E402
+from search.analysis.pareto import pareto_mask  # noqa: E402
+from search.study.driver import suggest  # noqa: E402
+from search.study.guided import HANDED_OVER, WHY, GuidedSampler  # noqa: E402
+from search.study.strategy import COMPLETE, OOM, Seen  # noqa: E402
 
 DIRECTIONS = ["maximize", "minimize", "minimize"]
 METRICS = ["throughput", "latency_p95_ms", "peak_memory_mb"]

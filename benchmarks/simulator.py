@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from search.space import SearchSpace, parse_space
+from search.space.search_space import SearchSpace, parse_space
 
 DATA = Path(__file__).parent / "data"
 OBJECTIVES = {"throughput": "maximize", "latency_p95_ms": "minimize", "peak_memory_mb": "minimize"}

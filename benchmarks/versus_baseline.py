@@ -31,12 +31,12 @@ import numpy as np
 import yaml
 from scipy import stats
 
-from search.config import compose_config, load_settings, resolve_device
-from search.measure import MeasureSettings
-from search.prepare import load_space
-from search.revalidate import pool
-from search.runner import COMPLETE, TrialRequest, TrialResult, run_isolated, split_config
-from search.space import CategoricalParam, FixedParam
+from search.config.compose import compose_config, load_settings, resolve_device
+from search.config.prepare import load_space
+from search.execution.worker import COMPLETE, TrialRequest, TrialResult, run_isolated, split_config
+from search.measurement.protocol import MeasureSettings
+from search.space.search_space import CategoricalParam, FixedParam
+from search.study.revalidate import pool
 
 PROBE = MeasureSettings(
     warmup_steps=1, warmup_s=0.0, window_s=0.05, min_windows=2, max_windows=2, max_time_s=1.0

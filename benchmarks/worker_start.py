@@ -1,8 +1,8 @@
 """What a fresh trial worker costs to start, by start method.
 
-Every trial runs in a fresh process (``search/runner.py``). This times, for each start method, the
+Every trial runs in a fresh process (``search/execution/worker.py``). This times, for each start method, the
 moment ``Process.start()`` is called until the new process has what a trial worker imports
-(``search.runner``, and with it torch, numpy, scipy and Hydra) and answers through a pipe:
+(``search.execution.worker``, and with it torch, numpy, scipy and Hydra) and answers through a pipe:
 
 * ``spawn``: a new interpreter that imports everything itself;
 * ``forkserver``: forked from a server that imported it once (what ``runner.worker_context`` uses);
@@ -23,7 +23,7 @@ import time
 
 
 def _child(connection) -> None:
-    import search.runner  # noqa: F401  (what every trial worker imports)
+    import search.execution.worker  # noqa: F401  (what every trial worker imports)
 
     connection.send(time.perf_counter())
     connection.close()
@@ -47,7 +47,7 @@ def main() -> None:
     for method in ("spawn", "forkserver"):
         context = multiprocessing.get_context(method)
         if method == "forkserver":
-            context.set_forkserver_preload(["search.runner"])
+            context.set_forkserver_preload(["search.execution.worker"])
             print(
                 f"forkserver: the server's own start (once per study process): {_start_once(context):.2f} s"
             )

@@ -1,8 +1,8 @@
 """Writes guide/options.md at build time (mkdocs-gen-files), so the options have one source.
 
-Every key comes from the typed settings: ``search/settings.py`` (one dataclass per section of
-``conf/config.yaml``) and ``search/measure.py`` (``MeasureSettings``, the ``measure`` section), each
-field followed by a docstring. The defaults and their inline comments come from
+Every key comes from the typed settings: ``search/config/settings.py`` (one dataclass per section
+of ``conf/config.yaml``) and ``search/measurement/protocol.py`` (``MeasureSettings``, the
+``measure`` section), each field followed by a docstring. The defaults and their inline comments come from
 ``conf/config.yaml``. The Python is read with ``ast``, never imported (no torch needed); a key the
 YAML and the dataclasses do not agree on fails the build. The hand-written prose around the tables
 is ``guide/options-template.md``: the tables replace its marker line.
@@ -22,8 +22,8 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-SETTINGS = ROOT / "search" / "settings.py"
-MEASURE = ROOT / "search" / "measure.py"
+SETTINGS = ROOT / "search" / "config" / "settings.py"
+MEASURE = ROOT / "search" / "measurement" / "protocol.py"
 CONFIG = ROOT / "conf" / "config.yaml"
 TEMPLATE = ROOT / "docs" / "guide" / "options-template.md"
 MARKER = "<!-- the generated tables of every key go here (docs/gen_options.py) -->"
@@ -194,7 +194,7 @@ def page() -> str:
     out = [
         "## Every key",
         "",
-        "Generated from the settings' docstrings (`search/settings.py`, and `search/measure.py`"
+        "Generated from the settings' docstrings (`search/config/settings.py`, and `search/measurement/protocol.py`"
         " for `measure`) and the defaults and comments of `conf/config.yaml`, so it always says"
         " what the code says. A default written `A (CPU) / B (CUDA)` is `${by_device:A,B}` in"
         " the file: A under the CPU preset, B under the CUDA preset. `<runs_dir>` stands for the"
@@ -203,7 +203,7 @@ def page() -> str:
         "",
         "### Top level",
         "",
-        f"{prose(top.doc)} (`{top.name}` in `search/settings.py`)",
+        f"{prose(top.doc)} (`{top.name}` in `search/config/settings.py`)",
         "",
     ]
     rows = []

@@ -1,6 +1,6 @@
 """search: find the best stable settings for a PyTorch workload on the hardware in front of it."""
 
-from search.errors import SearchError
+from search.core.errors import SearchError
 from search.workloads.base import ServingWorkload, Workload
 
 __all__ = ["SearchError", "ServingWorkload", "Workload"]

@@ -1,8 +1,8 @@
-"""``python -m search +space=NAME``: see search/cli.py."""
+"""``python -m search +space=NAME``: see search/commands/cli.py."""
 
 import sys
 
-from search.cli import main
+from search.commands.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -4,7 +4,7 @@ Each "run" stands for a fresh process: it draws its own offset (log-normal, ``be
 the machine's level at the current time (``drift`` over ``span_s``, linear in log), and times its
 steps with the real ``measure`` on a virtual clock: Gaussian step noise (``step_cv``) and, with
 probability ``stall_p``, a stall of ``stall_x`` times the step. A run's figures are what
-``search.figures.trial_metrics`` stores for a complete trial.
+``search.execution.figures.trial_metrics`` stores for a complete trial.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from search.measure import MeasureSettings, measure
-from search.metrics import latency_quantiles
-from search.noise import RunFigures, stall_steps
+from search.analysis.noise_floor import RunFigures, stall_steps
+from search.core.metrics import latency_quantiles
+from search.measurement.protocol import MeasureSettings, measure
 
 ITEMS = 64
 SETTINGS = MeasureSettings(

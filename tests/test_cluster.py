@@ -25,7 +25,7 @@ from mlflow.tracking import MlflowClient
 from servers import MlflowServer, Postgres, postgres_bin  # tests/ is on sys.path
 
 from search import launch
-from search.liveness import DB_CONNECTIONS
+from search.study.liveness import DB_CONNECTIONS
 
 REPO = Path(__file__).resolve().parents[1]
 SPACE_DIR = REPO / "tests" / "cluster_space"

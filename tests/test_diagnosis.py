@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from search.diagnosis import (
+from search.analysis.diagnosis import (
     COMPUTE,
     MEMORY,
     OVERHEAD,
@@ -18,9 +18,9 @@ from search.diagnosis import (
     doubling,
     table_peak,
 )
-from search.knobs import Knobs, TrainStep
-from search.records import COMPLETE, TrialRecord
-from search.serving import ServeStep
+from search.core.records import COMPLETE, TrialRecord
+from search.execution.knobs import Knobs, TrainStep
+from search.execution.serving import ServeStep
 from search.workloads import GPT, GPTServe, TwoBranchCNN
 
 CPU = torch.device("cpu")
@@ -126,7 +126,7 @@ def test_known_gpus_have_datasheet_peaks():
 
 def test_a_measured_peak_is_measured_once_and_cached(tmp_path, monkeypatch):
     monkeypatch.setattr(
-        "search.diagnosis.measure_peak",
+        "search.analysis.diagnosis.measure_peak",
         lambda device, precisions, budget_s=0.5: Peak(
             {p: 1e9 for p in precisions}, 5e9, "measured (stand-in)"
         ),
@@ -142,7 +142,7 @@ def test_a_measured_peak_is_measured_once_and_cached(tmp_path, monkeypatch):
 
 
 def test_the_real_peak_measurement_reads_plausible_figures():
-    from search.diagnosis import measure_peak
+    from search.analysis.diagnosis import measure_peak
 
     peak = measure_peak(CPU, ["fp32"], budget_s=0.05)
     assert 1e8 < peak.flops_per_s["fp32"] < 1e14

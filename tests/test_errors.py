@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 import search
-from search.config import ConfigError
-from search.errors import KnobError, SpaceError, StoreError
-from search.knobs import Knobs
-from search.space import parse_space
+from search.config.compose import ConfigError
+from search.core.errors import KnobError, SpaceError, StoreError
+from search.execution.knobs import Knobs
+from search.space.search_space import parse_space
 
 
 @pytest.mark.parametrize(

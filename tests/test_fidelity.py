@@ -5,8 +5,8 @@ import pytest
 import torch
 from torch import nn
 
-from search.fidelity import TOLERANCES, FidelityReport, check_fidelity
-from search.knobs import PRECISIONS, KnobError, Knobs, TrainStep
+from search.execution.fidelity import TOLERANCES, FidelityReport, check_fidelity
+from search.execution.knobs import PRECISIONS, KnobError, Knobs, TrainStep
 from search.workloads import GPT, Workload
 
 CPU = torch.device("cpu")
@@ -224,7 +224,7 @@ def test_a_gradient_that_is_zero_in_exact_arithmetic_does_not_fail_a_cnn(seed, p
 
 
 def test_the_gradient_floor_still_judges_every_tensor_that_is_not_tiny():
-    from search.fidelity import _compare
+    from search.execution.fidelity import _compare
 
     knobs = Knobs(batch_size=4, precision="bf16")
     reference = {"big": 1.0, "small": 0.2, "zero": 1e-7}

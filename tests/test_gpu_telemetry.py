@@ -16,14 +16,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from search.gpu_telemetry import (
+from search.measurement.environment import contention, device_label, environment
+from search.measurement.gpu import (
     CpuEnergyMonitor,
     GpuMonitor,
     decode_clock_event_reasons,
     energy_unavailable_reason,
     nvml_handle,
 )
-from search.telemetry import contention, device_label, environment
 
 NO_POLL_S = 3600.0  # a polling period no test window reaches: only the begin and end samples count
 

@@ -5,7 +5,14 @@ import pytest
 import torch
 from torch import nn
 
-from search.knobs import GENERIC_KNOBS, PRECISIONS, KnobError, Knobs, TrainStep, unsupported_reason
+from search.execution.knobs import (
+    GENERIC_KNOBS,
+    PRECISIONS,
+    KnobError,
+    Knobs,
+    TrainStep,
+    unsupported_reason,
+)
 from search.workloads import GPT, Workload
 
 CPU = torch.device("cpu")

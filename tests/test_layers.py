@@ -37,3 +37,25 @@ def test_every_public_module_says_what_it_exports():
         assert exported is not None, f"{name} has no __all__"
         missing = [x for x in exported if not hasattr(module, x)]
         assert not missing, f"{name}.__all__ names what it does not define: {missing}"
+
+
+MODULE_LINES = 500
+FUNCTION_LINES = 60
+
+
+def test_no_module_over_500_lines_and_no_function_over_60():
+    """A module holds one concept and a function fits on a screen (docstrings count)."""
+    import ast
+
+    too_long = []
+    for path in sorted((REPO / "search").rglob("*.py")):
+        text = path.read_text()
+        name = path.relative_to(REPO)
+        if len(text.splitlines()) > MODULE_LINES:
+            too_long.append(f"{name}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1  # type: ignore[operator]
+                if lines > FUNCTION_LINES:
+                    too_long.append(f"{name}:{node.lineno} {node.name}: {lines} lines")
+    assert too_long == [], "split these: " + "; ".join(too_long)

@@ -14,7 +14,14 @@ import pytest
 import torch
 from scipy import stats
 
-from search.measure import CpuTimer, CudaTimer, MeasureSettings, make_timer, measure, summarize
+from search.measurement.protocol import (
+    CpuTimer,
+    CudaTimer,
+    MeasureSettings,
+    make_timer,
+    measure,
+    summarize,
+)
 
 ITEMS_PER_STEP = 100
 

@@ -9,18 +9,18 @@ import pytest
 from rich.console import Console
 from tiny import measurement
 
-from search.metrics import (
+from search.core.metrics import (
     METRICS,
     latency_quantiles,
     objective_values,
     ranked_on,
 )
-from search.figures import trial_metrics
-from search.records import COMPLETE, TrialRecord
-from search.report import pareto_table, shown_metrics, trial_line, write_csv
-from search.revalidate import pool
-from search.runner import TrialResult
-from search.space import parse_space
+from search.core.records import COMPLETE, TrialRecord
+from search.execution.figures import trial_metrics
+from search.execution.worker import TrialResult
+from search.reporting.report import pareto_table, shown_metrics, trial_line, write_csv
+from search.space.search_space import parse_space
+from search.study.revalidate import pool
 
 KNOBS = ["batch_size"]
 

@@ -11,13 +11,20 @@ import pytest
 import torch
 from synthetic import Machine
 
-from search.config import ConfigError
-from search.measure import CpuTimer, MeasureSettings, measure
-from search.metrics import latency_quantiles
-from search.noise import NoiseFloor, RunFigures, assess, by_device, judge, stall_steps
-from search.prepare import control_config
-from search.settings import StableSettings
-from search.space import parse_space
+from search.analysis.noise_floor import (
+    NoiseFloor,
+    RunFigures,
+    assess,
+    by_device,
+    judge,
+    stall_steps,
+)
+from search.config.compose import ConfigError
+from search.config.prepare import control_config
+from search.config.settings import StableSettings
+from search.core.metrics import latency_quantiles
+from search.measurement.protocol import CpuTimer, MeasureSettings, measure
+from search.space.search_space import parse_space
 
 STABLE = StableSettings(
     alpha=0.01, excess_cv=0.10, excess_stalls=0.01, excess_between_cv=0.05, max_cv=None
@@ -284,7 +291,7 @@ def test_a_control_outside_the_space_is_one_clear_error(chosen, message):
 
 
 def _settings():
-    from search.config import compose_config, load_settings
+    from search.config.compose import compose_config, load_settings
 
     return load_settings(compose_config(["+space=llm", "device=cpu"]))
 
@@ -292,8 +299,8 @@ def _settings():
 def _study_with(controls, candidates):
     import optuna
 
-    from search.revalidate import Pooled
-    from search.trial_store import save_control, save_revalidation
+    from search.study.revalidate import Pooled
+    from search.study.trial_store import save_control, save_revalidation
 
     study = optuna.create_study(directions=["maximize"])
     for c in controls:
@@ -308,7 +315,7 @@ def _runs(means, t0=1e9, cv=0.01):
 
 
 def test_an_erratic_candidate_cannot_set_its_own_yardstick():
-    from search.trial_store import judged_revalidations, noise_floor
+    from search.study.trial_store import judged_revalidations, noise_floor
 
     controls = _runs([100.0, 101.0, 99.0, 100.5], t0=1e9)
     study = _study_with(
@@ -340,7 +347,7 @@ def test_a_trial_stored_before_the_noise_floor_keeps_its_own_interval():
 def test_a_re_validation_stored_before_the_noise_floor_counts_as_not_done():
     import optuna
 
-    from search.trial_store import study_revalidations
+    from search.study.trial_store import study_revalidations
 
     study = optuna.create_study(directions=["maximize"])
     study.set_user_attr("revalidated:fp:3", {"metrics": {}, "stable": False, "reason": "old"})
@@ -360,8 +367,8 @@ def test_the_baseline_benchmark_pools_its_runs():
 
     from tiny import measurement
 
-    from search.records import COMPLETE
-    from search.runner import TrialResult
+    from search.core.records import COMPLETE
+    from search.execution.worker import TrialResult
 
     path = Path(__file__).parent.parent / "benchmarks" / "versus_baseline.py"
     spec = importlib.util.spec_from_file_location("versus_baseline", path)
@@ -372,8 +379,8 @@ def test_the_baseline_benchmark_pools_its_runs():
 
 
 def test_re_validation_verdicts_are_judged_again_under_the_current_settings():
-    from search.config import compose_config, load_settings
-    from search.trial_store import judged_revalidations
+    from search.config.compose import compose_config, load_settings
+    from search.study.trial_store import judged_revalidations
 
     study = _study_with(_runs([100.0, 101.0, 99.0, 100.5]), {4: _runs([100.0, 115.0, 87.0], 2e9)})
     strict = judged_revalidations(study, "fp", _settings())
@@ -385,8 +392,8 @@ def test_re_validation_verdicts_are_judged_again_under_the_current_settings():
 
 
 def test_control_runs_are_reported_by_device_when_several_devices_ran_them():
-    from search.noise import RunFigures, by_device
-    from search.telemetry import device_label
+    from search.analysis.noise_floor import RunFigures, by_device
+    from search.measurement.environment import device_label
 
     a = device_label({"hostname": "n1", "gpu_index": "3", "gpu_uuid": "GPU-8f1c2d3e4f5a6b7c"})
     b = device_label({"hostname": "n1", "gpu_index": "5", "gpu_uuid": "GPU-0a1b2c3d4e5f6a7b"})

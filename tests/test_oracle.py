@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from search.oracle import oracle, oracle_lines, write_oracle_plot
-from search.records import COMPLETE, FAILED, TrialRecord
+from search.core.records import COMPLETE, FAILED, TrialRecord
+from search.reporting.oracle import oracle, oracle_lines, write_oracle_plot
 
 
 def record(number, precision, batch, low, stable=True, p95=10.0, state=COMPLETE):
@@ -63,8 +63,8 @@ def test_the_summary_table_and_the_plot(tmp_path):
 
 
 def test_long_int_ranges_and_floats_list_the_values_measured():
-    from search.oracle import oracle_values
-    from search.space import CategoricalParam, FloatParam, IntParam
+    from search.reporting.oracle import oracle_values
+    from search.space.search_space import CategoricalParam, FloatParam, IntParam
 
     assert oracle_values(IntParam(1, 8)) == list(range(1, 9))
     assert oracle_values(IntParam(1, 10**12)) is None  # never listed

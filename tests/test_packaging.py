@@ -43,7 +43,7 @@ def test_installed_package_finds_its_config_and_spaces(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "_target_: search.workloads.GPT" in result.stdout
     located = subprocess.run(
-        [sys.executable, "-c", "import search.config as c; print(c.SPACES_DIR)"],
+        [sys.executable, "-c", "import search.config.compose as c; print(c.SPACES_DIR)"],
         cwd=tmp_path,
         env=env,
         capture_output=True,

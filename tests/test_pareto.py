@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from search.pareto import check_slo, meets_slo, pareto_mask, recommend
-from search.space import METRIC_DIRECTIONS
+from search.analysis.pareto import check_slo, meets_slo, pareto_mask, recommend
+from search.space.search_space import METRIC_DIRECTIONS
 
 MAX_MIN = ["maximize", "minimize"]  # e.g. throughput, latency
 

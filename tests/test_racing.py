@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from tiny import TINY_GPT
 
-from search.measure import MeasureSettings, measure
-from search.metrics import quantile_lower_bound
-from search.racing import Race, Samples, best_case, can_race, out_of_reach, race_against
-from search.records import COMPLETE
-from search.runner import TrialRequest, run_trial
+from search.analysis.racing import Race, Samples, best_case, can_race, out_of_reach, race_against
+from search.core.metrics import quantile_lower_bound
+from search.core.records import COMPLETE
+from search.execution.worker import TrialRequest, run_trial
+from search.measurement.protocol import MeasureSettings, measure
 
 LLM = ("throughput", "latency_p95_ms", "peak_memory_mb")
 

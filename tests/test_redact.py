@@ -2,8 +2,8 @@
 
 import pytest
 
-from search.cli import main
-from search.config import redact, redact_tree
+from search.commands.cli import main
+from search.config.compose import redact, redact_tree
 
 SECRETS = [
     ("https://alice:s3cret@host:5000/path", "https://alice:***@host:5000/path"),
@@ -40,12 +40,12 @@ def test_values_under_secret_looking_keys_are_redacted_whole():
 
 def test_an_error_line_that_carries_a_password_is_redacted(monkeypatch, capsys):
     # e.g. a TLS failure: the library's own message repeats the URL with its password
-    import search.config
+    import search.config.compose
 
     def fail(*args, **kwargs):
-        raise search.config.ConfigError("cannot open https://alice:s3cret@host: TLS error")
+        raise search.config.compose.ConfigError("cannot open https://alice:s3cret@host: TLS error")
 
-    monkeypatch.setattr(search.config, "compose_config", fail)
+    monkeypatch.setattr(search.config.compose, "compose_config", fail)
     assert main(["+space=llm"]) == 2
     err = capsys.readouterr().err
     assert "s3cret" not in err and "https://alice:***@host" in err
@@ -54,7 +54,7 @@ def test_an_error_line_that_carries_a_password_is_redacted(monkeypatch, capsys):
 def test_a_value_read_from_the_environment_is_logged_as_its_interpolation(monkeypatch):
     import json
 
-    from search.config import compose_config, for_logging
+    from search.config.compose import compose_config, for_logging
 
     monkeypatch.setenv("HUB_SECRET", "hunter2hunter2")
     cfg = compose_config(

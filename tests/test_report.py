@@ -1,13 +1,13 @@
 """The summary says why each measured configuration is unstable, and why a configuration surely
 faster than the recommendation was not recommended, with the figures."""
 
-from search.noise import NoiseFloor, RunFigures
-from search.records import TrialRecord
-from search.report import summary_lines
-from search.results import noise_lines, passed_over
-from search.revalidate import Pooled
-from search.space import parse_space
-from search.study import StudyOutcome
+from search.analysis.noise_floor import NoiseFloor, RunFigures
+from search.core.records import TrialRecord
+from search.reporting.report import summary_lines
+from search.reporting.results import noise_lines, passed_over
+from search.space.search_space import parse_space
+from search.study.driver import StudyOutcome
+from search.study.revalidate import Pooled
 
 SPACE = parse_space(
     "s",
@@ -86,8 +86,8 @@ def test_the_noise_lines_say_how_far_one_run_moves():
 
 
 def test_when_every_candidate_fails_re_validation_what_it_dominated_is_next():
-    from search.config import compose_config, load_settings
-    from search.results import final_front, next_candidates
+    from search.config.compose import compose_config, load_settings
+    from search.reporting.results import final_front, next_candidates
 
     settings = load_settings(
         compose_config(["+space=llm", "device=cpu", "revalidate.max_candidates=1"])
@@ -106,8 +106,8 @@ def test_when_every_candidate_fails_re_validation_what_it_dominated_is_next():
 
 
 def test_the_plot_shows_the_final_verdicts():
-    from search.report import plot_groups
-    from search.results import with_revalidation
+    from search.reporting.report import plot_groups
+    from search.reporting.results import with_revalidation
 
     candidate = _record(7, 5000.0, 5100.0, 5200.0, True)
     left = Pooled({"throughput_ci_low": 4000.0}, False, "disagreement: ...")
@@ -117,8 +117,8 @@ def test_the_plot_shows_the_final_verdicts():
 
 
 def test_re_validation_takes_what_meets_the_slo_first():
-    from search.config import compose_config, load_settings
-    from search.results import next_candidates
+    from search.config.compose import compose_config, load_settings
+    from search.reporting.results import next_candidates
 
     settings = load_settings(
         compose_config(
@@ -135,7 +135,7 @@ def test_re_validation_takes_what_meets_the_slo_first():
 def test_a_screened_configuration_says_so_in_its_line_and_the_summary():
     from dataclasses import replace
 
-    from search.report import trial_line
+    from search.reporting.report import trial_line
 
     base = _record(7, 500.0, 600.0, 700.0, True)
     screened = replace(

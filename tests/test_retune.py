@@ -17,8 +17,8 @@ import numpy as np
 import optuna
 import pytest
 
-from search.config import ConfigError
-from search.retune import (
+from search.config.compose import ConfigError
+from search.retune.nightly import (
     AMBIGUOUS,
     IMPROVED,
     MOVED,
@@ -468,8 +468,8 @@ def test_what_a_run_concluded_survives_the_json_of_a_database_storage():
 
 
 def test_a_round_whose_reference_run_failed_is_left_out_for_every_configuration(monkeypatch):
-    import search.retune
-    from search.runner import TrialResult
+    import search.retune.nightly
+    from search.execution.worker import TrialResult
 
     calls = []
 
@@ -484,20 +484,20 @@ def test_a_round_whose_reference_run_failed_is_left_out_for_every_configuration(
             return TrialResult("failed", failure="crash: worker exited with code 1")
         return TrialResult("complete", measurement=M(50.0 if reference else 100.0 + len(calls)))
 
-    monkeypatch.setattr(search.retune, "run_isolated", run)
-    done = search.retune.confirm([A, B], lambda c: _request(c), "cpu", 5, 0, 0.95, _quiet)
+    monkeypatch.setattr(search.retune.nightly, "run_isolated", run)
+    done = search.retune.nightly.confirm([A, B], lambda c: _request(c), "cpu", 5, 0, 0.95, _quiet)
     best, other = done.figures
     assert best is not None and other is not None
     assert len(best.runs) == len(best.references) == 4 == len(other.runs)
     assert done.failures == ["round 2: reference step: crash: worker exited with code 1"]
     assert all(not r.fidelity for r in calls), "confirmation runs skip the fidelity check"
-    too_few = search.retune.confirm([A], lambda c: _request(c), "cpu", 3, 0, 0.95, _quiet)
+    too_few = search.retune.nightly.confirm([A], lambda c: _request(c), "cpu", 3, 0, 0.95, _quiet)
     assert too_few.figures == [None]
 
 
 def _request(config):
-    from search.measure import MeasureSettings
-    from search.runner import TrialRequest
+    from search.execution.worker import TrialRequest
+    from search.measurement.protocol import MeasureSettings
 
     return TrialRequest({"_target_": "slowdown.Slowdown"}, config, "cpu", 0, MeasureSettings())
 

@@ -7,12 +7,12 @@ import pytest
 from scipy import stats
 from tiny import measurement
 
-from search.metrics import quantile_upper_bound
-from search.noise import NoiseFloor, RunFigures, assess_pooled
-from search.records import COMPLETE, FAILED, TrialRecord
-from search.revalidate import pool, revalidate
-from search.runner import TrialResult
-from search.settings import StableSettings
+from search.analysis.noise_floor import NoiseFloor, RunFigures, assess_pooled
+from search.config.settings import StableSettings
+from search.core.metrics import quantile_upper_bound
+from search.core.records import COMPLETE, FAILED, TrialRecord
+from search.execution.worker import TrialResult
+from search.study.revalidate import pool, revalidate
 
 
 def run(
@@ -127,7 +127,7 @@ def test_a_power_capped_run_stays_stable():
 def test_an_interrupted_revalidation_keeps_its_runs_and_resumes_with_them():
     import optuna
 
-    from search.trial_store import save_revalidation_run, unfinished_revalidations
+    from search.study.trial_store import save_revalidation_run, unfinished_revalidations
 
     study = optuna.create_study(directions=["maximize"])
     candidates = [

@@ -14,10 +14,16 @@ import torch
 from tiny import TINY_GPT
 from torch import nn
 
-from search.gpu_telemetry import CpuEnergyMonitor
-from search.measure import MeasureSettings
-from search.records import COMPLETE, FAILED, INFEASIBLE, fault_kind
-from search.runner import TrialRequest, classify, run_isolated, run_trial, telemetry_metrics
+from search.core.records import COMPLETE, FAILED, INFEASIBLE, fault_kind
+from search.execution.worker import (
+    TrialRequest,
+    classify,
+    run_isolated,
+    run_trial,
+    telemetry_metrics,
+)
+from search.measurement.gpu import CpuEnergyMonitor
+from search.measurement.protocol import MeasureSettings
 from search.workloads import Workload
 
 QUICK = MeasureSettings(
@@ -236,8 +242,8 @@ def test_a_worker_dies_with_its_study_process_even_under_kill_9(tmp_path):
     pid_file = tmp_path / "pids"
     script = (
         "import sys; sys.path.insert(0, sys.argv[1])\n"
-        "from search.runner import run_isolated, TrialRequest\n"
-        "from search.measure import MeasureSettings\n"
+        "from search.execution.worker import run_isolated, TrialRequest\n"
+        "from search.measurement.protocol import MeasureSettings\n"
         "if __name__ == '__main__':\n"
         "    run_isolated(TrialRequest({'_target_': 'faults.Faulty', 'pid_file': sys.argv[2]},\n"
         "                              {'batch_size': 4, 'fault': 'hang'}, 'cpu', 0, MeasureSettings()))\n"
@@ -386,7 +392,7 @@ def test_cpu_trial_without_rapl_reports_no_energy_at_all():
 
 
 def test_the_fidelity_check_does_not_count_against_the_memory_limit(monkeypatch):
-    import search.runner as runner
+    import search.execution.worker as runner
 
     real_check = runner.check_fidelity
 
@@ -403,7 +409,7 @@ def test_the_fidelity_check_does_not_count_against_the_memory_limit(monkeypatch)
 
 
 def test_a_worker_killed_by_a_real_time_signal_is_a_crash_not_a_traceback():
-    from search.runner import _exit_text
+    from search.execution.worker import _exit_text
 
     realtime = int(signal.SIGRTMIN) + 6  # no name in signal.Signals
     assert _exit_text(-realtime) == f"killed by signal {realtime}"
@@ -411,7 +417,7 @@ def test_a_worker_killed_by_a_real_time_signal_is_a_crash_not_a_traceback():
 
 
 def test_ctrl_c_while_the_worker_starts_is_not_lost(monkeypatch):
-    from search.runner import worker_context
+    from search.execution.worker import worker_context
 
     process_class = worker_context().Process
     start = process_class.start
@@ -438,7 +444,7 @@ def test_ctrl_c_while_the_worker_starts_waits_for_the_start_even_with_other_thre
     # thread blocks to one of them, and Python then raises it in the main thread at once.
     import threading
 
-    from search.runner import worker_context
+    from search.execution.worker import worker_context
 
     process_class = worker_context().Process
     start = process_class.start

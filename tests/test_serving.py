@@ -8,9 +8,9 @@ import threading
 import pytest
 import torch
 
-from search.fidelity import check_fidelity
-from search.knobs import KnobError, Knobs
-from search.serving import ServeStep
+from search.execution.fidelity import check_fidelity
+from search.execution.knobs import KnobError, Knobs
+from search.execution.serving import ServeStep
 from search.workloads import GPTServe
 
 CPU = torch.device("cpu")

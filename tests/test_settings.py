@@ -1,4 +1,4 @@
-"""The typed settings (search.settings), checked when the config is composed."""
+"""The typed settings (search.config.settings), checked when the config is composed."""
 
 import ast
 import dataclasses
@@ -11,9 +11,15 @@ import yaml
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from search.config import CONF_DIR, SCHEMA_NAME, ConfigError, compose_config, load_settings, resolve
-from search.measure import MeasureSettings
-from search.settings import (
+from search.config.compose import (
+    CONF_DIR,
+    SCHEMA_NAME,
+    ConfigError,
+    compose_config,
+    load_settings,
+    resolve,
+)
+from search.config.settings import (
     NoiseSettings,
     RevalidateSettings,
     RunnerSettings,
@@ -22,6 +28,7 @@ from search.settings import (
     StudySettings,
     TrackingSettings,
 )
+from search.measurement.protocol import MeasureSettings
 
 
 def _one_line_error(override: str) -> str:

@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from search.config import compose_config, resolve
-from search.space import (
+from search.config.compose import compose_config, resolve
+from search.space.search_space import (
     ENUMERATION_LIMIT,
     METRIC_DIRECTIONS,
     CategoricalParam,
@@ -487,7 +487,7 @@ def llm_cpu_raw():
 
 
 def _raw_values(spec):
-    """A param's values from its raw spec, computed independently of search.space."""
+    """A param's values from its raw spec, computed independently of search.space.search_space."""
     if not isinstance(spec, dict):
         return [spec]
     if spec["type"] == "bool":

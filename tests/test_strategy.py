@@ -1,4 +1,4 @@
-"""The expert's order (search.strategy) and the guided sampler (search.guided) on known workloads."""
+"""The expert's order (search.study.strategy) and the guided sampler (search.study.guided) on known workloads."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from search.guided import HANDED_OVER, WHY, GuidedSampler
-from search.space import parse_space
-from search.strategy import COMPLETE, FIDELITY, OOM, Seen, next_move
-from search.study import suggest
+from search.space.search_space import parse_space
+from search.study.driver import suggest
+from search.study.guided import HANDED_OVER, WHY, GuidedSampler
+from search.study.strategy import COMPLETE, FIDELITY, OOM, Seen, next_move
 
 OBJECTIVES = {"throughput": "maximize", "latency_p95_ms": "minimize", "peak_memory_mb": "minimize"}
 

@@ -8,11 +8,11 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 from tiny import TINY_GPT
 
-from search.config import ConfigError, compose_config, load_settings
-from search.measure import MeasureSettings
-from search.runner import TrialRequest
-from search.space import parse_space
-from search.study import StudyDriver, open_study
+from search.config.compose import ConfigError, compose_config, load_settings
+from search.execution.worker import TrialRequest
+from search.measurement.protocol import MeasureSettings
+from search.space.search_space import parse_space
+from search.study.driver import StudyDriver, open_study
 
 FINGERPRINT = "abc123"
 QUICK = MeasureSettings(
@@ -301,7 +301,7 @@ def test_a_queued_trial_two_processes_took_is_left_to_the_later_one(monkeypatch)
             study._storage.set_trial_user_attr(taken._trial_id, "owner", {"pid": -1})
             other_claimed.append(taken.number)
 
-    monkeypatch.setattr("search.study.time.sleep", other_process_claims_it_meanwhile)
+    monkeypatch.setattr("search.study.driver.time.sleep", other_process_claims_it_meanwhile)
     outcome = driver(study, make_space(), cfg(n_trials=1)).run()
     assert other_claimed == [0] and outcome.in_flight == 1
     assert study.trials[0].state == TrialState.RUNNING, "left for the other process to tell"
@@ -360,18 +360,18 @@ def test_a_trial_is_told_to_optuna_before_it_is_logged_and_its_run_id_kept():
 
 def test_a_run_id_the_storage_will_not_take_does_not_stop_the_study(monkeypatch):
     # The measurement is told already; the MLflow run id is bookkeeping that sync can redo.
-    import search.trial_store
+    import search.study.trial_store
 
     study = new_study()
     real = study.set_user_attr
 
     def refuse_run_ids(key, value):
-        if key.startswith(search.trial_store.SYNCED_RUN_PREFIX):
+        if key.startswith(search.study.trial_store.SYNCED_RUN_PREFIX):
             raise optuna.exceptions.StorageInternalError("disk I/O error")
         return real(key, value)
 
     monkeypatch.setattr(study, "set_user_attr", refuse_run_ids)
-    monkeypatch.setattr(search.trial_store.time, "sleep", lambda s: None)
+    monkeypatch.setattr(search.study.trial_store.time, "sleep", lambda s: None)
     space = make_space()
     outcome = StudyDriver(
         cfg(n_trials=2),
@@ -387,7 +387,7 @@ def test_a_run_id_the_storage_will_not_take_does_not_stop_the_study(monkeypatch)
 
 
 def test_a_new_study_gets_an_id_that_every_process_reads_back(tmp_path):
-    from search.study import STUDY_ID, study_id
+    from search.study.driver import STUDY_ID, study_id
 
     storage = f"sqlite:///{tmp_path}/s.db"
     first = open_study("s", storage, make_space())
@@ -417,7 +417,7 @@ def test_a_proposal_gives_way_even_to_a_later_numbered_trial_of_the_same_configu
 
 
 def test_the_control_is_measured_at_the_start_and_kept_in_the_study():
-    from search.trial_store import study_controls
+    from search.study.trial_store import study_controls
 
     study = new_study()
     space = make_space()
@@ -445,7 +445,7 @@ def test_the_control_is_measured_at_the_start_and_kept_in_the_study():
 
 
 def test_trials_of_another_fingerprint_are_counted_as_set_aside():
-    from search.trial_store import set_aside
+    from search.study.trial_store import set_aside
 
     study = new_study()
     stored(study, 1)
@@ -459,14 +459,14 @@ def test_an_infinite_throughput_is_a_failed_trial_not_a_complete_one(monkeypatch
 
     from tiny import measurement
 
-    import search.study
-    from search.runner import TrialResult
+    import search.study.driver
+    from search.execution.worker import TrialResult
 
     def infinite(request):
         m = measurement(math.inf, cv=0.0)
         return TrialResult("complete", m, 10.0, unit="tokens")
 
-    monkeypatch.setattr(search.study, "run_isolated", infinite)
+    monkeypatch.setattr(search.study.driver, "run_isolated", infinite)
     study = new_study()
     outcome = driver(study, make_space(), cfg(n_trials=1)).run()
     assert outcome.records[0].state == "failed"
@@ -500,15 +500,15 @@ def test_optuna_is_told_what_the_front_leaves_out_so_its_best_trials_agree(
 ):
     from tiny import measurement
 
-    import search.study
-    from search import results
-    from search.runner import TrialResult
+    import search.study.driver
+    from search.execution.worker import TrialResult
+    from search.reporting import results
 
     def run(request):
         throughput, cv = figures[request.config["micro_batch_size"]]
         return TrialResult("complete", measurement(throughput, cv=cv), 10.0, unit="tokens")
 
-    monkeypatch.setattr(search.study, "run_isolated", run)
+    monkeypatch.setattr(search.study.driver, "run_isolated", run)
     study, space = new_study(), make_space()
     settings = cfg(n_trials=2, max_cv=0.1, extra=extra)
     d = driver(study, space, settings)
@@ -574,7 +574,7 @@ def test_an_int_range_that_changes_keeps_its_name():
             "objectives": {"throughput": "maximize"},
         },
     )
-    from search.study import optuna_names
+    from search.study.driver import optuna_names
 
     assert optuna_names(study, space) == ({"n": "n"}, [])
 
@@ -643,7 +643,7 @@ def test_reused_trials_above_a_tighter_memory_limit_count_as_out_of_memory():
     assert history[0].state == "complete"
     assert history[1].state == "failed" and history[1].failure.startswith("oom: peak memory 500")
     assert "memory_limit_mb = 300" in history[1].failure
-    from search.guards import Proposal
+    from search.study.guards import Proposal
 
     def verdict(micro):
         proposal = Proposal(9, {"batch_size": 4, "micro_batch_size": micro}, {}, {})
@@ -660,7 +660,7 @@ def test_reused_trials_above_a_tighter_memory_limit_count_as_out_of_memory():
 def locked_storage(study, monkeypatch, failures):
     """The storage fails ``failures`` times to tell (as sqlite does when 'database is locked' outlasts
     its own wait, or the disk is full), then works; the back-off waits are counted, not slept."""
-    import search.trial_store
+    import search.study.trial_store
 
     waits, real = [], study._storage.set_trial_state_values
 
@@ -672,7 +672,7 @@ def locked_storage(study, monkeypatch, failures):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(study._storage, "set_trial_state_values", tell)
-    monkeypatch.setattr(search.trial_store.time, "sleep", waits.append)
+    monkeypatch.setattr(search.study.trial_store.time, "sleep", waits.append)
     return waits
 
 
@@ -686,8 +686,8 @@ def test_a_locked_storage_is_waited_for_and_the_measurement_kept(tmp_path, monke
 
 
 def test_a_storage_that_stays_broken_keeps_the_measurement_for_sync(tmp_path, monkeypatch):
-    from search.study import distribution, optuna_names
-    from search.trial_store import UNSAVED, StoreError, restore_unsaved
+    from search.study.driver import distribution, optuna_names
+    from search.study.trial_store import UNSAVED, StoreError, restore_unsaved
 
     space = make_space()
     study = sqlite_study(tmp_path, space)
@@ -721,7 +721,7 @@ def test_another_process_measuring_on_this_cpu_is_warned_of_once():
     import subprocess
     import sys
 
-    from search.liveness import MACHINE, _started
+    from search.study.liveness import MACHINE, _started
 
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:

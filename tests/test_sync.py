@@ -20,9 +20,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 from tiny import CONTRACT_METRICS, KNOBS, LENIENT, TINY  # tests/ is on sys.path
 
-from search.cli import main
-from search.tracking import NETWORK_LIMITS, Tracker
-from search.trial_store import SYNCED_RUN_PREFIX
+from search.commands.cli import main
+from search.study.trial_store import SYNCED_RUN_PREFIX
+from search.tracking.tracker import NETWORK_LIMITS, Tracker
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from search.telemetry import MemoryProbe, contention, environment
+from search.measurement.environment import MemoryProbe, contention, environment
 
 CPU = torch.device("cpu")
 

@@ -18,8 +18,8 @@ import pytest
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from search.records import TrialRecord
-from search.tracking import NETWORK_LIMITS, Tracker, limit_network
+from search.core.records import TrialRecord
+from search.tracking.tracker import NETWORK_LIMITS, Tracker, limit_network
 
 RECORD = TrialRecord(
     3,

@@ -1,7 +1,7 @@
 """Shared by the tests: overrides for a GPT small enough that a trial takes about a second on a
 2-core CPU, the knobs and metrics the MLflow contract promises, and a measurement with given figures."""
 
-from search.measure import Measurement
+from search.measurement.protocol import Measurement
 
 TINY = [
     "device=cpu",

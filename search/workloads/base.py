@@ -1,6 +1,7 @@
 """The workload contract: what a PyTorch model must provide to be tuned.
 
-A workload describes *what* one step computes; the knobs (``search.knobs``) decide *how* it
+A workload describes *what* one step computes; the knobs (``search.execution.knobs``) decide *how*
+it
 executes (batch and micro-batch sizes, precision, lanes, recompute). Two tasks exist: a training
 step (``Workload``: forward, loss, backward, optimizer step) and serving (``ServingWorkload``: a
 batch of requests, each a prompt followed by generated tokens). A user's own workload is a subclass
@@ -47,7 +48,8 @@ _COUNTING = contextvars.ContextVar("counting", default=False)
 
 @contextlib.contextmanager
 def counting() -> Iterator[None]:
-    """While a step's work is counted (``search.diagnosis``): what would run on other threads
+    """While a step's work is counted (``search.analysis.diagnosis``): what would run on other
+    threads
     runs in this one (torch's dispatch modes, which count, are per thread), and recompute is off
     (model FLOPs, not the repeats). Part of the contract because a workload that runs threads of
     its own must honour it (``is_counting``)."""
@@ -118,7 +120,8 @@ class ServingWorkload(abc.ABC):
     greedy decoding of ``generation_length()`` tokens for each.
 
     One step serves one batch: the prompts are split into micro-batches, each prefilled and then
-    decoded token by token on its lane (``search.serving``). Time to first token is measured from
+    decoded token by token on its lane (``search.execution.serving``). Time to first token is
+    measured from
     the start of the step (every request of the batch arrives then) to the end of its micro-batch's
     prefill; time per output token over the rest of its generation. Throughput counts generated
     tokens. Subclasses implement four methods.

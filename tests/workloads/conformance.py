@@ -9,8 +9,8 @@ import math
 
 import torch
 
-from search.knobs import Knobs, TrainStep
-from search.serving import ServeStep
+from search.execution.knobs import Knobs, TrainStep
+from search.execution.serving import ServeStep
 from search.workloads import ServingWorkload, Workload
 
 CPU = torch.device("cpu")

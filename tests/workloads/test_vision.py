@@ -8,8 +8,8 @@ import pytest
 import torch
 from conformance import WorkloadConformance
 
-from search.fidelity import check_fidelity
-from search.knobs import Knobs, TrainStep
+from search.execution.fidelity import check_fidelity
+from search.execution.knobs import Knobs, TrainStep
 from search.workloads import TwoBranchCNN
 
 CPU = torch.device("cpu")

@@ -1,0 +1,2 @@
+"""Judging measurements: the machine's noise floor, stability, the Pareto front, racing, the
+regime."""

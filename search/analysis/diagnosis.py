@@ -1,0 +1,377 @@
+"""Why a configuration is fast or slow: the work of one step, the device's peaks, a regime.
+
+``count_work`` counts, once per trial and outside the timed windows, the FLOPs of one step (torch's
+``FlopCounterMode``: matrix products, convolutions, attention) and the bytes its operators read
+and write (every operator's tensor inputs and outputs, views excluded: the traffic of unfused
+eager execution, an upper bound where caches or fused kernels keep data on chip). ``Peak`` is the
+device's: a table of datasheet figures for known GPUs, else measured once per machine with a large
+matrix product and a large copy, and cached. ``diagnose`` turns a trial's figures into achieved
+FLOP/s, model FLOP utilisation (MFU), arithmetic intensity and a regime:
+
+- **overhead-bound**: the device is mostly waiting (launches, Python, synchronisation): doubling
+  the work of each pass (batch and micro-batch doubled) took much less than twice the time, as the
+  study's own measurements show where it has such a pair; without a pair, a configuration that
+  reaches less than ``FAR_FROM_ROOF`` of what its arithmetic intensity allows;
+- **memory-bound**: arithmetic intensity below the ridge point (peak FLOP/s / peak bytes/s);
+- **compute-bound**: at or above the ridge point.
+
+Recomputed activations are not counted (MFU is on model FLOPs, PaLM's convention): the counted
+step runs with recompute off. Serving without a KV cache does recompute the prefix, and that is
+counted: it is the work the configuration chose to do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils import flop_counter
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from search.core.records import COMPLETE, TrialRecord, si
+from search.workloads.base import counting
+
+__all__ = [
+    "COMPUTE",
+    "Diagnosis",
+    "FAR_FROM_ROOF",
+    "GPU_PEAKS",
+    "MEMORY",
+    "OVERHEAD",
+    "Peak",
+    "SUBLINEAR",
+    "Work",
+    "count_work",
+    "device_peak",
+    "diagnose",
+    "doubling",
+    "measure_peak",
+    "table_peak",
+    "work_metrics",
+]
+
+FAR_FROM_ROOF = 0.2
+"""Below this fraction of the attainable FLOP/s (roofline), and with no batch-doubling pair to say
+otherwise, a configuration is called overhead-bound."""
+SUBLINEAR = 1.5
+"""Doubling each pass's work in less than this multiple of the time: overhead-bound."""
+
+COMPUTE, MEMORY, OVERHEAD = "compute-bound", "memory-bound", "overhead-bound"
+
+
+@dataclass(frozen=True)
+class Work:
+    """What one step does, counted: FLOPs and bytes moved by its operators."""
+
+    flops: float
+    bytes: float
+
+
+def _cpu_sdpa(q, k, v, *args, **kwargs) -> int:
+    return flop_counter.sdpa_flop_count(q, k, v)
+
+
+def _cpu_sdpa_backward(grad_out, q, k, v, *args, **kwargs) -> int:
+    return flop_counter.sdpa_backward_flop_count(grad_out, q, k, v)
+
+
+# The CPU's fused attention has no formula in torch's registry (CUDA's kernels do).
+_EXTRA_FORMULAS = {
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_sdpa_backward,
+}
+
+
+class _Traffic(TorchDispatchMode):
+    """Sums the bytes of every operator's tensor inputs and outputs; views move nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        returns = func._schema.returns
+        if returns and all(r.alias_info is not None and not r.alias_info.is_write for r in returns):
+            return out  # a view: metadata only
+        seen: set[int] = set()
+        for value in (
+            *args,
+            *(kwargs or {}).values(),
+            *(out if isinstance(out, tuple) else (out,)),
+        ):
+            for t in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(t, torch.Tensor) and id(t) not in seen and t.device.type != "meta":
+                    seen.add(id(t))
+                    self.bytes += t.numel() * t.element_size()
+        return out
+
+
+def count_work(step: Any) -> Work:
+    """The FLOPs and bytes of one call of ``step`` (a ``TrainStep`` or ``ServeStep``): lanes run in
+    this thread and recompute is off while it is counted (``search.workloads.base.counting``)."""
+    flops = flop_counter.FlopCounterMode(display=False, custom_mapping=_EXTRA_FORMULAS)
+    traffic = _Traffic()
+    with counting(), flops, traffic:
+        step()
+    if step.device.type == "cuda":
+        torch.cuda.synchronize(step.device)
+    return Work(float(flops.get_total_flops()), float(traffic.bytes))
+
+
+def work_metrics(work: Work, items_per_step: int) -> dict[str, float]:
+    """What a trial stores of its counted work: per item of throughput."""
+    return {
+        "flops_per_item": work.flops / items_per_step,
+        "bytes_per_item": work.bytes / items_per_step,
+    }
+
+
+# -- the device's peaks ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Peak:
+    """A device's peak dense FLOP/s per precision and its memory bandwidth."""
+
+    flops_per_s: Mapping[str, float]
+    """By precision (fp32 is plain fp32 arithmetic, tf32/bf16/fp16 the tensor cores), FLOP/s."""
+    bytes_per_s: float
+    source: str
+    """Where the figures come from: a datasheet, or 'measured on this machine ...'."""
+
+
+_T = 1e12
+# Dense (not 2:4 sparse) peaks from NVIDIA's datasheets, by a pattern of the device name (whole
+# words: "A10G" is not an A10, "L40" not an L4), most specific first. H100: "NVIDIA H100 Tensor
+# Core GPU" datasheet (SXM5 / PCIe / NVL); H200: "NVIDIA H200 Tensor Core GPU" datasheet (SXM;
+# NVL); A100: "NVIDIA A100 Tensor Core GPU" datasheet; L4, L40S, A10: their product datasheets.
+# Sparse figures there are halved here.
+_H100 = {"fp32": 66.9e12, "tf32": 494.7 * _T, "bf16": 989.4 * _T, "fp16": 989.4 * _T}
+_NVL = {"fp32": 60e12, "tf32": 417.5 * _T, "bf16": 835.5 * _T, "fp16": 835.5 * _T}
+_A100 = {"fp32": 19.5e12, "tf32": 156 * _T, "bf16": 312 * _T, "fp16": 312 * _T}
+GPU_PEAKS: tuple[tuple[str, dict[str, float], float, str], ...] = (
+    (
+        r"\bH100\b.*\bPCIe\b",
+        {"fp32": 51.2e12, "tf32": 378 * _T, "bf16": 756 * _T, "fp16": 756 * _T},
+        2.0e12,
+        "NVIDIA H100 datasheet (PCIe)",
+    ),
+    (r"\bH100 NVL\b", _NVL, 3.9e12, "NVIDIA H100 datasheet (NVL)"),
+    (r"\bH100\b", _H100, 3.35e12, "NVIDIA H100 datasheet (SXM5)"),
+    (r"\bH200 NVL\b", _NVL, 4.8e12, "NVIDIA H200 datasheet (NVL)"),
+    (r"\bH200\b", _H100, 4.8e12, "NVIDIA H200 datasheet (SXM)"),
+    (r"\bA100-SXM4-80GB\b", _A100, 2.039e12, "NVIDIA A100 datasheet (SXM 80GB)"),
+    (r"\bA100 80GB PCIe\b", _A100, 1.935e12, "NVIDIA A100 datasheet (PCIe 80GB)"),
+    (r"\bA100\b", _A100, 1.555e12, "NVIDIA A100 datasheet (40GB)"),
+    (
+        r"\bL40S\b",
+        {"fp32": 91.6e12, "tf32": 183 * _T, "bf16": 362 * _T, "fp16": 362 * _T},
+        864e9,
+        "NVIDIA L40S datasheet",
+    ),
+    (
+        r"\bL4\b",
+        {"fp32": 30.3e12, "tf32": 60 * _T, "bf16": 121 * _T, "fp16": 121 * _T},
+        300e9,
+        "NVIDIA L4 datasheet",
+    ),
+    (
+        r"\bA10\b",
+        {"fp32": 31.2e12, "tf32": 62.5 * _T, "bf16": 125 * _T, "fp16": 125 * _T},
+        600e9,
+        "NVIDIA A10 datasheet",
+    ),
+)
+
+
+def table_peak(device_name: str) -> Peak | None:
+    """The datasheet peak of a known GPU (by its name), else None."""
+    for pattern, flops, bandwidth, source in GPU_PEAKS:
+        if re.search(pattern, device_name):
+            return Peak(flops, bandwidth, source)
+    return None
+
+
+_DTYPES = {
+    "fp32": torch.float32,
+    "tf32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+}
+
+
+def _best_rate(run, amount: float, device: torch.device, budget_s: float) -> float:
+    """The best of a few timed rounds of ``run()``, each doing ``amount`` units: units/s."""
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    run()
+    sync()
+    best, deadline = 0.0, time.perf_counter() + budget_s
+    while True:
+        start = time.perf_counter()
+        run()
+        sync()
+        best = max(best, amount / (time.perf_counter() - start))
+        if time.perf_counter() > deadline:
+            return best
+
+
+def _matmul_rate(device: torch.device, n: int, precision: str, budget_s: float) -> float:
+    torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
+    a = torch.randn(n, n, device=device).to(_DTYPES[precision])
+    return _best_rate(lambda: a @ a, 2.0 * n**3, device, budget_s)
+
+
+def _copy_rate(device: torch.device, elements: int, budget_s: float) -> float:
+    src, dst = torch.ones(elements, device=device), torch.empty(elements, device=device)
+    return _best_rate(lambda: dst.copy_(src), 2.0 * 4 * elements, device, budget_s)
+
+
+def measure_peak(device: torch.device, precisions: list[str], budget_s: float = 0.5) -> Peak:
+    """This machine's peak FLOP/s per precision (a large square matrix product) and bandwidth (a
+    large copy), the best of ``budget_s`` of rounds each."""
+    n = 4096 if device.type == "cuda" else 1024
+    previous = torch.get_float32_matmul_precision()
+    try:
+        flops = {p: _matmul_rate(device, n, p, budget_s) for p in precisions}
+    finally:
+        torch.set_float32_matmul_precision(previous)
+    elements = (1 << 28) if device.type == "cuda" else (1 << 24)  # 1 GiB, 64 MiB of fp32
+    bandwidth = _copy_rate(device, elements, budget_s)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # this is the study's process: its trials need the memory
+    return Peak(
+        flops,
+        bandwidth,
+        f"measured on this machine ({n}x{n} matmul, {elements * 4 >> 20} MiB copy)",
+    )
+
+
+def device_peak(
+    device: torch.device, device_name: str, precisions: list[str], cache: Path
+) -> tuple[Peak, bool]:
+    """The device's peak for ``precisions``: the datasheet's for a known GPU; else measured once
+    and kept in ``cache`` (a JSON file, by device, torch version and thread count). Returns the
+    peak and whether it was measured just now."""
+    known = table_peak(device_name) if device.type == "cuda" else None
+    if known is not None:
+        return known, False
+    key = f"{device_name} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+    try:
+        stored = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        stored = {}
+    entry = stored.get(key)
+    if isinstance(entry, dict) and all(p in entry.get("flops_per_s", {}) for p in precisions):
+        return Peak(entry["flops_per_s"], entry["bytes_per_s"], entry["source"]), False
+    missing = [p for p in precisions if p not in (entry or {}).get("flops_per_s", {})]
+    peak = measure_peak(device, missing)
+    if isinstance(entry, dict):
+        peak = Peak(
+            {**entry["flops_per_s"], **peak.flops_per_s}, entry["bytes_per_s"], entry["source"]
+        )
+    stored[key] = asdict(peak) | {"measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+    with contextlib.suppress(OSError):
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(stored, indent=1, sort_keys=True))
+        tmp.replace(cache)
+    return peak, True
+
+
+# -- the diagnosis --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """A configuration's figures against its device's peaks, and its regime."""
+
+    achieved_flops: float
+    """FLOP/s delivered: counted FLOPs per item times throughput."""
+    mfu: float
+    """``achieved_flops`` / the peak FLOP/s of its precision (fraction)."""
+    bandwidth_util: float
+    """Bytes moved per second (counted) / the peak bandwidth (fraction; eager traffic, see module
+    docstring)."""
+    intensity: float
+    """Arithmetic intensity, FLOP per byte moved."""
+    ridge: float
+    """The device's ridge point for its precision, FLOP per byte: below it, memory-bound."""
+    regime: str
+    why: str
+    """One line: the figures behind the regime."""
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "achieved_flops": self.achieved_flops,
+            "mfu": self.mfu,
+            "bandwidth_util": self.bandwidth_util,
+            "arithmetic_intensity": self.intensity,
+            "ridge_intensity": self.ridge,
+        }
+
+
+def diagnose(
+    metrics: Mapping[str, float], precision: str, peak: Peak, scaling: tuple[int, float] | None
+) -> Diagnosis | None:
+    """The diagnosis of a complete trial's ``metrics`` (``flops_per_item``, ``bytes_per_item``,
+    ``throughput``) at ``precision`` on ``peak``; ``scaling``: (the trial, its step time over this
+    one's) for a configuration with each pass's work doubled, if the study measured one. None
+    when the work was not counted or the peak of the precision is unknown."""
+    flops, moved = metrics.get("flops_per_item"), metrics.get("bytes_per_item")
+    peak_flops = peak.flops_per_s.get(precision)
+    if not flops or not moved or not peak_flops:
+        return None
+    achieved = flops * metrics["throughput"]
+    intensity, ridge = flops / moved, peak_flops / peak.bytes_per_s
+    attainable = min(peak_flops, intensity * peak.bytes_per_s)
+    roof = MEMORY if intensity < ridge else COMPUTE
+    where = f"{intensity:.3g} FLOP/B {'below' if roof == MEMORY else 'above'} the ridge {ridge:.3g}"
+    if scaling is not None:
+        number, ratio = scaling
+        if ratio < SUBLINEAR:
+            regime, why = (
+                OVERHEAD,
+                f"twice the work per pass (#{number}) took {ratio:.2f}x the time",
+            )
+        else:
+            regime, why = roof, f"{where}; twice the work per pass (#{number}) took {ratio:.2f}x"
+    elif achieved < FAR_FROM_ROOF * attainable:
+        regime = OVERHEAD
+        why = f"{achieved / attainable:.0%} of the attainable {si(attainable)}FLOP/s ({where})"
+    else:
+        regime, why = roof, f"{where}, {achieved / attainable:.0%} of the attainable FLOP/s"
+    return Diagnosis(
+        achieved,
+        achieved / peak_flops,
+        moved * metrics["throughput"] / peak.bytes_per_s,
+        intensity,
+        ridge,
+        regime,
+        why,
+    )
+
+
+def doubling(record: TrialRecord, history: Sequence[TrialRecord]) -> tuple[int, float] | None:
+    """(trial, its step time / ``record``'s) for the latest complete trial that is ``record``
+    with each pass's work doubled (``batch_size`` and, where set, ``micro_batch_size`` twice as
+    large, every other knob the same); None when the study has none."""
+    config = dict(record.config)
+    if record.state != COMPLETE or "batch_size" not in config:
+        return None
+    want = {**config, "batch_size": 2 * config["batch_size"]}
+    if config.get("micro_batch_size") is not None:
+        want["micro_batch_size"] = 2 * config["micro_batch_size"]
+    for other in reversed(history):
+        if other.state == COMPLETE and dict(other.config) == want:
+            # step time = batch * items per sample / throughput; the items per sample cancel
+            return other.number, 2 * record.metrics["throughput"] / other.metrics["throughput"]
+    return None

@@ -1,0 +1,78 @@
+"""The Pareto set of stable configurations, and the one to recommend.
+
+Pure functions over plain values: no Optuna, no MLflow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from search.core.metrics import MAXIMIZE, METRICS
+
+__all__ = ["check_slo", "constraint_values", "meets_slo", "pareto_mask", "recommend"]
+
+
+def pareto_mask(values: ArrayLike, directions: Sequence[str]) -> np.ndarray:
+    """Which rows of ``values`` (n points x k objectives) no other row dominates.
+
+    A row dominates another when it is at least as good in every objective and better in one.
+    Identical rows do not dominate each other, so ties all stay on the front.
+    """
+    values = np.asarray(values, dtype=float)
+    if values.size == 0:
+        return np.zeros(0, dtype=bool)
+    sign = np.array([-1.0 if d == "maximize" else 1.0 for d in directions])
+    costs = values * sign  # every objective as "lower is better"
+    no_worse = (costs[:, None, :] <= costs[None, :, :]).all(axis=2)
+    better = (costs[:, None, :] < costs[None, :, :]).any(axis=2)
+    dominated = (no_worse & better).any(axis=0)
+    return ~dominated
+
+
+def meets_slo(metrics: Mapping[str, float], slo: Mapping[str, float]) -> bool:
+    """Whether every SLO limit holds: an upper limit for minimised metrics, a lower one for
+    throughput."""
+    for metric, limit in slo.items():
+        value = metrics.get(metric)
+        if value is None:
+            return False
+        if (value < limit) if METRICS[metric].direction == MAXIMIZE else (value > limit):
+            return False
+    return True
+
+
+def constraint_values(stable: bool) -> dict[str, float]:
+    """What a trial is told as Optuna constraints (``trial.set_constraint``; feasible when every
+    value is <= 0), so that Optuna's front (``study.best_trials``, optuna-dashboard) leaves out
+    what the tool's front does: ``unstable`` is 1 for an unstable configuration, else 0. One
+    constraint, the same for every trial whatever the ``slo`` (GPSampler refuses studies whose
+    trials have different numbers of constraints); the ``slo`` picks the recommendation from the
+    front and is not a constraint."""
+    return {"unstable": 0.0 if stable else 1.0}
+
+
+def recommend(
+    front: Sequence[Mapping[str, Any]], slo: Mapping[str, float]
+) -> Mapping[str, Any] | None:
+    """The highest-throughput entry of ``front`` whose ``metrics`` meet ``slo``; None if none does.
+
+    Ranking by the lower bound of the throughput interval rather than the mean keeps a noisy
+    configuration from winning on a lucky measurement.
+    """
+    eligible = [row for row in front if meets_slo(row["metrics"], slo)]
+    if not eligible:
+        return None
+    return max(eligible, key=lambda row: row["metrics"]["throughput_ci_low"])
+
+
+def check_slo(slo: Mapping[str, Any]) -> None:
+    """Raise ValueError naming the first SLO entry that is not a known metric with a number."""
+    for metric, limit in slo.items():
+        if metric not in METRICS:
+            raise ValueError(f"slo.{metric}: unknown metric; known: {', '.join(METRICS)}")
+        if not isinstance(limit, (int, float)) or isinstance(limit, bool):
+            raise ValueError(f"slo.{metric} must be a number, but got {limit!r}")

@@ -1,0 +1,116 @@
+"""Command line: ``python -m search [sync|retune|history] +space=NAME [key=value ...]
+[--config-dir DIR] [--cfg]``.
+
+``sync`` copies to MLflow the trials a run could not log (see ``search.commands.sync``); ``retune``
+re-tunes
+against the study's last tuning and says whether it got slower (see ``search.retune.nightly``);
+``history`` lists the study's tunings. Each takes the same overrides as the tuning run, so that it
+finds the same study and experiment.
+
+Overrides use Hydra syntax. Exit codes: 0 done, 2 bad input (one line, no traceback), 3 a
+re-tune found a regression, 130 interrupted, 1 anything unexpected.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+__all__ = ["USAGE", "main"]
+
+USAGE = """usage: python -m search +space=NAME [key=value ...] [--config-dir DIR] [--cfg]
+       python -m search sync +space=NAME [key=value ...] [--config-dir DIR]
+       python -m search retune +space=NAME [key=value ...] [--config-dir DIR]
+       python -m search history +space=NAME [key=value ...] [--config-dir DIR]
+
+Tunes a PyTorch workload: runs it under the settings a search space proposes, measures each one
+until its variance is known, and logs every trial to MLflow.
+
+  sync               copy to MLflow the measured trials of the study that have no run there yet
+                     (e.g. after the tracking server was down), then set the pareto tags; give it
+                     the same overrides as the tuning run. Nothing is measured again.
+  retune             the nightly job: re-measure the last tuning's recommendation and front, search
+                     a little, and say whether the model got slower (exit 3), the optimum moved,
+                     or nothing changed; same overrides as the tuning run.
+  history            the study's tunings and re-tunes: the recommendation, run by run.
+
+  +space=NAME        the search space: spaces/NAME.yaml, or DIR/space/NAME.yaml with --config-dir DIR
+  key=value          override any config key, e.g. study.n_trials=40 device=cuda:1 runs_dir=/data/tuning
+  --config-dir DIR   add DIR to Hydra's search path (your own spaces in DIR/space/)
+  --cfg              print the composed config and exit
+  -h, --help         this text
+"""  # noqa: E501 (help-table rows: the printed text stays byte-for-byte as it is)
+
+
+def _parse(argv: Sequence[str]) -> tuple[list[str], list[str], bool]:
+    from search.config.compose import ConfigError
+
+    overrides, config_dirs, show = [], [], False
+    args = iter(argv)
+    for arg in args:
+        if arg in ("--config-dir", "-cd"):
+            value = next(args, None)
+            if value is None:
+                raise ConfigError(f"{arg} needs a directory")
+            config_dirs.append(value)
+        elif arg.startswith("--config-dir="):
+            config_dirs.append(arg.split("=", 1)[1])
+        elif arg == "--cfg":
+            show = True
+        elif arg.startswith("-"):
+            raise ConfigError(f"unknown option {arg!r} (see --help)")
+        else:
+            overrides.append(arg)
+    return overrides, config_dirs, show
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if any(a in ("-h", "--help") for a in argv):
+        print(USAGE)
+        return 0
+    from search.config.compose import (
+        ConfigError,
+        compose_config,
+    )  # imported late: --help stays fast
+
+    command = argv[0] if argv[:1] and argv[0] in ("sync", "retune", "history") else "tune"
+    if command != "tune":
+        argv = argv[1:]
+    try:
+        overrides, config_dirs, show = _parse(argv)
+        cfg = compose_config(overrides, config_dirs)
+        if show:
+            import yaml
+
+            from search.config.compose import resolve
+
+            print(yaml.safe_dump(resolve(cfg), sort_keys=False))
+            return 0
+        if command == "sync":
+            from search.commands.sync import run_sync
+
+            return run_sync(cfg)
+        if command == "history":
+            from search.retune.nightly import run_history
+
+            return run_history(cfg)
+        from search.commands.tune import run
+
+        return run(cfg, command)
+    except ConfigError as e:
+        from search.config.compose import redact
+
+        # A library's own message may repeat a URL with its password (a TLS or connection error).
+        print(f"search: error: {redact(str(e))}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("search: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        from search.study.trial_store import StoreError
+
+        if not isinstance(e, StoreError):
+            raise
+        print(f"search: error: {e}", file=sys.stderr)  # not bad input: the storage failed
+        return 1

@@ -1,0 +1,209 @@
+"""``python -m search sync +space=NAME [overrides]``: copy to MLflow the trials a run could not log.
+
+A tuning run whose MLflow server was unreachable keeps every figure in the Optuna study. Sync reads
+the study back, nothing is measured again, and logs each measured trial that has no run in the
+target experiment yet, under one new parent run, with the trial's own start and end times. Then it
+sets the ``pareto`` tags from the stored figures. Whether a trial is missing is decided by searching
+MLflow for its ``study`` and ``trial`` tags, not by the run id the study remembers (that id may
+belong to another store), so a second sync, or one repeated after a crash, copies only what is still
+missing.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from search.config.compose import ConfigError, load_settings, redact, resolve_device
+from search.config.prepare import fingerprint, load_space
+from search.config.settings import Settings
+from search.core.records import TrialRecord
+from search.measurement.environment import environment
+from search.reporting import results
+from search.reporting.report import console, knobs_text
+from search.space.search_space import SearchSpace
+from search.study.driver import distribution, optuna_names
+from search.study.stores import open_stores, quiet_libraries, require_study
+from search.study.trial_store import (
+    UNSAVED,
+    judged_revalidations,
+    record_synced_run,
+    restore_unsaved,
+    study_history,
+)
+from search.tracking.tracker import Tracker
+
+__all__ = ["run_sync"]
+
+
+def run_sync(cfg_node: DictConfig) -> int:
+    """Copy the study's missing trials to MLflow and set the pareto tags; 0 when done."""
+    quiet_libraries()
+    settings = load_settings(cfg_node)
+    device = resolve_device(settings.device)
+    space, _ = load_space(settings.space, device)
+    study_name, uri = settings.study.name, settings.tracking.uri
+    require_study(study_name, settings.study.storage)  # before open_stores, which would create it
+    runs_dir = Path(settings.runs_dir)
+    created = not runs_dir.exists()
+    study, tracker = open_stores(settings, space)
+    names, _ = optuna_names(study, space)
+    restored = restore_unsaved(
+        study, runs_dir, {k: (names[k], distribution(p)) for k, p in space.searched.items()}
+    )
+    if restored:
+        print(
+            f"restored: {len(restored)} measurement(s) the study could not take at the time "
+            f"(trial(s) {', '.join(f'#{n}' for n in restored)}), from {runs_dir / UNSAVED}: "
+            "added to the study as new trials"
+        )
+    try:
+        _require_online(tracker, uri)
+    except ConfigError:
+        if created:
+            shutil.rmtree(runs_dir, ignore_errors=True)
+        raise
+
+    env = environment(device)
+    print_fn = fingerprint(space, env)
+    history = study_history(study, print_fn, space, settings)
+    present, cut_off = tracker.trial_runs(study_name)
+    _require_online(tracker, uri)
+    out = console()
+    _note_left_out(study, history, out)
+    missing = [r for r in history if r.number not in present]
+    for record in history:  # a crash between logging and recording leaves the study without the id
+        if record.number in present and record.run_id is None:
+            record_synced_run(study, record.number, present[record.number])
+
+    copied = (
+        _copy(settings, space, study, tracker, print_fn, env["device_name"], missing, out)
+        if missing
+        else {}
+    )
+    run_ids = {**present, **copied}
+    stale = [run_id for number, run_id in cut_off if number in run_ids]
+    for run_id in stale:
+        tracker.delete_run(run_id)
+    front = results.final_front(
+        history, judged_revalidations(study, print_fn, settings), settings, space
+    )
+    results.mark_front(tracker, study_name, front, run_ids)
+    _require_online(tracker, uri, f"after copying {len(copied)} of {len(missing)} trial(s)")
+
+    if stale:
+        out.print(
+            f"removed {len(stale)} run(s) whose logging was cut off "
+            "(left RUNNING or ended KILLED); each of their trials now has a complete run",
+            markup=False,
+        )
+    out.print(f"pareto: {len(front)} run(s) on the front of study {study_name}", markup=False)
+    out.print(
+        f"sync: copied {len(copied)} trial(s) of study {study_name} to MLflow at {redact(uri)} "
+        f"({len(history) - len(missing)} already there)",
+        markup=False,
+    )
+    return 0
+
+
+def _require_online(tracker: Tracker, uri: str, progress: str = "") -> None:
+    """Sync exists to reach MLflow: an offline tracker is an error, never a silent no-op."""
+    reason = getattr(tracker, "offline_reason", None) or getattr(tracker, "log_error", None)
+    if reason:
+        raise ConfigError(
+            f"cannot reach tracking.uri {redact(uri)!r} ({reason})"
+            f"{' ' + progress if progress else ''}; "
+            "start the server, fix tracking.uri or its credentials, then run sync again"
+        )
+
+
+def _note_left_out(study, history: list[TrialRecord], out) -> None:
+    """Trials measured elsewhere (other device, torch or workload code) cannot be told apart
+    here."""
+    ours = {r.number for r in history}
+    others = [
+        t
+        for t in study.get_trials(deepcopy=False)
+        if "metrics" in t.user_attrs and "reused_from" not in t.user_attrs and t.number not in ours
+    ]
+    if others:
+        out.print(
+            f"note: {len(others)} measured trial(s) of this study belong to another fingerprint "
+            "(workload, device or torch) or lie outside the space: not copied; "
+            "run sync where they were measured",
+            markup=False,
+        )
+
+
+def _copy(
+    settings: Settings,
+    space: SearchSpace,
+    study,
+    tracker: Tracker,
+    print_fn: str,
+    device_name: str,
+    missing: list[TrialRecord],
+    out,
+) -> dict[int, str]:
+    """Log ``missing`` under one new parent run; ``{trial number: run id}`` of those logged."""
+    study_name = settings.study.name
+    tracker.start_parent(
+        f"{study_name} sync {time.strftime('%Y-%m-%d %H:%M:%S')}",
+        params={},
+        tags={
+            "sync": "true",
+            "study": study_name,
+            "space": space.name,
+            "workload_fingerprint": print_fn,
+            "command": redact(" ".join(["python -m search", *sys.argv[1:]])),
+        },
+    )
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    revalidated = judged_revalidations(study, print_fn, settings)
+    copied: dict[int, str] = {}
+    status = "FAILED"
+    try:
+        for record in missing:
+            duration_s, end_ms = _times(trials[record.number], record)
+            tags = {
+                "study": study_name,
+                "device": device_name,
+                "workload_fingerprint": print_fn,
+                "measured_on": str(trials[record.number].user_attrs.get("measured_on", "")),
+            }
+            run_id = tracker.log_trial(record, duration_s, tags, end_ms=end_ms)
+            if run_id is None:
+                break  # the server went away: run_sync reports it
+            record_synced_run(study, record.number, run_id)
+            copied[record.number] = run_id
+            if record.number in revalidated:
+                results.log_revalidation(tracker, run_id, revalidated[record.number])
+            out.print(
+                f"copied #{record.number} {knobs_text(record.config, list(space.searched))} "
+                f"({record.state}{', stable' if record.stable else ''}) -> run {run_id}",
+                markup=False,
+            )
+        status = "FINISHED" if tracker.offline_reason is None else "FAILED"
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        tracker.end_parent(status)
+    return copied
+
+
+def _times(trial, record: TrialRecord) -> tuple[float, int]:
+    """The trial's real duration and end (ms since the epoch), from Optuna's timestamps."""
+    start, end = trial.datetime_start, trial.datetime_complete
+    if end is None:
+        return float(record.metrics.get("trial_time_s", 0.0)), int(time.time() * 1000)
+    duration_s = (
+        (end - start).total_seconds()
+        if start is not None
+        else float(record.metrics.get("trial_time_s", 0.0))
+    )
+    return duration_s, int(end.timestamp() * 1000)

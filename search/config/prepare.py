@@ -1,0 +1,289 @@
+"""Before anything is written: the space as this device can run it, the workload it names, and the
+fingerprint of what is measured.
+
+Every check here raises ``ConfigError`` with one line saying what to fix; nothing is opened or
+created until they pass.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import json
+import random
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.utils import instantiate
+
+from search.config.compose import ConfigError
+from search.core.metrics import METRICS
+from search.execution.knobs import GENERIC_KNOBS, PRECISIONS, unsupported_reason
+from search.measurement.gpu import energy_unavailable_reason
+from search.space.search_space import (
+    FloatParam,
+    IntParam,
+    Param,
+    SearchSpace,
+    SpaceError,
+    parse_space,
+)
+from search.workloads import ServingWorkload, Workload
+
+__all__ = ["control_config", "fingerprint", "load_space", "workload_class"]
+
+
+def load_space(
+    raw: Mapping[str, Any], device: torch.device, slo: Mapping[str, Any] | None = None
+) -> tuple[SearchSpace, list[str]]:
+    """The space file's resolved mapping ``raw`` as ``device`` can run it: choices the device
+    cannot run are dropped, with notes. ``slo``'s metrics must be ones its workload measures."""
+    try:
+        space = parse_space(raw["name"], raw)
+        space, notes = space.without_choices(
+            lambda name, value: (
+                unsupported_reason(name, value, device) if name in GENERIC_KNOBS else None
+            )
+        )
+        feasible = space.feasible_configs()
+        if feasible is None:  # too large to list, or continuous: probe it instead
+            rng = random.Random(0)
+            space.probe_constraints(rng)
+            feasible = [] if space.random_feasible(rng) is None else None
+    except SpaceError as e:
+        raise ConfigError(str(e)) from None
+    if feasible is not None and not feasible:
+        raise ConfigError(
+            f"space '{space.name}': no configuration satisfies the constraints "
+            f"{[c.text for c in space.constraints]}"
+            + (" (none of 10000 random draws did)" if space.feasible_configs() is None else "")
+            + "; loosen them or widen the ranges"
+        )
+    _check_generic_knobs(space)
+    _check_workload(space)
+    _check_workload_settings(space, slo or {})
+    _check_metrics_apply(space, slo or {})
+    if any(o.metric == "energy_per_item_j" for o in space.objectives):
+        reason = energy_unavailable_reason(device)
+        if reason:
+            raise ConfigError(
+                f"space '{space.name}': objective energy_per_item_j cannot be measured here "
+                f"({reason}); remove it from objectives"
+            )
+    return space, notes
+
+
+def _check_generic_knobs(space: SearchSpace) -> None:
+    """Every value a generic knob can take is one the knob understands."""
+    if "batch_size" not in space.params:
+        raise ConfigError(
+            f"space '{space.name}': params must set batch_size (samples per optimizer step)"
+        )
+    rules = {
+        "batch_size": (
+            lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+            "a positive int",
+        ),
+        "micro_batch_size": (
+            lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+            "a positive int",
+        ),
+        "streams": (
+            lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+            "a positive int",
+        ),
+        "precision": (lambda v: v in PRECISIONS, f"one of {', '.join(PRECISIONS)}"),
+        "recompute": (lambda v: isinstance(v, bool), "true or false"),
+    }
+    for name, (valid, expected) in rules.items():
+        param = space.params.get(name)
+        # An int range is checked at its ends (every rule here is about sign and type).
+        values = (
+            param.extremes() if isinstance(param, IntParam) else param.values() if param else []
+        )
+        bad = [v for v in values or [] if not valid(v)]
+        if bad or (name in space.params and values is None):
+            raise ConfigError(
+                f"space '{space.name}': params.{name} must be {expected}, "
+                f"but got {bad or 'a float range'}"
+            )
+
+
+def workload_class(space: SearchSpace) -> type:
+    target = space.workload["_target_"]
+    module_name, _, class_name = target.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), class_name)
+    except Exception as e:  # ImportError, AttributeError, or an error raised by the module itself
+        raise ConfigError(
+            f"space '{space.name}': workload._target_ {target!r} does not import "
+            f"({type(e).__name__}: {e}); check the name and that its package is on PYTHONPATH"
+        ) from None
+
+
+_TASK_METHODS = {
+    "train": ("build_model", "make_batch", "loss"),
+    "serve": ("build_model", "make_prompts", "forward", "generation_length"),
+}
+_TASK_BASES = {"train": "search.Workload", "serve": "search.ServingWorkload"}
+
+
+def _check_workload(space: SearchSpace) -> None:
+    """The workload has its task's methods, takes every knob that is not a generic one, and every
+    generic knob the space searches applies to its task."""
+    target, cls = space.workload["_target_"], workload_class(space)
+    task = getattr(cls, "task", "train")
+    missing = [m for m in _TASK_METHODS.get(task, ()) if not callable(getattr(cls, m, None))]
+    if task not in _TASK_METHODS or missing:
+        raise ConfigError(
+            f"space '{space.name}': workload {target} lacks {', '.join(missing) or 'a task'}; "
+            f"subclass {_TASK_BASES.get(task, 'search.Workload')} (see "
+            "docs/guide/own-workload.md)"
+        )
+    applies = getattr(cls, "knobs", GENERIC_KNOBS)
+    for name in space.params:
+        if name in GENERIC_KNOBS and name not in applies:
+            raise ConfigError(
+                f"space '{space.name}': knob {name} does not apply to workload {target} (task "
+                f"{task}: its generic knobs are {', '.join(applies)}); remove it from params"
+            )
+    recompute = space.params.get("recompute")
+    if (
+        recompute is not None
+        and True in (recompute.values() or [])
+        and getattr(cls, "recompute_modules", None) is Workload.recompute_modules
+    ):
+        raise ConfigError(
+            f"space '{space.name}': workload {target} does not support knob recompute: implement "
+            "recompute_modules(model) to name the modules to recompute, or fix recompute: false"
+        )
+    accepted = inspect.signature(cls).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
+        return
+    for name in space.params:
+        if name not in GENERIC_KNOBS and name not in accepted:
+            raise ConfigError(
+                f"space '{space.name}': knob {name!r} is neither a generic knob "
+                f"({', '.join(GENERIC_KNOBS)}) nor a parameter of {target}({', '.join(accepted)})"
+            )
+
+
+def _check_workload_settings(space: SearchSpace, slo: Mapping[str, Any]) -> None:
+    """The workload's constructor takes its settings and, in a configuration the constraints
+    allow, every value of each of its own knobs (an int range at its ends): a value it refuses
+    would fail every trial that draws it. The constructor runs here, in the study's process, once
+    per value; it is meant to store settings, not to build the model."""
+    own = [n for n in space.params if n not in GENERIC_KNOBS]
+    configs = space.feasible_configs()
+    if configs is None:  # too many to list: configurations drawn at random stand in
+        rng = random.Random(0)
+        configs = [c for c in (space.random_feasible(rng, tries=200) for _ in range(50)) if c]
+    if not configs:
+        return
+    tried: list[tuple[dict[str, Any], str | None]] = [(configs[0], None)]
+    for name in own:
+        for value in _ends_and_choices(space.params[name]):
+            found = next((c for c in configs if c[name] == value), None)
+            if found is not None:
+                tried.append((found, name))
+    target = space.workload["_target_"]
+    for config, knob in tried:
+        settings = {k: config[k] for k in own}
+        try:
+            built = instantiate(
+                dict(space.workload), _convert_="all", _recursive_=False, **settings
+            )
+        except Exception as e:  # the constructor's own check, a TypeError, ...
+            cause = e.__cause__ or e  # Hydra wraps what the constructor raised
+            what = (
+                f"refuses {knob}={config[knob]!r}" if knob else "cannot be built from its settings"
+            )
+            first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+            raise ConfigError(f"space '{space.name}': workload {target} {what}: {first}") from None
+        tpot = [o.metric for o in space.objectives] + list(slo)
+        if (
+            isinstance(built, ServingWorkload)
+            and built.generation_length() < 2
+            and any(m.startswith("tpot_") for m in tpot)
+        ):
+            raise ConfigError(
+                f"space '{space.name}': time per output token needs at least 2 generated tokens, "
+                f"but {target} generates {built.generation_length()}; raise its generation length "
+                "or drop the tpot objectives and slo"
+            )
+
+
+def _ends_and_choices(param: Param) -> list[Any]:
+    if isinstance(param, FloatParam):
+        return [param.low, param.high]
+    if isinstance(param, IntParam):
+        return param.extremes()
+    return list(param.values() or [])
+
+
+def _check_metrics_apply(space: SearchSpace, slo: Mapping[str, Any]) -> None:
+    """Every objective and SLO metric is one the workload's task measures."""
+    cls = workload_class(space)
+    task = getattr(cls, "task", "train")
+    named = [(f"objective {o.metric}", o.metric) for o in space.objectives]
+    named += [(f"slo.{metric}", metric) for metric in slo]
+    for what, metric in named:
+        if metric in METRICS and task not in METRICS[metric].tasks:
+            tasks = " or ".join(METRICS[metric].tasks)
+            raise ConfigError(
+                f"space '{space.name}': {what} is measured only for {tasks} workloads, and "
+                f"{space.workload['_target_']} is a {task} workload; name another metric"
+            )
+
+
+def fingerprint(space: SearchSpace, env: Mapping[str, str]) -> str:
+    """Identifies what is measured where: the workload's settings and class source, device, torch.
+
+    Trials of another fingerprint stay in the study but are neither reused nor put on the front.
+    """
+    try:
+        source = Path(inspect.getsourcefile(workload_class(space)) or "").read_bytes()
+    except (OSError, TypeError):
+        source = space.workload["_target_"].encode()
+    identity = {"workload": space.workload, "device": env["device_name"], "torch": env["torch"]}
+    return hashlib.sha256(
+        json.dumps(identity, sort_keys=True, default=str).encode() + source
+    ).hexdigest()[:12]
+
+
+def control_config(space: SearchSpace, chosen: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The control configuration: ``chosen`` knob values (``noise.control``), every other knob at
+    its smallest value (a categorical's first choice); when that breaks a constraint and nothing
+    was chosen, the first feasible configuration in the same order."""
+    chosen = dict(chosen or {})
+    unknown = sorted(set(chosen) - set(space.params))
+    if unknown:
+        raise ConfigError(
+            f"noise.control names {', '.join(unknown)}, which space '{space.name}' does not have; "
+            f"its knobs: {', '.join(space.params)}"
+        )
+    config = {name: chosen.get(name, _smallest(param)) for name, param in space.params.items()}
+    if space.contains(config):
+        return config
+    if not chosen:
+        feasible = space.feasible_configs()
+        if feasible:
+            return feasible[0]
+    raise ConfigError(
+        f"noise.control {config} is not a configuration of space '{space.name}' "
+        f"({'; '.join(space.violations(config)) or 'a value outside its range'}); "
+        "name knob values inside the ranges that meet the constraints"
+    )
+
+
+def _smallest(param: Param) -> Any:
+    if isinstance(param, FloatParam):
+        return param.low
+    if isinstance(param, IntParam):
+        return param.extremes()[0]
+    values = param.values()
+    assert values  # every other kind lists its values, smallest (or first) first
+    return values[0]

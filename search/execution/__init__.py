@@ -1,0 +1,1 @@
+"""Running one trial: the generic knobs, serving, fidelity, the isolated worker process."""

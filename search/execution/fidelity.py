@@ -1,0 +1,381 @@
+"""Fidelity: a configuration that changes numerics must still compute the same step.
+
+Lower precision, concurrent lanes, recompute and caches change *how* a step is computed, not *what*
+it computes, unless the numerics break (fp16 overflow, bf16 cancellation, a cache read at the wrong
+position). For a training step ``check_fidelity`` runs one accumulation pass of a configuration and
+one of the fp32 reference on the same micro-batches and the same initial weights, and compares the
+loss and every parameter's gradient norm within the tolerance of the configuration's precision.
+For serving it generates the batch with the workload's reference (``ServingWorkload.reference``,
+e.g. without a cache) in fp32, then runs the configuration on the same prompts decoding the
+reference's tokens (teacher forcing), and compares the logits of every generated position.
+Non-finite values always fail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from search.execution.knobs import Knobs, TrainStep
+from search.execution.serving import ServeStep
+from search.workloads.base import ServingWorkload, Workload
+
+__all__ = [
+    "FidelityReport",
+    "GRADIENT_FLOOR",
+    "SERVING_TOLERANCES",
+    "ServingFidelityReport",
+    "TOLERANCES",
+    "Tolerance",
+    "check_fidelity",
+    "check_serving_fidelity",
+]
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """The largest relative differences from the fp32 reference that one precision may show."""
+
+    loss_rel: float
+    """``|loss - reference| / |reference|`` of the batch's mean loss."""
+    grad_norm_rel: float
+    """``|‖g‖ - ‖g_ref‖| / max(‖g_ref‖, floor)`` of each parameter tensor's gradient (L2 norm),
+    for every tensor; the floor is a tenth of the model's root-mean-square tensor gradient norm
+    (``_gradient_floor``)."""
+
+
+_U_TF32_FP16 = 2.0**-11
+"""Unit roundoff of tf32 and fp16 (10 stored mantissa bits)."""
+_U_BF16 = 2.0**-8
+"""Unit roundoff of bf16 (7 stored mantissa bits)."""
+
+# Relative errors measured on the built-in GPT on a CPU: seeds 0-4 on the tiny model (batch 8) and
+# on the CPU preset (batch 16), seeds 0-2 on 6- and 12-layer variants (batch 4); plain, and with
+# micro-batches of a quarter of the batch, 2 lanes and recompute:
+#   fp32 (lanes, recompute): loss <= 1.2e-7, per-tensor gradient norm <= 2.4e-7 (a few fp32 ulps);
+#   bf16: loss <= 2.5e-5 (< 0.01 u), gradient norm <= 3.9e-3 (1.0 u);
+#   fp16: loss <= 2.2e-6 (< 0.01 u), gradient norm <= 5.6e-4 (1.15 u).
+# Reduced precisions get 2 u for the loss (at initialisation the logits are small and the loss
+# barely moves; a workload that starts from trained weights is more sensitive, as much as about u)
+# and 8 u for gradient norms (about 7x the largest spread measured). tf32 rounds the same 10-bit
+# mantissa as fp16, but only at matmul inputs and with fp32 outputs, so fp16's tolerance bounds it
+# (no GPU was at hand to measure it). fp32 configurations differ from the reference only in the
+# order of their sums and in recomputation (bit-identical), so they get fixed bounds far above their
+# spread that still sit >= 39x below every reduced precision's.
+TOLERANCES: dict[str, Tolerance] = {
+    "fp32": Tolerance(loss_rel=1e-5, grad_norm_rel=1e-4),
+    "tf32": Tolerance(loss_rel=2 * _U_TF32_FP16, grad_norm_rel=8 * _U_TF32_FP16),  # 0.098%, 0.39%
+    "bf16": Tolerance(loss_rel=2 * _U_BF16, grad_norm_rel=8 * _U_BF16),  # 0.78%, 3.1%
+    "fp16": Tolerance(loss_rel=2 * _U_TF32_FP16, grad_norm_rel=8 * _U_TF32_FP16),  # 0.098%, 0.39%
+}
+
+
+@dataclass(frozen=True)
+class FidelityReport:
+    """How one configuration's pass compares with the fp32 reference.
+
+    Relative errors are ``|value - reference| / |reference|`` (0 when both are 0) and ``inf`` when a
+    value is not finite.
+    """
+
+    ok: bool
+    """True when every value is finite and within ``TOLERANCES[precision]``."""
+    reason: str
+    """One line saying what failed; empty when ``ok``."""
+    loss: float
+    """The configuration's mean loss on the batch (workload's loss units)."""
+    reference_loss: float
+    """The fp32 reference's mean loss on the same batch and initial weights."""
+    loss_rel_error: float
+    """Relative error of ``loss``."""
+    grad_norm_rel_error: float
+    """Largest relative error of a gradient's L2 norm, over every parameter tensor."""
+
+    @property
+    def errors(self) -> dict[str, float]:
+        """The errors a trial stores, by metric name."""
+        return {
+            "fidelity_loss_rel_error": self.loss_rel_error,
+            "fidelity_grad_norm_rel_error": self.grad_norm_rel_error,
+        }
+
+
+def check_fidelity(
+    workload: Workload | ServingWorkload, knobs: Knobs, device: torch.device, seed: int = 0
+) -> FidelityReport | ServingFidelityReport:
+    """Compare one pass of ``knobs`` with the fp32 reference on the same micro-batches and seed.
+
+    Costs two accumulation passes (no optimizer step) on freshly built models, the configuration's
+    and the reference's, and one for a configuration that is the reference itself. Run it while no
+    other ``TrainStep`` of the workload holds device memory. Raises ``KnobError`` for knobs the
+    device cannot run, like ``TrainStep``; the global torch state is left as found.
+    """
+    if isinstance(workload, ServingWorkload):
+        return check_serving_fidelity(workload, knobs, device, seed)
+    if (
+        knobs.precision == "fp32" and knobs.streams == 1 and not knobs.recompute
+    ):  # the reference itself
+        loss, grad_norms = _fp32_pass(workload, knobs, device, seed)
+        return _compare(knobs, loss, grad_norms, loss, grad_norms)
+    # first: a KnobError costs no reference
+    loss, grad_norms = _one_pass(workload, knobs, device, seed)
+    return _compare(knobs, loss, grad_norms, *_fp32_pass(workload, knobs, device, seed))
+
+
+def _fp32_pass(
+    workload: Workload, knobs: Knobs, device: torch.device, seed: int
+) -> tuple[float, dict[str, float]]:
+    """The reference: one pass, fp32, single lane, no recompute, over ``knobs``'s micro-batches.
+
+    It keeps the configuration's micro-batch size because ``TrainStep`` draws micro-batches one
+    after another from the seeded generator, which equals one whole-batch draw only when the
+    workload's ``make_batch`` happens to split that way.
+    """
+    plain = Knobs(batch_size=knobs.batch_size, micro_batch_size=knobs.micro_samples)
+    return _one_pass(workload, plain, device, seed)
+
+
+def _one_pass(
+    workload: Workload, knobs: Knobs, device: torch.device, seed: int
+) -> tuple[float, dict[str, float]]:
+    with _seeded_rng(device, seed), TrainStep(workload, knobs, device, seed) as step:
+        loss, grad_norms = _loss_and_grad_norms(step)
+        return _backing_off_overflowing_scale(step, loss, grad_norms)
+
+
+def _loss_and_grad_norms(step: TrainStep) -> tuple[float, dict[str, float]]:
+    loss, grads = step.loss_and_grads()
+    return loss, {name: float(grad.norm()) for name, grad in grads.items()}
+
+
+_MAX_SCALE_BACKOFFS = 16
+"""GradScaler starts at 2**16; below a scale of 1 it is no longer the scale that overflows."""
+
+
+def _backing_off_overflowing_scale(
+    step: TrainStep, loss: float, grad_norms: dict[str, float]
+) -> tuple[float, dict[str, float]]:
+    """Do what training does when fp16's scaled gradients overflow: lower the scale and try again.
+
+    GradScaler skips such steps and backs off, so an overflow of the scaled gradients alone is no
+    infidelity; a non-finite loss comes from the forward pass and is reported as it is.
+    """
+    scaler = step._grad_scaler  # None unless fp16; TrainStep exposes no public handle on it
+    for _ in range(_MAX_SCALE_BACKOFFS):
+        if (
+            scaler is None
+            or not math.isfinite(loss)
+            or all(map(math.isfinite, grad_norms.values()))
+        ):
+            break
+        scaler.update(new_scale=scaler.get_scale() * scaler.get_backoff_factor())
+        loss, grad_norms = _loss_and_grad_norms(step)
+    return loss, grad_norms
+
+
+@contextlib.contextmanager
+def _seeded_rng(device: torch.device, seed: int) -> Iterator[None]:
+    """Random layers (dropout) draw the same numbers in every pass; the global generators are
+    restored.
+
+    Concurrent lanes share the global generator in no fixed order, so a workload with dropout
+    differs from the reference by its masks under ``streams > 1``.
+    """
+    cuda_devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda_devices):
+        torch.default_generator.manual_seed(seed)  # torch.manual_seed would reseed every GPU too
+        if cuda_devices:
+            with torch.cuda.device(device):
+                torch.cuda.manual_seed(seed)
+        yield
+
+
+def _compare(
+    knobs: Knobs,
+    loss: float,
+    grad_norms: dict[str, float],
+    reference_loss: float,
+    reference_grad_norms: dict[str, float],
+) -> FidelityReport:
+    names = sorted(reference_grad_norms.keys() | grad_norms.keys())
+    # A gradient missing on one side counts as zero there, so it fails against a non-zero one.
+    pairs = {
+        name: (grad_norms.get(name, 0.0), reference_grad_norms.get(name, 0.0)) for name in names
+    }
+    floor = _gradient_floor(list(reference_grad_norms.values()))
+    errors = {name: _rel_error(norm, ref, floor) for name, (norm, ref) in pairs.items()}
+    worst = max(errors, key=errors.__getitem__, default=None)
+    loss_error = _rel_error(loss, reference_loss)
+    grad_error = errors[worst] if worst is not None else 0.0
+    reason = _reason(knobs, loss, reference_loss, loss_error, worst, pairs, grad_error)
+    return FidelityReport(
+        ok=not reason,
+        reason=reason,
+        loss=loss,
+        reference_loss=reference_loss,
+        loss_rel_error=loss_error,
+        grad_norm_rel_error=grad_error,
+    )
+
+
+def _reason(
+    knobs: Knobs,
+    loss: float,
+    reference_loss: float,
+    loss_error: float,
+    worst: str | None,
+    pairs: dict[str, tuple[float, float]],
+    grad_error: float,
+) -> str:
+    """One line saying what failed, non-finite values first; empty when nothing did."""
+    tolerance, config = TOLERANCES[knobs.precision], _describe(knobs)
+    if not all(
+        math.isfinite(value) for value in (reference_loss, *(ref for _, ref in pairs.values()))
+    ):
+        return (
+            "the fp32 reference's loss or gradients are not finite, so nothing can be checked "
+            "against them; the workload is not finite even in fp32"
+        )
+    if not math.isfinite(loss):
+        return (
+            f"non-finite loss under {config}: {loss} (the fp32 reference is {reference_loss:.4g})"
+        )
+    for name, (norm, reference_norm) in pairs.items():
+        if not math.isfinite(norm):
+            return (
+                f"non-finite gradient of {name} under {config}: norm {norm} (the fp32 "
+                f"reference's is {reference_norm:.4g})"
+            )
+    if loss_error > tolerance.loss_rel:
+        return (
+            f"{config} loss {loss:.4g} differs from the fp32 reference {reference_loss:.4g} "
+            f"by {_percent(loss_error)} (tolerance {_percent(tolerance.loss_rel)})"
+        )
+    if worst is not None and grad_error > tolerance.grad_norm_rel:
+        norm, reference_norm = pairs[worst]
+        return (
+            f"{config} gradient norm of {worst} {norm:.4g} differs from the fp32 reference "
+            f"{reference_norm:.4g} by {_percent(grad_error)} "
+            f"(tolerance {_percent(tolerance.grad_norm_rel)})"
+        )
+    return ""
+
+
+GRADIENT_FLOOR = 0.1
+"""A tensor's gradient norm is compared against at least this fraction of the model's
+root-mean-square tensor gradient norm (see ``_gradient_floor``)."""
+
+
+def _gradient_floor(reference_norms: list[float]) -> float:
+    """The smallest scale a tensor's gradient error is judged against: ``GRADIENT_FLOOR`` times the
+    root mean square of the reference's per-tensor gradient norms.
+
+    A gradient that is zero in exact arithmetic (a conv or linear bias right before BatchNorm,
+    which subtracts it again) comes out as rounding noise: about 1e-7 in fp32 and 1e-5 in bf16,
+    and its error relative to itself is thousands of percent while nothing is wrong. Rounding error
+    scales with the terms of a sum, not with what is left of it after they cancel, so such a
+    tensor is judged against the size of the model's gradients instead; a tensor whose gradient is
+    not tiny is still judged against its own norm. Overflow (non-finite values) and a drifting loss
+    are checked as before."""
+    finite = [n for n in reference_norms if math.isfinite(n)]
+    if not finite:
+        return 0.0
+    return GRADIENT_FLOOR * math.sqrt(sum(n * n for n in finite) / len(finite))
+
+
+def _rel_error(value: float, reference: float, floor: float = 0.0) -> float:
+    if not (math.isfinite(value) and math.isfinite(reference)):
+        return math.inf
+    scale = max(abs(reference), floor)
+    if scale == 0.0:
+        return 0.0 if value == 0.0 else math.inf
+    return abs(value - reference) / scale
+
+
+def _describe(knobs: Knobs) -> str:
+    """The precision, plus whatever else sets the configuration apart from the reference."""
+    extras = ([f"{knobs.streams} lanes"] if knobs.streams > 1 else []) + (
+        ["recompute"] if knobs.recompute else []
+    )
+    return knobs.precision + (f" ({', '.join(extras)})" if extras else "")
+
+
+def _percent(fraction: float) -> str:
+    return f"{fraction * 100:.3g}%"
+
+
+# -- serving ------------------------------------------------------------------------------------
+
+SERVING_TOLERANCES: dict[str, float] = {
+    "fp32": 1e-4,
+    "tf32": 8 * _U_TF32_FP16,
+    "bf16": 8 * _U_BF16,
+    "fp16": 8 * _U_TF32_FP16,
+}
+"""The largest relative L2 error of a generated position's logits that a precision may show.
+Measured on the built-in GPT serving on a CPU (batch 8; a tiny shape with 8 generated tokens,
+seeds 0-4, and the CPU preset's shape with 32, seeds 0-2; cached and uncached, micro-batches of
+1-8 over 1-2 lanes): fp32 at most 6.7e-7, bf16 at most 6.8e-3 (1.7 u), fp16 at most 8.4e-4
+(1.7 u; seeds 0-2, the CPU preset). fp32 differs only in the order of sums and gets a fixed bound
+far above its spread; reduced precisions get 8 u, as gradient norms do."""
+
+
+@dataclass(frozen=True)
+class ServingFidelityReport:
+    """How one serving configuration's logits compare with its workload's fp32 reference."""
+
+    ok: bool
+    reason: str
+    logits_rel_error: float
+    """Largest ``‖logits - reference‖ / ‖reference‖`` over every request and generated position
+    (``inf`` when not finite)."""
+    token_agreement: float
+    """Share of generated positions where the configuration's most likely token is the
+    reference's (information: a near tie may flip under any rounding)."""
+
+    @property
+    def errors(self) -> dict[str, float]:
+        return {
+            "fidelity_logits_rel_error": self.logits_rel_error,
+            "fidelity_token_agreement": self.token_agreement,
+        }
+
+
+def check_serving_fidelity(
+    workload: ServingWorkload, knobs: Knobs, device: torch.device, seed: int = 0
+) -> ServingFidelityReport:
+    """Generate with the reference in fp32, then run ``knobs`` on the same prompts decoding the
+    same tokens; compare logits position by position within ``SERVING_TOLERANCES``."""
+    plain = Knobs(batch_size=knobs.batch_size, micro_batch_size=knobs.micro_samples)
+    with _seeded_rng(device, seed), ServeStep(workload.reference(), plain, device, seed) as ref:
+        expected = ref.generate()
+    with _seeded_rng(device, seed), ServeStep(workload, knobs, device, seed) as step:
+        got = step.generate(forced=expected.tokens)
+    assert got.logits is not None and expected.logits is not None
+    if not torch.isfinite(expected.logits).all():
+        return ServingFidelityReport(
+            False,
+            "the fp32 reference's logits are not finite, so nothing can be checked against them",
+            math.inf,
+            0.0,
+        )
+    agreement = float((got.logits.argmax(-1) == expected.tokens).float().mean())
+    if not torch.isfinite(got.logits).all():
+        return ServingFidelityReport(
+            False, f"non-finite logits under {_describe(knobs)}", math.inf, agreement
+        )
+    norms = expected.logits.norm(dim=-1).clamp_min(torch.finfo(torch.float32).tiny)
+    error = float(((got.logits - expected.logits).norm(dim=-1) / norms).max())
+    tolerance = SERVING_TOLERANCES[knobs.precision]
+    reason = (
+        f"{_describe(knobs)} logits differ from the fp32 reference by {_percent(error)} "
+        f"(tolerance {_percent(tolerance)}; the most likely token agrees at "
+        f"{agreement:.1%} of positions)"
+        if error > tolerance
+        else ""
+    )
+    return ServingFidelityReport(not reason, reason, error, agreement)

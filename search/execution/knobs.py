@@ -1,0 +1,311 @@
+"""Generic knobs: *how* any workload's training step executes.
+
+A ``Workload`` says what one step computes; ``Knobs`` choose how it runs (batch split, precision,
+concurrent lanes, activation recompute); ``TrainStep`` builds everything once and then runs one
+optimizer step per call, so that calling it measures only the step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TypeVar
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from search.core.errors import KnobError
+from search.workloads.base import Batch, ServingWorkload, Workload, is_counting
+
+__all__ = [
+    "AUTOCAST_DTYPES",
+    "GENERIC_KNOBS",
+    "Knobs",
+    "MATMUL_PRECISIONS",
+    "PRECISIONS",
+    "TrainStep",
+    "build_model",
+    "concurrently",
+    "make_streams",
+    "unsupported_reason",
+]
+
+GENERIC_KNOBS: tuple[str, ...] = (
+    "batch_size",
+    "micro_batch_size",
+    "precision",
+    "streams",
+    "recompute",
+)
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# Every precision sets the float32 matmul precision, so no step inherits another's TF32 setting.
+MATMUL_PRECISIONS = {"fp32": "highest", "tf32": "high", "bf16": "highest", "fp16": "highest"}
+
+
+T = TypeVar("T")
+
+
+def concurrently(pool: ThreadPoolExecutor, calls: Sequence[Callable[[], T]]) -> list[T]:
+    """Run ``calls`` on ``pool``'s threads at the same time and return their results in order;
+    one after another in this thread while work is counted (``counting``)."""
+    if is_counting():
+        return [call() for call in calls]
+    futures = [pool.submit(call) for call in calls]
+    return [future.result() for future in futures]
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """The generic knobs of one training step; the defaults run the plain fp32 step."""
+
+    batch_size: int
+    """Samples per optimizer step."""
+    micro_batch_size: int | None = None
+    """Samples per forward/backward; gradients accumulate over the micro-batches.
+    None: ``batch_size``."""
+    precision: str = "fp32"
+    """fp32 | tf32 (CUDA only) | bf16 | fp16 (bf16/fp16 via autocast; fp16 adds a GradScaler)."""
+    streams: int = 1
+    """Lanes running micro-batches concurrently: a CUDA stream each on a GPU, a thread each on a
+    CPU."""
+    recompute: bool = False
+    """Recompute the activations of ``workload.recompute_modules()`` in backward instead of keeping
+    them."""
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.batch_size, int) and self.batch_size >= 1):
+            raise KnobError(f"`batch_size >= 1` must hold, but got batch_size={self.batch_size!r}.")
+        if not 1 <= self.micro_samples <= self.batch_size or self.batch_size % self.micro_samples:
+            divisors = [d for d in range(1, self.batch_size + 1) if self.batch_size % d == 0]
+            raise KnobError(
+                "`micro_batch_size` must divide `batch_size`, but got "
+                f"(batch_size={self.batch_size}, micro_batch_size={self.micro_batch_size}); "
+                f"pick one of {divisors}."
+            )
+        if self.precision not in PRECISIONS:
+            raise KnobError(f"`precision` must be one of {PRECISIONS}, but got {self.precision!r}.")
+        if not 1 <= self.streams <= self.n_micro_batches:
+            raise KnobError(
+                f"`1 <= streams <= batch_size / micro_batch_size` must hold (every lane needs a "
+                f"micro-batch), but got (streams={self.streams}, batch_size={self.batch_size}, "
+                f"micro_batch_size={self.micro_batch_size}); lower streams or micro_batch_size."
+            )
+
+    @property
+    def micro_samples(self) -> int:
+        """Samples per forward/backward, with ``None`` resolved to ``batch_size``."""
+        return self.batch_size if self.micro_batch_size is None else self.micro_batch_size
+
+    @property
+    def n_micro_batches(self) -> int:
+        """Forward/backward passes per optimizer step."""
+        return self.batch_size // self.micro_samples
+
+
+def unsupported_reason(knob: str, value: object, device: torch.device) -> str | None:
+    """Why ``device`` cannot run ``knob=value``; None when it can or the knob does not depend on it.
+
+    Lets a study drop choices before it starts; ``TrainStep`` raises ``KnobError`` for the same
+    reasons.
+    """
+    if knob != "precision":
+        return None
+    if value == "tf32" and device.type != "cuda":
+        return "tf32 needs a CUDA device"
+    if device.type != "cuda" or value not in ("tf32", "bf16"):
+        return None
+    # Asked of this device, not of the current one (cuda:1 may differ from cuda:0).
+    if torch.cuda.get_device_capability(device) < (8, 0):
+        return (
+            f"{value} needs a GPU of compute capability 8.0 or newer "
+            "(tf32 would silently run as fp32)"
+        )
+    return None
+
+
+class TrainStep:
+    """One optimizer step of ``workload`` on ``device``, executed as ``knobs`` say.
+
+    Model, optimizer, micro-batches and lanes are built once here. ``close()`` (or leaving a
+    ``with`` block) restores the float32 matmul precision and stops the lane threads.
+    """
+
+    def __init__(self, workload: Workload, knobs: Knobs, device: torch.device, seed: int = 0):
+        reason = unsupported_reason("precision", knobs.precision, device)
+        if reason:
+            raise KnobError(
+                f"precision={knobs.precision!r} cannot run on {device}: {reason}; "
+                f"pick another precision."
+            )
+        self.workload, self.knobs, self.device = workload, knobs, device
+        self.items_per_step: int = knobs.batch_size * workload.items_per_sample()
+        self.model: nn.Module = build_model(workload, device, seed)
+        if knobs.recompute:
+            _checkpoint_forwards(_recompute_modules(workload, self.model))
+        self._optimizer = workload.make_optimizer(self.model.parameters())
+        micro_batches = _make_micro_batches(workload, knobs, device, seed)
+        self._lane_batches = [micro_batches[lane :: knobs.streams] for lane in range(knobs.streams)]
+        self._autocast_dtype = AUTOCAST_DTYPES.get(knobs.precision)  # None: autocast off
+        self._grad_scaler = _make_grad_scaler(knobs.precision, device)
+        self._streams = make_streams(knobs.streams, device)
+        self._cuda_streams = [s for s in self._streams if s is not None]
+        self._previous_matmul_precision = torch.get_float32_matmul_precision()
+        self._pool = ThreadPoolExecutor(knobs.streams, thread_name_prefix="lane")
+
+    def __call__(self) -> None:
+        """One full optimizer step. On CUDA it does not synchronize, so the caller can time it.
+
+        Exception: with fp16, ``GradScaler.step`` reads its inf/NaN check back to the host.
+        """
+        self._accumulate()
+        if self._grad_scaler is None:
+            self._optimizer.step()
+        else:
+            self._grad_scaler.step(self._optimizer)
+            self._grad_scaler.update()
+
+    def loss_and_grads(self) -> tuple[float, dict[str, torch.Tensor]]:
+        """The batch's mean loss and every parameter's gradient (fp32, CPU), without an optimizer
+        step."""
+        losses = self._accumulate()
+        scale = 1.0 if self._grad_scaler is None else self._grad_scaler.get_scale()
+        grads = {
+            name: p.grad.to("cpu", torch.float32, copy=True).div_(scale)
+            for name, p in self.model.named_parameters()
+            if p.grad is not None
+        }
+        return float(torch.stack(losses).sum()), grads
+
+    def close(self) -> None:
+        """Restore the float32 matmul precision found at construction; stop the lane threads."""
+        torch.set_float32_matmul_precision(self._previous_matmul_precision)
+        self._pool.shutdown()
+
+    def __enter__(self) -> TrainStep:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _accumulate(self) -> list[torch.Tensor]:
+        """Zero the grads, run every micro-batch over the lanes; return each micro-batch's loss
+        share."""
+        torch.set_float32_matmul_precision(MATMUL_PRECISIONS[self.knobs.precision])
+        self._optimizer.zero_grad(set_to_none=True)
+        streams = self._cuda_streams
+        if streams:
+            main = torch.cuda.current_stream(self.device)
+            for stream in streams:
+                stream.wait_stream(main)  # the last optimizer step must end before new grads land
+        lanes = concurrently(
+            self._pool,
+            [functools.partial(self._run_lane, lane) for lane in range(self.knobs.streams)],
+        )
+        losses = [loss for lane in lanes for loss in lane]
+        if streams:
+            for stream in streams:
+                main.wait_stream(stream)
+        return losses
+
+    def _run_lane(self, lane: int) -> list[torch.Tensor]:
+        """Forward and backward of this lane's micro-batches, on its own thread (and CUDA
+        stream)."""
+        stream = self._streams[lane]
+        losses = []
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            for batch in self._lane_batches[lane]:
+                batch = _map_tensors(lambda t: t.to(self.device, non_blocking=True), batch)
+                # Autocast is thread-local, so each lane enters it itself; backward runs outside it.
+                # Its cache of weights cast to low precision is not: one map for the whole process.
+                # A lane would take a cast another lane's stream has queued but not yet run, and
+                # read garbage (on an H100, bf16 with 2 lanes gave a NaN loss in 1 of 9 fidelity
+                # passes); with several lanes each casts its own weights.
+                with torch.autocast(
+                    self.device.type,
+                    dtype=self._autocast_dtype,
+                    enabled=self._autocast_dtype is not None,
+                    cache_enabled=self.knobs.streams == 1,
+                ):
+                    loss = self.workload.loss(self.model, batch) / self.knobs.n_micro_batches
+                scaled = loss if self._grad_scaler is None else self._grad_scaler.scale(loss)
+                scaled.backward()
+                losses.append(loss.detach())
+        return losses
+
+
+def build_model(workload: Workload | ServingWorkload, device: torch.device, seed: int) -> nn.Module:
+    # fork_rng: same seed, same initial weights, without leaving the global RNG reseeded.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = workload.build_model()
+    return model.to(device).train()
+
+
+def _recompute_modules(workload: Workload, model: nn.Module) -> list[nn.Module]:
+    modules = workload.recompute_modules(model)
+    if not modules:
+        raise KnobError(
+            f"recompute=True needs modules to recompute, but "
+            f"{type(workload).__name__}.recompute_modules() returns no modules; "
+            f"set recompute=False or override recompute_modules()."
+        )
+    return modules
+
+
+def _checkpoint_forwards(modules: list[nn.Module]) -> None:
+    for module in modules:
+        module.forward = _checkpointed(module.forward)
+
+
+def _checkpointed(forward: Callable) -> Callable:
+    def run(*args, **kwargs):
+        if is_counting():
+            return forward(*args, **kwargs)
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    return run
+
+
+def _make_micro_batches(
+    workload: Workload, knobs: Knobs, device: torch.device, seed: int
+) -> list[Batch]:
+    generator = torch.Generator().manual_seed(seed)
+    batches = [
+        workload.make_batch(knobs.micro_samples, generator) for _ in range(knobs.n_micro_batches)
+    ]
+    if device.type == "cuda":
+        # Pinned host memory lets each lane's host-to-device copy run asynchronously on its stream.
+        batches = [_map_tensors(torch.Tensor.pin_memory, batch) for batch in batches]
+    return batches
+
+
+def _make_grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler | None:
+    if precision != "fp16":
+        return None
+    scaler = torch.amp.GradScaler(device.type)
+    # The scale tensor is created lazily on first use; create it now, before lanes race to do so.
+    scaler.scale(torch.ones((), device=device))
+    return scaler
+
+
+def make_streams(n_lanes: int, device: torch.device) -> list[torch.cuda.Stream | None]:
+    if device.type == "cuda":
+        return [torch.cuda.Stream(device) for _ in range(n_lanes)]
+    return [None] * n_lanes
+
+
+def _map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], batch: Batch) -> Batch:
+    """Apply ``fn`` to every tensor in a tensor, or a tuple/list/dict of them."""
+    if isinstance(batch, torch.Tensor):
+        return fn(batch)
+    if isinstance(batch, dict):
+        return {key: _map_tensors(fn, value) for key, value in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_map_tensors(fn, value) for value in batch)
+    return batch

@@ -1,0 +1,219 @@
+"""What the device and host report: peak memory of a trial, and the environment of a run.
+
+NVML finds the device through ``gpu_telemetry.nvml_handle``, as the energy windows do, so these
+readings describe the GPU that runs the trials even under CUDA_VISIBLE_DEVICES. Every NVML query
+tolerates a missing driver or an unsupported query: the value is left out, never invented.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from search.measurement.gpu import nvml_handle
+
+__all__ = ["MemoryProbe", "contention", "device_label", "device_name", "environment", "rss_bytes"]
+
+_STATUS = Path("/proc/self/status")
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+
+
+def _status_kb(field: str) -> int | None:
+    try:
+        match = re.search(rf"^{field}:\s+(\d+) kB", _STATUS.read_text(), re.MULTILINE)
+    except OSError:
+        return None
+    return int(match.group(1)) if match else None
+
+
+def rss_bytes() -> int | None:
+    """This process's resident set now (Linux), or None where it cannot be read."""
+    kb = _status_kb("VmRSS")
+    return None if kb is None else kb * 1024
+
+
+class MemoryProbe:
+    """Peak memory a piece of work adds, in MB (10^6 bytes).
+
+    CUDA: the caching allocator's peak of allocated bytes above what was allocated at ``start``.
+    CPU: growth of the process's peak resident set (Linux VmHWM, reset at ``start`` through
+    /proc/self/clear_refs) above the resident set at ``start``. Memory the process freed earlier but
+    kept mapped is not counted again, so in a reused process the CPU figure can read low.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._baseline_bytes = 0
+
+    def start(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._baseline_bytes = torch.cuda.memory_allocated(self.device)
+            return
+        try:
+            _CLEAR_REFS.write_text("5")  # "5" resets the peak RSS to the current RSS
+        except OSError:
+            pass  # then the peak since process start is used: an upper bound
+        self._baseline_bytes = (_status_kb("VmRSS") or 0) * 1024
+
+    def peak_mb(self) -> float | None:
+        """The peak since ``start`` above the baseline, or None where it cannot be read."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            return (torch.cuda.max_memory_allocated(self.device) - self._baseline_bytes) / 1e6
+        peak_kb = _status_kb("VmHWM")
+        if peak_kb is None:
+            return None
+        return max(peak_kb * 1024 - self._baseline_bytes, 0) / 1e6
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _git_commit(where: Path) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(where), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def _governor() -> str | None:
+    try:
+        return Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor").read_text().strip()
+    except OSError:
+        return None
+
+
+def contention(device: torch.device) -> list[str]:
+    """Warnings that the machine is not ours alone: a busy CPU, other processes on the GPU."""
+    warnings = []
+    cores = os.cpu_count() or 1
+    load = os.getloadavg()[0]
+    if load > 0.5 * cores:
+        warnings.append(
+            f"the CPU is busy (1-minute load average {load:.1f} on {cores} cores): "
+            "measurements will be noisier and slower than on an idle machine"
+        )
+    if device.type == "cuda":
+        others = _gpu_processes(device.index or 0)
+        if others:
+            warnings.append(
+                f"the GPU is shared with {len(others)} other process(es) "
+                f"(pids {', '.join(others)}): "
+                "throughput, memory and energy figures include their interference"
+            )
+    return warnings
+
+
+def _gpu_processes(device_index: int) -> list[str]:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return []
+    try:
+        handle = nvml_handle(pynvml, device_index)
+        processes = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        return [str(p.pid) for p in processes if p.pid != os.getpid()]
+    except pynvml.NVMLError:
+        return []
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _nvml(device_index: int) -> dict[str, str]:
+    try:
+        import pynvml
+    except ImportError:
+        return {}
+    info: dict[str, str] = {}
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return {}
+    try:
+        info["gpu_driver"] = str(pynvml.nvmlSystemGetDriverVersion())
+        handle = nvml_handle(pynvml, device_index)
+        info["gpu_name"] = str(pynvml.nvmlDeviceGetName(handle))
+        info["gpu_sm_clock_max_mhz"] = str(
+            pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM)
+        )
+        info["gpu_sm_clock_mhz"] = str(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
+        info["gpu_mem_clock_mhz"] = str(
+            pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM)
+        )
+        info["gpu_uuid"] = str(pynvml.nvmlDeviceGetUUID(handle))
+        info["gpu_index"] = str(pynvml.nvmlDeviceGetIndex(handle))
+    except pynvml.NVMLError:
+        pass
+    finally:
+        pynvml.nvmlShutdown()
+    return info
+
+
+def device_label(env: Mapping[str, str]) -> str:
+    """Which device measures, as the figures name it: the host, and for a GPU its index on that
+    host (as NVML counts, whatever CUDA_VISIBLE_DEVICES shows) and the start of its UUID."""
+    host = env.get("hostname", "")
+    if "gpu_uuid" in env:
+        return f"{host} GPU {env.get('gpu_index', '?')} {env['gpu_uuid'][:12]}"
+    return f"{host} {env.get('device', 'cpu')}"
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{_cpu_model()} ({os.cpu_count()} cores)"
+
+
+def environment(device: torch.device) -> dict[str, str]:
+    """Everything that makes a measurement comparable: device, versions, host, code revision."""
+    env = {
+        "device": str(device),
+        "device_name": device_name(device),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpu_model": _cpu_model(),
+        "cpu_count": str(os.cpu_count()),
+        "torch_threads": str(torch.get_num_threads()),
+        "load_average_1min": f"{os.getloadavg()[0]:.2f}",
+        "platform": platform.platform(),
+        "hostname": platform.node(),
+    }
+    if device.type == "cuda":
+        env["cuda"] = str(torch.version.cuda)
+        env["cudnn"] = str(torch.backends.cudnn.version())
+        env.update(_nvml(device.index or 0))
+    governor = _governor()
+    if governor:
+        env["cpu_governor"] = governor
+    for key, where in (
+        ("search_git_commit", Path(__file__).parent),
+        ("workdir_git_commit", Path.cwd()),
+    ):
+        commit = _git_commit(where)
+        if commit:
+            env[key] = commit
+    return env

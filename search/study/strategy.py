@@ -1,0 +1,542 @@
+"""The search order an expert follows, as a function of what the study has seen.
+
+``next_move(space, seen, busy, slo)`` returns the configuration to measure next and, in a few
+words, why; None once the order has nothing left to propose (a model-based sampler takes over,
+``search.study.guided``). It reads only plain values, so a resumed study, several workers and the
+simulator (``benchmarks/sampler_choice.py``) get the same answer from the same history.
+
+The order, each step skipped once everything it would propose was measured, is certain to run out
+of memory, breaks a constraint or is being measured by another process:
+
+1. **The expert's first guess**: the lowest precision that computes the same (bf16, then fp16,
+   tf32, fp32; a precision that failed the fidelity check is passed over), the largest batch, one
+   lane, no recompute, and the largest micro-batch that fits, found by bisection over the OOM
+   wall: the largest first, then halfway between the largest that fitted and the smallest that
+   did not. With no micro-batch fitting at a batch, the next smaller batch.
+2. **The other 16-bit precision** (fp16 for bf16, and back) at the best so far, once.
+3. **Recompute where it lets a larger micro-batch fit**: just above the wall, with recompute.
+4. **The best inner configuration of each batch size**, from the largest down (the throughput-
+   latency front): at the largest batch, micro-batch sweeps from the largest that fits down, on
+   more lanes and on one, each until it has passed its peak; a smaller batch starts from the best
+   inner configuration of the batch above it; each batch's best with recompute (the memory end of
+   the front); then each smaller batch climbs to better neighbours (micro-batch halved or doubled,
+   lanes, both at once) until none is better. The regime orders the neighbours: where doubling
+   the micro-batch cost little time (overhead-bound) larger micro-batches and more lanes come
+   first; otherwise lanes and smaller micro-batches.
+5. **Local search around the front**: each configuration on the Pareto front of what was
+   measured, one knob a step away (any knob, the workload's own too).
+
+Floats are not the order's to choose: they are drawn by the model-based sampler on every trial.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from search.analysis.pareto import meets_slo, pareto_mask
+from search.core.records import COMPLETE
+from search.space.search_space import CategoricalParam, FloatParam, IntParam, Param, SearchSpace
+
+__all__ = ["Move", "Seen", "next_move", "PRECISION_ORDER"]
+
+PRECISION_ORDER = ("bf16", "fp16", "tf32", "fp32")
+"""Precisions from the one an expert tries first to the last: bf16 keeps fp32's range (no loss
+scaler) at half the bits, fp16 needs a scaler, tf32 rounds only matrix-product inputs, fp32 is the
+reference. The fidelity check decides whether each computes the same."""
+
+OVERHEAD_BOUND_GAIN = 1.25
+"""Throughput gained by doubling the micro-batch above which the smaller one was overhead-bound:
+twice the work in at most 1.6x the time (``search.analysis.diagnosis.SUBLINEAR`` is 1.5x the
+time)."""
+
+OOM, FIDELITY, FAILED = "oom", "fidelity", "failed"
+"""Outcomes of a configuration that did not complete (``Seen.outcome``)."""
+MEMORY = "peak_memory_mb"
+"""The figure recompute is judged on (``_recompute_saves_memory``)."""
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One configuration the study has an outcome for."""
+
+    config: Mapping[str, Any]
+    outcome: str
+    """``complete``, ``oom`` (ran out, or certain to), ``fidelity`` (computed something else) or
+    ``failed`` (any other fault)."""
+    figures: Mapping[str, float]
+    """The objectives' figures of a complete one (empty otherwise)."""
+
+
+@dataclass(frozen=True)
+class Move:
+    """A configuration to measure next (its discrete knobs; floats are drawn elsewhere)."""
+
+    config: Mapping[str, Any]
+    why: str
+    """A few words on why: shown on the trial's line."""
+
+
+def next_move(
+    space: SearchSpace,
+    seen: Sequence[Seen],
+    busy: Sequence[Mapping[str, Any]] = (),
+    slo: Mapping[str, float] | None = None,
+) -> Move | None:
+    """The first move of the order (module docstring) that is still open; None when none is."""
+    book = _Book(space, seen, busy, slo or {})
+    for move in _order(book):
+        if book.is_open(move.config):
+            return move
+    return None
+
+
+# -- what the study knows ----------------------------------------------------------------------
+
+
+def _key(config: Mapping[str, Any], knobs: Sequence[str]) -> str:
+    return json.dumps({k: config[k] for k in knobs}, sort_keys=True, default=str)
+
+
+class _Book:
+    """The history as the order reads it: outcomes by configuration, the knobs' ladders."""
+
+    def __init__(
+        self,
+        space: SearchSpace,
+        seen: Sequence[Seen],
+        busy: Sequence[Mapping[str, Any]],
+        slo: Mapping[str, float],
+    ):
+        self.space, self.slo = space, slo
+        self.discrete = [k for k, p in space.searched.items() if not isinstance(p, FloatParam)]
+        self.outcomes: dict[str, Seen] = {}
+        for s in seen:  # an OOM outweighs a figure (a complete run above today's memory limit)
+            key = _key(s.config, self.discrete)
+            if key not in self.outcomes or s.outcome == OOM:
+                self.outcomes[key] = s
+        self.ran_out = [s.config for s in seen if s.outcome == OOM]
+        self.busy = {_key(c, self.discrete) for c in busy}
+        self.complete = [s for s in self.outcomes.values() if s.outcome == COMPLETE]
+
+    def outcome(self, config: Mapping[str, Any]) -> str | None:
+        """What is known of ``config``: its outcome, ``oom`` when certain to run out, else None."""
+        known = self.outcomes.get(_key(config, self.discrete))
+        if known is not None:
+            return known.outcome
+        if any(self.space.certain_oom(dict(config), dict(r)) for r in self.ran_out):
+            return OOM
+        return None
+
+    def is_open(self, config: Mapping[str, Any]) -> bool:
+        """Whether ``config`` lies in the space, has no outcome yet and is not being measured."""
+        return (
+            self.space.contains(dict(config))
+            and self.outcome(config) is None
+            and _key(config, self.discrete) not in self.busy
+        )
+
+    def fits(self, config: Mapping[str, Any]) -> bool:
+        """Whether ``config`` is in the space and not known to run out of memory or fail."""
+        return self.space.contains(dict(config)) and self.outcome(config) in (None, COMPLETE)
+
+    def throughput(self, config: Mapping[str, Any]) -> float | None:
+        known = self.outcomes.get(_key(config, self.discrete))
+        if known is None or known.outcome != COMPLETE:
+            return None
+        return known.figures.get("throughput")
+
+    def best(self, batch: Any = None, recompute: bool | None = None) -> Seen | None:
+        """The fastest complete configuration (at ``batch`` and ``recompute`` if given) that meets
+        the slo; the fastest of all where none does."""
+        pool = [
+            s
+            for s in self.complete
+            if batch is None or s.config.get("batch_size") == batch
+            if recompute is None or s.config.get("recompute") == recompute
+            if "throughput" in s.figures
+        ]
+        meeting = [s for s in pool if meets_slo(s.figures, self.slo)] if self.slo else pool
+        chosen = meeting or pool
+        return max(chosen, key=lambda s: s.figures["throughput"]) if chosen else None
+
+    def front(self) -> list[Seen]:
+        """The complete configurations on the Pareto front of the objectives, fastest first."""
+        objectives = list(self.space.objectives)
+        pool = [s for s in self.complete if all(o.metric in s.figures for o in objectives)]
+        if not pool:
+            return []
+        values = np.array([[s.figures[o.metric] for o in objectives] for s in pool])
+        mask = pareto_mask(values, [o.direction for o in objectives])
+        chosen = [s for s, keep in zip(pool, mask, strict=True) if keep]
+        return sorted(chosen, key=lambda s: -s.figures.get("throughput", 0.0))
+
+    def ladder(self, knob: str) -> list[Any]:
+        """The values of a discrete knob in order (ascending numbers, choices as written)."""
+        return _values(self.space.searched[knob])
+
+    def precision(self) -> Any:
+        """The lowest precision not seen failing the fidelity check (``PRECISION_ORDER``)."""
+        choices = self.ladder("precision")
+        failed = {
+            s.config.get("precision") for s in self.outcomes.values() if s.outcome == FIDELITY
+        }
+        ordered = [p for p in PRECISION_ORDER if p in choices] + [
+            p for p in choices if p not in PRECISION_ORDER
+        ]
+        return next((p for p in ordered if p not in failed), ordered[0])
+
+
+def _values(param: Param) -> list[Any]:
+    if isinstance(param, IntParam):
+        return param.values() if param.count() <= 4096 else param.extremes()
+    assert isinstance(param, CategoricalParam)
+    return list(param.choices)
+
+
+# -- the order ---------------------------------------------------------------------------------
+
+
+def _order(book: _Book) -> Iterator[Move]:
+    first = _first_guess(book)
+    if first is not None:
+        yield first
+        return  # the opening is sequential: each step needs the one before it
+    yield from _precision_peer(book)
+    yield from _recompute_past_the_wall(book)
+    yield from _batches(book)
+    yield from _local_search(book)
+
+
+def _opening_base(book: _Book) -> dict[str, Any]:
+    """Every searched discrete knob at the expert's value: one lane, no recompute, the lowest
+    precision that computes the same, a workload's own knobs at their first value."""
+    base: dict[str, Any] = {}
+    for knob in book.discrete:
+        values = book.ladder(knob)
+        if knob == "precision":
+            base[knob] = book.precision()
+        elif knob == "recompute" and False in values:
+            base[knob] = False
+        else:
+            base[knob] = values[0]
+    return {**base, **book.space.fixed, **_floats(book.space)}
+
+
+def _floats(space: SearchSpace) -> dict[str, Any]:
+    """A stand-in value for each float knob (drawn elsewhere), so that the space's constraints
+    can be checked on a move."""
+    return {k: p.low for k, p in space.searched.items() if isinstance(p, FloatParam)}
+
+
+def _first_guess(book: _Book) -> Move | None:
+    """The next step of the opening bisection, or None once the wall is found at some batch."""
+    base = _opening_base(book)
+    if "batch_size" not in book.discrete:
+        return None if book.outcome(base) is not None else Move(base, "the expert's first guess")
+    for batch in reversed(book.ladder("batch_size")):
+        at_batch = {**base, "batch_size": batch}
+        if "micro_batch_size" not in book.discrete:
+            if book.outcome(at_batch) is None:
+                return Move(at_batch, "the expert's first guess: the largest batch")
+            if book.outcome(at_batch) == COMPLETE:
+                return None
+            continue
+        micros = [m for m in book.ladder("micro_batch_size") if _feasible(book, at_batch, m)]
+        step = _bisect(book, at_batch, micros)
+        if step is not None:
+            return step
+        if any(book.outcome({**at_batch, "micro_batch_size": m}) == COMPLETE for m in micros):
+            return None  # the wall is found at this batch
+    return None
+
+
+def _feasible(book: _Book, config: Mapping[str, Any], micro: Any) -> bool:
+    return not book.space.violations({**config, "micro_batch_size": micro})
+
+
+def _bisect(book: _Book, config: Mapping[str, Any], micros: Sequence[Any]) -> Move | None:
+    """The next micro-batch to try at ``config`` to find the largest that fits; None once found
+    (or when nothing is left to try)."""
+    outcomes = [book.outcome({**config, "micro_batch_size": m}) for m in micros]
+    ok = [i for i, o in enumerate(outcomes) if o == COMPLETE]
+    walls = [
+        i for i, o in enumerate(outcomes) if o not in (None, COMPLETE) and i > max(ok, default=-1)
+    ]
+    low = max(ok) if ok else -1
+    high = min(walls) if walls else len(micros)
+    if high - low <= 1:
+        return None
+    index = len(micros) - 1 if high == len(micros) else (low + high) // 2
+    why = (
+        "the expert's first guess: the largest batch and micro-batch"
+        if high == len(micros)
+        else f"bisecting the OOM wall: micro-batch {micros[high]} did not fit"
+        + (f", {micros[low]} did" if low >= 0 else "")
+    )
+    return Move({**config, "micro_batch_size": micros[index]}, why)
+
+
+PEERS = {"bf16": "fp16", "fp16": "bf16"}
+"""Precisions as narrow as each other: which one is faster depends on the device (fp16 needs a
+loss scaler, bf16 does not), so an expert tries the other once the first guess stands."""
+
+
+def _precision_peer(book: _Book) -> Iterator[Move]:
+    """The fastest configuration so far in the other 16-bit precision, where the space has it."""
+    best = book.best()
+    if best is None or "precision" not in book.discrete:
+        return
+    peer = PEERS.get(best.config["precision"])
+    tried = any(s.config.get("precision") == peer for s in book.outcomes.values())
+    if peer in book.ladder("precision") and not tried:
+        yield Move(
+            {**best.config, "precision": peer},
+            f"{peer}: as few bits as {best.config['precision']}; which is faster here?",
+        )
+
+
+def _recompute_past_the_wall(book: _Book) -> Iterator[Move]:
+    """Recompute at the micro-batch just above the largest that fitted without it."""
+    if not {"micro_batch_size", "recompute"} <= set(book.discrete):
+        return
+    if True not in book.ladder("recompute"):
+        return
+    best = book.best()
+    if best is None or best.config.get("recompute"):
+        return
+    micros = book.ladder("micro_batch_size")
+    bigger = [m for m in micros if m > best.config["micro_batch_size"]]
+    if not bigger:
+        return
+    plain = {**best.config, "micro_batch_size": bigger[0]}
+    if book.outcome(plain) == OOM:
+        yield Move(
+            {**plain, "recompute": True},
+            f"recompute: lets micro-batch {bigger[0]} fit where it ran out of memory",
+        )
+
+
+def _batches(book: _Book) -> Iterator[Move]:
+    """The largest batch's micro-batch sweeps, then each smaller batch's start (carried from the
+    batch above), each batch's best with recompute, then the smaller batches' climbs: the
+    throughput end of the front first, then its latency end, then its memory end."""
+    if "batch_size" not in book.discrete:
+        yield from _sweeps(book, None)
+        yield from _climb(book, None)
+        return
+    batches = list(reversed(book.ladder("batch_size")))
+    yield from _sweeps(book, batches[0])
+    yield from _climb(book, batches[0])
+    for above, batch in zip(batches, batches[1:], strict=False):
+        if book.best(batch) is None:
+            start = _carried(book, above, batch)
+            if start is not None:
+                yield start
+    for batch in batches:
+        yield from _with_recompute(book, batch)
+    for batch in batches[1:]:
+        yield from _climb(book, batch)
+
+
+def _with_recompute(book: _Book, batch: Any) -> Iterator[Move]:
+    """The best configuration of ``batch`` with recompute: the memory end of the front (a third
+    of the activations or so, for another forward pass)."""
+    best = book.best(batch)
+    if best is None or "recompute" not in book.discrete or best.config["recompute"]:
+        return
+    if True in book.ladder("recompute") and _recompute_saves_memory(book):
+        yield Move({**best.config, "recompute": True}, f"memory front: recompute at batch {batch}")
+
+
+RECOMPUTE_SAVING = 0.1
+"""Share of peak memory recompute must save, where it was tried, to be tried at other batches."""
+
+
+def _recompute_saves_memory(book: _Book) -> bool:
+    """Whether recompute saved memory where a configuration was measured with and without it
+    (True while no such pair is known): on a CPU the allocator may keep what it frees."""
+    pairs = []
+    for s in book.complete:
+        if s.config.get("recompute") is True:
+            plain = book.outcomes.get(_key({**s.config, "recompute": False}, book.discrete))
+            if plain is not None and plain.outcome == COMPLETE:
+                pairs.append((plain.figures.get(MEMORY), s.figures.get(MEMORY)))
+    known = [(a, b) for a, b in pairs if a and b is not None]
+    return not known or any(b < (1 - RECOMPUTE_SAVING) * a for a, b in known)
+
+
+def _sweeps(book: _Book, batch: Any) -> Iterator[Move]:
+    """Micro-batches from the largest that fits down, on as many lanes as each allows and then
+    on one lane, each sweep until it has passed its peak (``PAST_THE_PEAK`` falls in a row):
+    the best micro-batch depends on the batch, and too small a one leaves the device idle."""
+    if "micro_batch_size" not in book.discrete:
+        return
+    best = book.best(batch)
+    if best is None:
+        return
+    top = max(
+        (s.config for s in book.complete if s.config.get("batch_size") == batch),
+        key=lambda c: c["micro_batch_size"],
+    )
+    lanes = "streams" in book.discrete
+    for many in (True, False) if lanes else (False,):
+        figures: list[float] = []
+        micro = _step(book, "micro_batch_size", top["micro_batch_size"], -1)
+        while micro is not None and not _past_the_peak(figures):
+            config = {**best.config, "micro_batch_size": micro}
+            if lanes:
+                config["streams"] = _most_lanes(book, config) if many else book.ladder("streams")[0]
+            outcome = book.outcome(config)
+            if outcome is None:
+                shape = "on more lanes" if many and config.get("streams", 1) > 1 else "on one lane"
+                where = f" at batch {batch}" if batch is not None else ""
+                yield Move(config, f"micro-batch sweep: {micro} {shape}{where}")
+                break
+            if outcome == COMPLETE:
+                figures.append(book.throughput(config) or 0.0)
+            micro = _step(book, "micro_batch_size", micro, -1)
+
+
+PAST_THE_PEAK = 2
+"""Falls in a row after which a micro-batch sweep stops: one can be noise, two are a trend."""
+
+
+def _past_the_peak(figures: Sequence[float]) -> bool:
+    tail = figures[-(PAST_THE_PEAK + 1) :]
+    return len(tail) == PAST_THE_PEAK + 1 and all(
+        a > b for a, b in zip(tail, tail[1:], strict=False)
+    )
+
+
+def _most_lanes(book: _Book, config: Mapping[str, Any], at_most: Any = None) -> Any:
+    """The most lanes (up to ``at_most``) the space allows ``config`` (its constraints, e.g.
+    lanes <= micro-batches); the fewest where none is allowed."""
+    ladder = book.ladder("streams")
+    for streams in reversed(ladder):
+        if at_most is not None and streams > at_most:
+            continue
+        if not book.space.violations({**config, "streams": streams}):
+            return streams
+    return ladder[0]
+
+
+def _carried(book: _Book, above: Any, batch: Any) -> Move | None:
+    """The best inner configuration of ``above`` moved to ``batch`` (the micro-batch clipped to
+    the batch, lanes to what it allows)."""
+    best = book.best(above)
+    if best is None:
+        return None
+    config = {**best.config, "batch_size": batch}
+    if "micro_batch_size" in config:
+        config["micro_batch_size"] = min(config["micro_batch_size"], batch)
+    if "streams" in book.discrete:
+        config["streams"] = _most_lanes(book, config, at_most=config["streams"])
+    return Move(
+        config, f"latency front: batch {batch} with the best inner configuration of batch {above}"
+    )
+
+
+def _climb(book: _Book, batch: Any) -> Iterator[Move]:
+    """The neighbours of the best configuration at ``batch`` without recompute, then of the best
+    with it where that is faster: recompute is worth its extra forward pass only where it lets a
+    larger micro-batch fit, so a lead it holds by noise must not steer the climb."""
+    best = book.best(batch)
+    if best is None:
+        return
+    plain = (book.best(batch, recompute=False) if "recompute" in book.discrete else None) or best
+    for base in (plain, best) if best is not plain else (plain,):
+        yield from _neighbours(book, base.config, batch)
+
+
+def _neighbours(book: _Book, config: Mapping[str, Any], batch: Any) -> Iterator[Move]:
+    """``config``'s neighbours on micro-batch and lanes, the regime's direction first."""
+    moves: list[tuple[str, dict[str, Any], str]] = []
+    up, down = _shift(book, config, +1), _shift(book, config, -1)
+    lanes = _lanes(book, config, +1)
+    overhead = _overhead_bound(book, config)
+    where = f" at batch {batch}" if batch is not None else ""
+    if up is not None:
+        why = "overhead-bound: doubling micro-batch" if overhead else "larger micro-batch"
+        moves.append(("up", up, why + where))
+    if lanes is not None:
+        moves.append(("lanes", lanes, "more lanes: the host may be the bottleneck" + where))
+    if down is not None:
+        down_lanes = _lanes(book, down, +1)
+        if down_lanes is not None:
+            moves.append(("down+lanes", down_lanes, "smaller micro-batch on more lanes" + where))
+        moves.append(("down", down, "smaller micro-batch" + where))
+    if not overhead:  # compute-bound or unknown: the larger micro-batch is the last resort
+        moves.sort(key=lambda m: m[0] == "up")
+    for _, move, why in moves:
+        yield Move(move, why)
+
+
+def _local_search(book: _Book) -> Iterator[Move]:
+    """Each front configuration's one-step neighbours, any discrete knob."""
+    for s in book.front():
+        for knob in book.discrete:
+            values = book.ladder(knob)
+            here = s.config[knob]
+            if here not in values:
+                continue
+            i = values.index(here)
+            numeric = isinstance(book.space.searched[knob], IntParam)
+            others = (
+                [values[j] for j in (i - 1, i + 1) if 0 <= j < len(values)]
+                if numeric
+                else [v for v in values if v != here]
+            )
+            for value in others:
+                yield Move(
+                    {**s.config, knob: value},
+                    f"local search around a front configuration: {knob}={value}",
+                )
+
+
+def _step(book: _Book, knob: str, value: Any, by: int) -> Any:
+    values = book.ladder(knob)
+    i = values.index(value) + by
+    return values[i] if 0 <= i < len(values) else None
+
+
+def _shift(book: _Book, config: Mapping[str, Any], by: int) -> dict[str, Any] | None:
+    """``config`` with the micro-batch a step up or down (lanes cut back to what it allows)."""
+    if "micro_batch_size" not in book.discrete:
+        return None
+    micro = _step(book, "micro_batch_size", config["micro_batch_size"], by)
+    if micro is None:
+        return None
+    moved = {**config, "micro_batch_size": micro}
+    if "streams" in book.discrete:
+        moved["streams"] = _most_lanes(book, moved, at_most=moved["streams"])
+    return moved if book.fits(moved) else None
+
+
+def _lanes(book: _Book, config: Mapping[str, Any], by: int) -> dict[str, Any] | None:
+    if "streams" not in book.discrete:
+        return None
+    streams = _step(book, "streams", config["streams"], by)
+    if streams is None:
+        return None
+    moved = {**config, "streams": streams}
+    return moved if book.fits(moved) else None
+
+
+def _overhead_bound(book: _Book, config: Mapping[str, Any]) -> bool:
+    """Whether twice ``config``'s micro-batch ran much faster (``OVERHEAD_BOUND_GAIN``), or, with
+    no such pair, whether half of it ran much slower: the step time barely grows with the work."""
+    here = book.throughput(config)
+    if here is None or "micro_batch_size" not in book.discrete:
+        return False
+    for by in (+1, -1):
+        micro = _step(book, "micro_batch_size", config["micro_batch_size"], by)
+        other = book.throughput({**config, "micro_batch_size": micro}) if micro else None
+        if other is not None:
+            bigger, smaller = (other, here) if by > 0 else (here, other)
+            return bigger > OVERHEAD_BOUND_GAIN * smaller
+    return False
