@@ -18,7 +18,7 @@ TINY = [
     "measure.min_windows=3",
     "measure.max_time_s=1",
     "revalidate.processes=0",
-    # no confirmation runs after the study (16 fresh runs): tests/test_retune.py covers them
+    # no confirmation runs after the study (16 fresh runs): tests/retune/test_retune.py covers them
     "retune.confirm=0",
 ]
 LENIENT = [

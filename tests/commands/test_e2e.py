@@ -21,7 +21,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 from tiny import CONTRACT_METRICS, KNOBS, LENIENT, TINY  # tests/ is on sys.path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 

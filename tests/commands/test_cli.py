@@ -12,7 +12,7 @@ import pytest
 from search.commands.cli import main
 from search.measurement.gpu import CpuEnergyMonitor
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 BAD_SPACES = str(REPO / "tests" / "bad_spaces")
 BAD_INPUT = {

@@ -12,7 +12,7 @@ from search.config.compose import ConfigError, compose_config, resolve, resolve_
 from search.space.search_space import parse_space
 from search.workloads import ServingWorkload, Workload
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SPACE_FILES = sorted((REPO / "spaces").glob("*.yaml"))
 SPACE_NAMES = [p.stem for p in SPACE_FILES]
 USER_DIR = REPO / "examples" / "user_workload"

@@ -370,7 +370,7 @@ def test_the_baseline_benchmark_pools_its_runs():
     from search.core.records import COMPLETE
     from search.execution.worker import TrialResult
 
-    path = Path(__file__).parent.parent / "benchmarks" / "versus_baseline.py"
+    path = Path(__file__).parents[2] / "benchmarks" / "versus_baseline.py"
     spec = importlib.util.spec_from_file_location("versus_baseline", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -24,7 +24,7 @@ from search.commands.cli import main
 from search.study.trial_store import SYNCED_RUN_PREFIX
 from search.tracking.tracker import NETWORK_LIMITS, Tracker
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 CONTRACT_TAGS = {
     "state",

@@ -36,7 +36,7 @@ from search.retune.nightly import (
     tuned_runs,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 A = {"micro_batch_size": 4, "precision": "fp32"}
 B = {"micro_batch_size": 4, "precision": "bf16"}
 

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -25,6 +26,9 @@ from search.execution.worker import (
 from search.measurement.gpu import CpuEnergyMonitor
 from search.measurement.protocol import MeasureSettings
 from search.workloads import Workload
+
+TESTS = Path(__file__).resolve().parents[1]
+"""tests/: the shared helpers, among them the failing workload faults.Faulty."""
 
 QUICK = MeasureSettings(
     warmup_steps=1, warmup_s=0.0, window_s=0.01, min_windows=2, max_windows=3, max_time_s=0.5
@@ -250,7 +254,7 @@ def test_a_worker_dies_with_its_study_process_even_under_kill_9(tmp_path):
     )
     (tmp_path / "study.py").write_text(script)
     study = subprocess.Popen(
-        [sys.executable, str(tmp_path / "study.py"), os.path.dirname(__file__), str(pid_file)],
+        [sys.executable, str(tmp_path / "study.py"), str(TESTS), str(pid_file)],
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
     )
     for _ in range(300):

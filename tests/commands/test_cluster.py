@@ -27,7 +27,7 @@ from servers import MlflowServer, Postgres, postgres_bin  # tests/ is on sys.pat
 from search import launch
 from search.study.liveness import DB_CONNECTIONS
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SPACE_DIR = REPO / "tests" / "cluster_space"
 pytestmark = pytest.mark.slow
 
