@@ -45,6 +45,7 @@ TINY_STUDY = [
     "measure.window_s=0.05",
     "measure.min_windows=3",
     "measure.max_windows=3",
+    "measure.target_rel_ci=1e-6",  # every measurement stops at max_windows, whatever its noise
     "measure.max_time_s=1",
     "measure.race=false",
     "noise.start_runs=2",

@@ -30,11 +30,14 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from search.analysis.noise_floor import NoiseFloor, RunFigures, assess
+from search.analysis.noise_floor import NoiseFloor, RunFigures
+from search.analysis.stability import assess
 from search.config.compose import compose_config, load_settings, resolve_device
 from search.config.prepare import control_config, load_space
+from search.core.records import COMPLETE
 from search.execution.figures import trial_metrics
-from search.execution.worker import COMPLETE, TrialRequest, run_isolated
+from search.execution.isolation import run_isolated
+from search.execution.trial import TrialRequest
 
 
 def clopper_pearson(k: int, n: int) -> tuple[float, float]:
@@ -56,11 +59,11 @@ def main(argv: list[str]) -> int:
 
     def run(config: dict[str, Any]) -> tuple[dict[str, float], float] | None:
         request = TrialRequest(
-            space.workload,
-            config,
-            str(device),
-            settings.seed,
-            settings.measure,
+            workload=space.workload,
+            config=config,
+            device=str(device),
+            seed=settings.seed,
+            measure=settings.measure,
             timeout_s=settings.runner.timeout_s,
         )
         result = run_isolated(request)

@@ -51,9 +51,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from simulator import WORKLOADS, Figures, Workload, expert_guess, feasible, key  # noqa: E402
 
 from search.analysis.pareto import pareto_mask  # noqa: E402
-from search.study.driver import suggest  # noqa: E402
+from search.core.records import COMPLETE  # noqa: E402
+from search.study.book import OOM, Seen  # noqa: E402
 from search.study.guided import HANDED_OVER, WHY, GuidedSampler  # noqa: E402
-from search.study.strategy import COMPLETE, OOM, Seen  # noqa: E402
+from search.study.samplers import suggest  # noqa: E402
 
 DIRECTIONS = ["maximize", "minimize", "minimize"]
 METRICS = ["throughput", "latency_p95_ms", "peak_memory_mb"]

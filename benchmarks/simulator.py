@@ -35,7 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from search.space.search_space import SearchSpace, parse_space
+from search.space.parse import parse_space
+from search.space.search_space import SearchSpace
 
 DATA = Path(__file__).parent / "data"
 OBJECTIVES = {"throughput": "maximize", "latency_p95_ms": "minimize", "peak_memory_mb": "minimize"}

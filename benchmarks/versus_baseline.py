@@ -33,9 +33,12 @@ from scipy import stats
 
 from search.config.compose import compose_config, load_settings, resolve_device
 from search.config.prepare import load_space
-from search.execution.worker import COMPLETE, TrialRequest, TrialResult, run_isolated, split_config
+from search.core.records import COMPLETE
+from search.execution.isolation import run_isolated
+from search.execution.trial import TrialRequest, TrialResult
+from search.execution.worker import split_config
 from search.measurement.protocol import MeasureSettings
-from search.space.search_space import CategoricalParam, FixedParam
+from search.space.params import CategoricalParam, FixedParam
 from search.study.revalidate import pool
 
 PROBE = MeasureSettings(
@@ -131,11 +134,11 @@ def main(argv: list[str]) -> int:
 
     def request(config: Mapping[str, Any], measure: MeasureSettings = settings) -> TrialRequest:
         return TrialRequest(
-            space.workload,
-            config,
-            str(device),
-            chosen.seed,
-            measure,
+            workload=space.workload,
+            config=config,
+            device=str(device),
+            seed=chosen.seed,
+            measure=measure,
             timeout_s=chosen.runner.timeout_s,
             memory_limit_mb=None,
         )

@@ -1,11 +1,12 @@
 """What a fresh trial worker costs to start, by start method.
 
-Every trial runs in a fresh process (``search/execution/worker.py``). This times, for each start method, the
+Every trial runs in a fresh process (``search/execution/isolation.py``). This times, for each start
+method, the
 moment ``Process.start()`` is called until the new process has what a trial worker imports
 (``search.execution.worker``, and with it torch, numpy, scipy and Hydra) and answers through a pipe:
 
 * ``spawn``: a new interpreter that imports everything itself;
-* ``forkserver``: forked from a server that imported it once (what ``runner.worker_context`` uses);
+* ``forkserver``: forked from a server that imported it once (what ``isolation.worker_context`` uses);
   the server's own start, paid once per study process, is reported apart.
 
 A worker reused across trials would cost nothing to start, but reads CPU peak memory far too low

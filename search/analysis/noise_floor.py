@@ -1,4 +1,4 @@
-"""The machine's noise floor, intervals that span runs, and stability judged against the machine.
+"""The machine's noise floor: between-run variance, drift correction, intervals that span runs.
 
 One run of a configuration (a fresh worker process, a few seconds of windows) says how steady that
 run was, not what the next run will get: a fresh process lands on other cores, other cache and
@@ -13,23 +13,21 @@ it and at its end, and reads the machine from those runs and from the re-validat
   group's mean (the control is one group, each re-validated candidate another) less what their
   own within-run errors explain, floored at zero; its degrees of freedom are the groups' runs less
   one each (less two for the control when its drift is fitted).
-- **drift**: a straight line fitted to the control's log level against time, one per session (an
-  invocation, on one device). When its slope is significant (``DRIFT_ALPHA``), the figures its
-  device measured during it are *corrected* to its average level (divided by the fitted level at
-  their time) and the line's own uncertainty is added to their intervals; another device's figures
-  are not (workers on several GPUs at once drift apart); a slope that is not significant is
-  reported but nothing is corrected, since a fitted line from a few runs would add more noise than
-  it removes.
+- **drift** (``search.analysis.drift``): a straight line fitted to the control's log level against
+  time, one per session (an invocation, on one device). When its slope is significant
+  (``DRIFT_ALPHA``), the figures its device measured during it are *corrected* to its average
+  level (divided by the fitted level at their time) and the line's own uncertainty is added to
+  their intervals; another device's figures are not (workers on several GPUs at once drift apart);
+  a slope that is not significant is reported but nothing is corrected, since a fitted line from a
+  few runs would add more noise than it removes.
 - **intervals that span runs**: a figure from one run gets the variance ``σ_b² + se²`` (plus the
   drift line's), with Welch-Satterthwaite degrees of freedom; a mean of k fresh runs gets
   ``(σ_b² + mean se²) / k``. The interval is never narrower than the run's own.
 
-Stability is a property of the configuration: a run is unstable when its variability is
-significantly larger than the control's measured nearest in time (``judge``), by tests whose
-false-alarm rates add up to ``stable.alpha`` (Bonferroni), and by at least a margin that matters.
+Stability, judged against the control runs this floor holds, is ``search.analysis.stability``.
 
-Nothing here knows Optuna, MLflow or processes: ``search.study.trial_store`` keeps the control runs,
-``search.commands.tune`` schedules them.
+Nothing here knows Optuna, MLflow or processes: ``search.study.repeat_runs`` keeps the control runs,
+the study driver (``search.study.driver``) schedules them.
 """
 
 from __future__ import annotations
@@ -37,54 +35,29 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
-from scipy import stats
 
-from search.core.records import with_requests
-from search.measurement.protocol import t_quantile
+from search.analysis.drift import DriftLine, split_sessions
+from search.measurement.statistics import t_quantile
 
 __all__ = [
-    "DRIFT_ALPHA",
-    "DriftLine",
     "MIN_BETWEEN_DF",
     "NEAREST_CONTROLS",
     "NoiseFloor",
     "RunFigures",
-    "SESSION_GAP_S",
     "SESSION_GRACE_S",
     "STALL_FACTOR",
-    "StableSettings",
-    "Verdict",
-    "assess",
-    "assess_pooled",
     "by_device",
-    "judge",
     "stall_steps",
 ]
 
 
-class StableSettings(Protocol):
-    """The limits ``judge`` applies (``stable.*``; ``search.config.settings.StableSettings`` is the
-    one
-    a run reads): a protocol, so that the statistics here need nothing of the settings above."""
-
-    alpha: float
-    excess_cv: float
-    excess_stalls: float
-    excess_between_cv: float
-    max_cv: float | None
-
-
 STALL_FACTOR = 2.0
 """A step slower than this multiple of its run's median step counts as a stall."""
-DRIFT_ALPHA = 0.05
-"""Significance level of the drift line's slope (two-sided t-test)."""
 NEAREST_CONTROLS = 2
 """Control runs nearest in time that a configuration's variability is compared with."""
-SESSION_GAP_S = 1800.0
-"""Control runs of no named invocation further apart than this belong to different sessions."""
 MIN_BETWEEN_DF = 3
 """Degrees of freedom the between-run variance needs before intervals include it. From 1 or 2
 its t quantile (12.7, 4.3) makes an interval wider than any spread seen between runs, and early
@@ -96,7 +69,7 @@ SESSION_GRACE_S = 60.0
 earlier session: the latest session's drift line does not correct it."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RunFigures:
     """What the noise model needs of one run of one configuration (a fresh process)."""
 
@@ -112,7 +85,7 @@ class RunFigures:
     """Steps slower than ``STALL_FACTOR`` times the run's median step."""
     session: str = ""
     """The invocation that measured it, for control runs ('' where unknown: sessions are then
-    told apart by gaps of ``SESSION_GAP_S``)."""
+    told apart by gaps of ``search.analysis.drift.SESSION_GAP_S``)."""
     step_s: float = 0.0
     """Mean step time, s (0.0 where unknown: steps then count as equally long)."""
     device: str = ""
@@ -134,12 +107,12 @@ class RunFigures:
         """The figures of a complete trial's stored metrics
         (``search.execution.figures.trial_metrics``)."""
         return cls(
-            time_s,
-            float(metrics["throughput"]),
-            float(metrics["throughput_cv"]),
-            int(metrics["n_windows"]),
-            int(metrics["n_steps"]),
-            int(metrics.get("stall_steps", 0)),
+            time_s=time_s,
+            throughput=float(metrics["throughput"]),
+            cv=float(metrics["throughput_cv"]),
+            n_windows=int(metrics["n_windows"]),
+            n_steps=int(metrics["n_steps"]),
+            stalls=int(metrics.get("stall_steps", 0)),
             step_s=float(metrics.get("latency_mean_ms", 0.0)) / 1000.0,
         )
 
@@ -193,56 +166,6 @@ def stall_steps(step_latencies_ms: Sequence[float]) -> int:
     return int(np.count_nonzero(steps > STALL_FACTOR * np.median(steps)))
 
 
-@dataclass(frozen=True)
-class DriftLine:
-    """A straight line fitted to the log level of one session's control runs (one invocation, on
-    one device), and the times it covers."""
-
-    device: str
-    start: float
-    """The session's first control run, s since the epoch."""
-    end: float
-    """Its last."""
-    t_ref: float
-    """The time its corrected figures refer to: its control runs' mean time."""
-    drift: float
-    """Relative change of the fitted level from its first run to its last."""
-    p: float
-    """Two-sided p-value of the slope (1.0 with fewer than 3 runs)."""
-    corrected: bool
-    """Whether the slope is significant at ``DRIFT_ALPHA``: figures are then corrected."""
-    slope: float = 0.0
-    """Fitted slope of log level per s (0.0 when not corrected)."""
-    slope_var: float = 0.0
-    df: int = 0
-    """Its runs less two."""
-
-    @classmethod
-    def fit(cls, session: Sequence[RunFigures]) -> DriftLine:
-        slope, slope_var, t_ref, p, corrected = _drift_line(session)
-        start, end = session[0].time_s, session[-1].time_s
-        return cls(
-            session[-1].device,
-            start,
-            end,
-            t_ref,
-            math.expm1(slope * (end - start)),
-            p,
-            corrected,
-            slope if corrected else 0.0,
-            slope_var if corrected else 0.0,
-            max(len(session) - 2, 0),
-        )
-
-    def level(self, time_s: float) -> tuple[float, float]:
-        """The fitted relative level at ``time_s`` (1.0 at ``t_ref``; held at the session's end
-        values beyond them) and the variance of its log; (1.0, 0.0) when not corrected."""
-        if not self.corrected:
-            return 1.0, 0.0
-        dt = min(max(time_s, self.start), self.end) - self.t_ref
-        return math.exp(self.slope * dt), self.slope_var * dt * dt
-
-
 _FIELD_OF = {
     "session_start": "start",
     "session_end": "end",
@@ -262,7 +185,7 @@ def _fields_of(line: DriftLine) -> dict[str, Any]:
     return {f: getattr(line, k) for f, k in _FIELD_OF.items()}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class NoiseFloor:
     """The machine's noise as the control runs and re-validation replicates show it."""
 
@@ -277,7 +200,8 @@ class NoiseFloor:
     drift_p: float
     """Two-sided p-value of the drift line's slope (1.0 with fewer than 3 control runs)."""
     corrected: bool
-    """Whether figures are corrected for drift (the slope is significant at ``DRIFT_ALPHA``)."""
+    """Whether figures are corrected for drift (the slope is significant at
+    ``search.analysis.drift.DRIFT_ALPHA``)."""
     slope: float = 0.0
     """Fitted slope of the control's log level, per s."""
     slope_var: float = 0.0
@@ -307,20 +231,23 @@ class NoiseFloor:
         (re-validation replicates).
 
         Control runs of one invocation form a session (runs without one are split at gaps of
-        ``SESSION_GAP_S``); each session is its own group for the between-run variance and has its
-        own drift line, which corrects only figures of its device measured during it. Workers on
-        several GPUs at once each have theirs: one GPU's drift does not move another's figures.
+        ``search.analysis.drift.SESSION_GAP_S``); each session is its own group for the
+        between-run variance and has its own drift line, which corrects only figures of its device
+        measured during it. Workers on several GPUs at once each have theirs: one GPU's drift does
+        not move another's figures.
         The floor's own drift fields are those of the session that ended last."""
         controls = tuple(sorted(controls, key=lambda c: c.time_s))
-        sessions = _sessions(controls)
+        sessions = split_sessions(controls)
         lines = tuple(DriftLine.fit(s) for s in sessions)
-        last = lines[-1] if lines else DriftLine("", 0.0, 0.0, 0.0, 0.0, 1.0, False)
+        last = (
+            lines[-1]
+            if lines
+            else DriftLine(
+                device="", start=0.0, end=0.0, t_ref=0.0, drift=0.0, p=1.0, corrected=False
+            )
+        )
         floor = cls(
-            controls,
-            0.0,
-            0,
-            lines=lines,
-            **_fields_of(last),
+            controls=controls, between_cv=0.0, between_df=0, lines=lines, **_fields_of(last)
         )
         rss, explained, df = 0.0, 0.0, 0
         fitted_runs = [
@@ -346,7 +273,7 @@ class NoiseFloor:
     @property
     def session(self) -> tuple[RunFigures, ...]:
         """The control runs of the latest session."""
-        sessions = _sessions(self.controls)
+        sessions = split_sessions(self.controls)
         return sessions[-1] if sessions else ()
 
     def level(self, time_s: float, device: str = "") -> tuple[float, float]:
@@ -365,7 +292,7 @@ class NoiseFloor:
         if not self.lines:  # built by hand: the fields' line, from its session start on
             if time_s < self.session_start - SESSION_GRACE_S:
                 return None
-            return DriftLine("", **{k: getattr(self, f) for f, k in _FIELD_OF.items()})
+            return DriftLine(device="", **{k: getattr(self, f) for f, k in _FIELD_OF.items()})
         devices = {line.device for line in self.lines}
         mine = (
             [line for line in self.lines if line.device == device]
@@ -487,36 +414,6 @@ class NoiseFloor:
         return sorted(own or self.controls, key=lambda c: abs(c.time_s - time_s))[:NEAREST_CONTROLS]
 
 
-def _sessions(controls: Sequence[RunFigures]) -> list[tuple[RunFigures, ...]]:
-    """``controls`` (oldest first) grouped by the invocation that measured them; runs without one
-    are split wherever two lie more than ``SESSION_GAP_S`` apart. Ordered by each session's last
-    run."""
-    named: dict[str, list[RunFigures]] = {}
-    unnamed: list[list[RunFigures]] = []
-    for c in controls:
-        if c.session:
-            named.setdefault(c.session, []).append(c)
-        elif unnamed and c.time_s - unnamed[-1][-1].time_s <= SESSION_GAP_S:
-            unnamed[-1].append(c)
-        else:
-            unnamed.append([c])
-    return sorted((tuple(s) for s in [*named.values(), *unnamed]), key=lambda s: s[-1].time_s)
-
-
-def _drift_line(controls: Sequence[RunFigures]) -> tuple[float, float, float, float, bool]:
-    """(slope, its variance, mean time, two-sided p, significant) of log level against time."""
-    if not controls:
-        return 0.0, 0.0, 0.0, 1.0, False
-    t = np.array([c.time_s for c in controls])
-    t_ref = float(t.mean())
-    if len(controls) < 3 or float(np.ptp(t)) == 0:
-        return 0.0, 0.0, t_ref, 1.0, False
-    fit = stats.linregress(t - t_ref, np.log([c.throughput for c in controls]))
-    slope, se = float(fit.slope), float(fit.stderr)
-    p = float(fit.pvalue) if math.isfinite(fit.pvalue) else (0.0 if slope else 1.0)
-    return slope, se * se, t_ref, p, p < DRIFT_ALPHA
-
-
 def _half_width(components: Sequence[tuple[float, float]], confidence: float) -> float:
     """t times the standard error of a sum of variance components, with Welch-Satterthwaite degrees
     of freedom; components with no degrees of freedom are left out (nothing is known of them)."""
@@ -526,183 +423,3 @@ def _half_width(components: Sequence[tuple[float, float]], confidence: float) ->
         return 0.0
     df = total**2 / sum(v * v / df for v, df in known)
     return t_quantile(confidence, df) * math.sqrt(total)
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """Whether a configuration is stable, and if not, which test it failed with its figures."""
-
-    stable: bool
-    reason: str = ""
-
-
-def judge(
-    run: RunFigures,
-    floor: NoiseFloor,
-    settings: StableSettings,
-    *,
-    throttled: bool = False,
-    replicates: Sequence[RunFigures] = (),
-) -> Verdict:
-    """Judge one configuration against the control runs nearest in time.
-
-    Three one-sided tests, each at ``alpha / 3`` so that a configuration as steady as the control
-    is called unstable with probability at most ``alpha`` (Bonferroni), and each also asks for an
-    excess that matters:
-
-    - **stalls**: its steps slower than ``STALL_FACTOR`` times its median step come at a higher
-      rate per second of steps than the control's (conditional binomial test of two Poisson
-      rates), and the excess over what the control's rate predicts is at least
-      ``stable.excess_stalls`` of its steps;
-    - **window dispersion**: its window CV exceeds the control's (F-test of the variances) and
-      the excess, ``sqrt(cv² - cv_control²)``, is at least ``stable.excess_cv``;
-    - **fresh processes disagree** (only with ``replicates``): their means vary more than the
-      machine's between-run variance plus their own within-run errors explain (F-test against
-      the floor's degrees of freedom), by an excess CV of at least ``stable.excess_between_cv``.
-
-    Thermal or hardware throttling, and ``stable.max_cv`` when set, are absolute.
-    """
-    if throttled:
-        return Verdict(False, "throttled: the device reported a thermal or hardware slowdown")
-    if settings.max_cv is not None and run.cv > settings.max_cv:
-        return Verdict(
-            False, f"max_cv: window CV {run.cv:.1%} above stable.max_cv {settings.max_cv:.0%}"
-        )
-    alpha = settings.alpha / 3
-    near = floor.nearest(run.time_s, run.device)
-    if near:  # else nothing to compare with (noise.budget=0, or every control run failed)
-        verdict = _against_control(run, near, settings, alpha)
-        if not verdict.stable:
-            return verdict
-    if len(replicates) >= 2 and (floor.between_df or near):
-        return _disagreement(replicates, floor, settings, alpha)
-    return Verdict(True)
-
-
-def _against_control(
-    run: RunFigures, near: Sequence[RunFigures], settings: StableSettings, alpha: float
-) -> Verdict:
-    """The stall and window-dispersion tests of ``judge``."""
-    # Stalls the machine causes (preemption, a neighbour's burst) come at a rate per second, so a
-    # configuration with longer steps catches more of them per step: compare rates over the time
-    # the steps took (conditional binomial test of two Poisson rates), not shares of steps.
-    ctl_stalls = sum(c.stalls for c in near)
-    ctl_time = sum(c.steps_time_s for c in near)
-    run_time = run.steps_time_s
-    expected = ctl_stalls * run_time / ctl_time if ctl_time else 0.0
-    excess_share = (run.stalls - expected) / max(run.n_steps, 1)
-    if excess_share >= settings.excess_stalls and run.stalls:
-        p = float(
-            stats.binomtest(
-                run.stalls, run.stalls + ctl_stalls, run_time / (run_time + ctl_time), "greater"
-            ).pvalue
-        )
-        if p < alpha:
-            return Verdict(
-                False,
-                f"stalls: {run.stalls} of {run.n_steps} steps over {STALL_FACTOR:g}x the median "
-                f"step, {expected:.1f} expected at the control's rate of "
-                f"{ctl_stalls / ctl_time if ctl_time else 0.0:.2g}/s "
-                f"(binomial p={p:.2g} < {alpha:.2g})",
-            )
-    ctl_df = sum(c.n_windows - 1 for c in near)
-    ctl_var = sum(c.cv**2 * (c.n_windows - 1) for c in near) / ctl_df if ctl_df else 0.0
-    excess = math.sqrt(max(run.cv**2 - ctl_var, 0.0))
-    if excess >= settings.excess_cv and run.n_windows > 1:
-        p = float(stats.f.sf(run.cv**2 / ctl_var, run.n_windows - 1, ctl_df)) if ctl_var else 0.0
-        if p < alpha:
-            return Verdict(
-                False,
-                f"dispersion: window CV {run.cv:.1%}, the control's {math.sqrt(ctl_var):.1%}: "
-                f"excess {excess:.1%} >= {settings.excess_cv:.0%} (F-test p={p:.2g} < {alpha:.2g})",
-            )
-    return Verdict(True)
-
-
-def _disagreement(
-    runs: Sequence[RunFigures], floor: NoiseFloor, settings: StableSettings, alpha: float
-) -> Verdict:
-    y = np.log([r.throughput / floor.level(r.time_s, r.device)[0] for r in runs])
-    spread = float(np.var(y, ddof=1))
-    within = float(np.mean([r.se_rel**2 for r in runs]))
-    expected = floor.between_cv**2 + within
-    excess = math.sqrt(max(spread - expected, 0.0))
-    if excess < settings.excess_between_cv:
-        return Verdict(True)
-    df_expected = floor.between_df or sum(r.n_windows - 1 for r in runs)
-    p = float(stats.f.sf(spread / expected, len(runs) - 1, df_expected)) if expected else 0.0
-    if p >= alpha:
-        return Verdict(True)
-    return Verdict(
-        False,
-        f"disagreement: CV of the fresh processes' means {math.sqrt(spread):.1%}, the machine's "
-        f"{math.sqrt(expected):.1%}: excess {excess:.1%} >= {settings.excess_between_cv:.0%} "
-        f"(F-test p={p:.2g} < {alpha:.2g})",
-    )
-
-
-def assess(
-    metrics: Mapping[str, float],
-    time_s: float,
-    floor: NoiseFloor,
-    settings: StableSettings,
-    confidence: float,
-    device: str = "",
-) -> tuple[dict[str, float], Verdict]:
-    """One run's stored figures with its throughput interval spanning runs (and corrected for
-    drift where the floor says so), and its stability verdict against the control; ``device``
-    (``telemetry.device_label``) picks the drift line and control runs of the device that
-    measured it."""
-    run = replace(RunFigures.of(metrics, time_s), device=device)
-    # The run's own interval, as measured (not corrected for drift). A trial stored before the
-    # noise floor has it under the spanning names.
-    within_low = metrics.get("throughput_within_ci_low", metrics["throughput_ci_low"])
-    within_high = metrics.get("throughput_within_ci_high", metrics["throughput_ci_high"])
-    mean, low, high = floor.single_run(
-        run.throughput,
-        within_low,
-        within_high,
-        run.se_rel,
-        run.n_windows,
-        time_s,
-        confidence,
-        device,
-    )
-    out = {
-        **metrics,
-        "throughput_within_ci_low": within_low,
-        "throughput_within_ci_high": within_high,
-        "throughput": mean,
-        "throughput_ci_low": low,
-        "throughput_ci_high": high,
-    }
-    if floor.level(time_s, device)[0] != 1.0:
-        out["throughput_uncorrected"] = run.throughput
-    verdict = judge(run, floor, settings, throttled=bool(metrics.get("throttled", 0.0)))
-    return with_requests(out), verdict
-
-
-def assess_pooled(
-    metrics: Mapping[str, float],
-    runs: Sequence[RunFigures],
-    floor: NoiseFloor,
-    settings: StableSettings,
-    confidence: float,
-) -> tuple[dict[str, float], Verdict]:
-    """A re-validated candidate's pooled figures with the throughput interval of the mean of its
-    fresh runs (``NoiseFloor.pooled``), and its verdict: the stall and dispersion tests on all its
-    runs together (their median CV, their steps summed) and the disagreement of their means."""
-    mean, low, high = floor.pooled(runs, confidence)
-    median_run = sorted(runs, key=lambda r: r.cv)[len(runs) // 2]
-    together = RunFigures(
-        float(np.median([r.time_s for r in runs])),
-        mean,
-        median_run.cv,
-        median_run.n_windows,
-        sum(r.n_steps for r in runs),
-        sum(r.stalls for r in runs),
-        step_s=float(np.mean([r.step_s for r in runs])),
-        device=runs[0].device if len({r.device for r in runs}) == 1 else "",
-    )
-    out = {**metrics, "throughput": mean, "throughput_ci_low": low, "throughput_ci_high": high}
-    return with_requests(out), judge(together, floor, settings, replicates=runs)

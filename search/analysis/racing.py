@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from search.analysis.pareto import pareto_mask
 from search.core.metrics import METRICS, quantile_lower_bound
-from search.measurement.protocol import summarize
+from search.measurement.statistics import summarize
 
 __all__ = ["Race", "Samples", "best_case", "can_race", "out_of_reach", "race_against"]
 

@@ -2,10 +2,9 @@
 [--config-dir DIR] [--cfg]``.
 
 ``sync`` copies to MLflow the trials a run could not log (see ``search.commands.sync``); ``retune``
-re-tunes
-against the study's last tuning and says whether it got slower (see ``search.retune.nightly``);
-``history`` lists the study's tunings. Each takes the same overrides as the tuning run, so that it
-finds the same study and experiment.
+re-tunes against the study's last tuning and says whether it got slower (see
+``search.commands.retune`` and ``search.retune``); ``history`` lists the study's tunings. Each
+takes the same overrides as the tuning run, so that it finds the same study and experiment.
 
 Overrides use Hydra syntax. Exit codes: 0 done, 2 bad input (one line, no traceback), 3 a
 re-tune found a regression, 130 interrupted, 1 anything unexpected.
@@ -92,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return run_sync(cfg)
         if command == "history":
-            from search.retune.nightly import run_history
+            from search.commands.history import run_history
 
             return run_history(cfg)
         from search.commands.tune import run
@@ -108,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("search: interrupted", file=sys.stderr)
         return 130
     except Exception as e:
-        from search.study.trial_store import StoreError
+        from search.core.errors import StoreError
 
         if not isinstance(e, StoreError):
             raise

@@ -14,8 +14,10 @@ from __future__ import annotations
 import shutil
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
+import optuna
 from omegaconf import DictConfig
 
 from search.config.compose import ConfigError, load_settings, redact, resolve_device
@@ -26,15 +28,12 @@ from search.measurement.environment import environment
 from search.reporting import results
 from search.reporting.report import console, knobs_text
 from search.space.search_space import SearchSpace
-from search.study.driver import distribution, optuna_names
+from search.study.guided import distribution
+from search.study.repeat_runs import judged_revalidations
+from search.study.retried_writes import UNSAVED, restore_unsaved
+from search.study.samplers import optuna_names
 from search.study.stores import open_stores, quiet_libraries, require_study
-from search.study.trial_store import (
-    UNSAVED,
-    judged_revalidations,
-    record_synced_run,
-    restore_unsaved,
-    study_history,
-)
+from search.study.trial_store import record_synced_run, study_history
 from search.tracking.tracker import Tracker
 
 __all__ = ["run_sync"]
@@ -51,16 +50,7 @@ def run_sync(cfg_node: DictConfig) -> int:
     runs_dir = Path(settings.runs_dir)
     created = not runs_dir.exists()
     study, tracker = open_stores(settings, space)
-    names, _ = optuna_names(study, space)
-    restored = restore_unsaved(
-        study, runs_dir, {k: (names[k], distribution(p)) for k, p in space.searched.items()}
-    )
-    if restored:
-        print(
-            f"restored: {len(restored)} measurement(s) the study could not take at the time "
-            f"(trial(s) {', '.join(f'#{n}' for n in restored)}), from {runs_dir / UNSAVED}: "
-            "added to the study as new trials"
-        )
+    _restore_unsaved(study, space, runs_dir)
     try:
         _require_online(tracker, uri)
     except ConfigError:
@@ -76,9 +66,7 @@ def run_sync(cfg_node: DictConfig) -> int:
     out = console()
     _note_left_out(study, history, out)
     missing = [r for r in history if r.number not in present]
-    for record in history:  # a crash between logging and recording leaves the study without the id
-        if record.number in present and record.run_id is None:
-            record_synced_run(study, record.number, present[record.number])
+    _record_present(study, history, present)
 
     copied = (
         _copy(settings, space, study, tracker, print_fn, env["device_name"], missing, out)
@@ -108,6 +96,29 @@ def run_sync(cfg_node: DictConfig) -> int:
         markup=False,
     )
     return 0
+
+
+def _restore_unsaved(study: optuna.Study, space: SearchSpace, runs_dir: Path) -> None:
+    """Add to the study, as new trials, the measurements it could not take at the time."""
+    names, _ = optuna_names(study, space)
+    restored = restore_unsaved(
+        study, runs_dir, {k: (names[k], distribution(p)) for k, p in space.searched.items()}
+    )
+    if restored:
+        print(
+            f"restored: {len(restored)} measurement(s) the study could not take at the time "
+            f"(trial(s) {', '.join(f'#{n}' for n in restored)}), from {runs_dir / UNSAVED}: "
+            "added to the study as new trials"
+        )
+
+
+def _record_present(
+    study: optuna.Study, history: list[TrialRecord], present: Mapping[int, str]
+) -> None:
+    """Record in the study the run id of each trial already on MLflow that it does not know."""
+    for record in history:  # a crash between logging and recording leaves the study without the id
+        if record.number in present and record.run_id is None:
+            record_synced_run(study, record.number, present[record.number])
 
 
 def _require_online(tracker: Tracker, uri: str, progress: str = "") -> None:

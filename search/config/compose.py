@@ -3,8 +3,8 @@
 The built-in spaces in ``spaces/`` are registered as Hydra config group ``space``; a user's own
 ``DIR/space/NAME.yaml`` joins the same group through ``--config-dir DIR`` (Hydra's search path).
 The composed config is then checked against ``search.config.settings.Settings``, the schema
-registered
-in Hydra's ConfigStore: types, unknown keys and every value's range (see ``load_settings``).
+registered in Hydra's ConfigStore: types, unknown keys and every value's range (see
+``load_settings``).
 Every failure to compose becomes a ``ConfigError`` whose message is one line saying what to fix.
 """
 

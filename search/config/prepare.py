@@ -20,17 +20,14 @@ import torch
 from hydra.utils import instantiate
 
 from search.config.compose import ConfigError
+from search.core.errors import SpaceError
+from search.core.knobs import GENERIC_KNOBS
 from search.core.metrics import METRICS
-from search.execution.knobs import GENERIC_KNOBS, PRECISIONS, unsupported_reason
-from search.measurement.gpu import energy_unavailable_reason
-from search.space.search_space import (
-    FloatParam,
-    IntParam,
-    Param,
-    SearchSpace,
-    SpaceError,
-    parse_space,
-)
+from search.execution.knobs import unsupported_reason, value_rule
+from search.measurement.energy import energy_unavailable_reason
+from search.space.params import FloatParam, IntParam, Param
+from search.space.parse import parse_space
+from search.space.search_space import SearchSpace
 from search.workloads import ServingWorkload, Workload
 
 __all__ = ["control_config", "fingerprint", "load_space", "workload_class"]
@@ -82,23 +79,8 @@ def _check_generic_knobs(space: SearchSpace) -> None:
         raise ConfigError(
             f"space '{space.name}': params must set batch_size (samples per optimizer step)"
         )
-    rules = {
-        "batch_size": (
-            lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
-            "a positive int",
-        ),
-        "micro_batch_size": (
-            lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
-            "a positive int",
-        ),
-        "streams": (
-            lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
-            "a positive int",
-        ),
-        "precision": (lambda v: v in PRECISIONS, f"one of {', '.join(PRECISIONS)}"),
-        "recompute": (lambda v: isinstance(v, bool), "true or false"),
-    }
-    for name, (valid, expected) in rules.items():
+    for name in GENERIC_KNOBS:
+        valid, expected = value_rule(name)
         param = space.params.get(name)
         # An int range is checked at its ends (every rule here is about sign and type).
         values = (

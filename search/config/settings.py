@@ -1,10 +1,9 @@
 """The run's settings as typed dataclasses: one per section of ``conf/config.yaml``.
 
 They are the schema that ``search.config.compose`` applies when it composes the config: OmegaConf
-checks
-each value's type and that no key is unknown, then ``OmegaConf.to_object`` builds these classes,
-whose ``__post_init__`` checks what a type cannot say (ranges, NaN and inf, names). Every check
-raises ValueError with one line saying what must hold and what was received.
+checks each value's type and that no key is unknown, then ``OmegaConf.to_object`` builds these
+classes, whose ``__post_init__`` checks what a type cannot say (ranges, NaN and inf, names). Every
+check raises ValueError with one line saying what must hold and what was received.
 
 ``conf/config.yaml`` keeps the defaults users read and override; the fields here have none, so a
 key missing from the composed config is an error rather than a silent second default.
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from search.analysis.pareto import check_slo
+from search.core.errors import require as _require
 from search.measurement.protocol import MeasureSettings
 
 __all__ = [
@@ -37,7 +37,7 @@ __all__ = [
 PRESETS = ("auto", "cpu", "cuda")
 
 SAMPLER_NAMES = ("guided", "tpe", "gp", "nsga2", "random")
-"""What ``study.sampler`` may name (``search.study.driver`` builds each)."""
+"""What ``study.sampler`` may name (``search.study.samplers`` builds each)."""
 
 SLO_EXPECTED = "a mapping of metric name to limit, e.g. +slo.latency_p95_ms=200"
 """What ``slo`` must be, as error messages say it."""
@@ -359,7 +359,7 @@ class Settings:
     """The MLflow store."""
 
     space: Any
-    """The search space file's mapping, free-form here: ``search.space.search_space.parse_space``
+    """The search space file's mapping, free-form here: ``search.space.parse.parse_space``
     checks it."""
 
     def __post_init__(self) -> None:
@@ -389,11 +389,6 @@ class Settings:
         check_slo(self.slo)
         for metric, limit in self.slo.items():
             _finite(f"slo.{metric}", limit)
-
-
-def _require(holds: bool, message: str) -> None:
-    if not holds:
-        raise ValueError(message)
 
 
 def _is_int(value: Any) -> bool:

@@ -6,7 +6,7 @@ Each also derives from the built-in its callers have caught so far (``ValueError
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "KnobError", "SearchError", "SpaceError", "StoreError"]
+__all__ = ["ConfigError", "KnobError", "SearchError", "SpaceError", "StoreError", "require"]
 
 
 class SearchError(Exception):
@@ -28,3 +28,13 @@ class KnobError(SearchError, ValueError):
 class StoreError(SearchError, RuntimeError):
     """A write to the study failed on every attempt (one line: what, why, where the measurement
     is kept and how to recover it)."""
+
+
+def require(holds: bool, message: str) -> None:
+    """Raise ``ValueError(message)`` unless ``holds``: a settings check in one line.
+
+    A plain ValueError: settings are built in code as well as from a config file, and
+    ``search.config.compose`` turns it into a ``ConfigError`` where a config file is read.
+    """
+    if not holds:
+        raise ValueError(message)

@@ -8,8 +8,7 @@ here plus the code that measures it (a ``Measurement`` field, a telemetry readin
 for a latency quantile).
 
 Nothing here knows Optuna or MLflow, nor how a trial ran (``search.execution.figures`` flattens its
-result
-into these figures).
+result into these figures).
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from search.core.knobs import SHORT_LABELS
+
 __all__ = [
     "COMPLETE",
     "FAILED",
@@ -20,12 +22,11 @@ __all__ = [
 ]
 
 COMPLETE, FAILED, INFEASIBLE = "complete", "failed", "infeasible"
-SCREENED = "screened"
-"""A measurement's stop reason when racing stopped it early (``search.analysis.racing``): the
-figures stay,
-with the wider interval of fewer windows."""
 """A trial's state: measured; a fault (see ``FAULT_KINDS``); never run or not a valid
 configuration."""
+SCREENED = "screened"
+"""A measurement's stop reason when racing stopped it early (``search.analysis.racing``): the
+figures stay, with the wider interval of fewer windows."""
 FAULT_KINDS = ("oom", "crash", "timeout", "error")
 """What a failed trial's ``failure`` starts with (``oom: ...``)."""
 
@@ -47,9 +48,8 @@ class TrialRecord:
     state: str
     """``COMPLETE``, ``FAILED`` or ``INFEASIBLE``."""
     metrics: Mapping[str, float]
-    """Measured figures, units in their names (see ``search.core.metrics.trial_metrics``); empty
-    unless
-    complete."""
+    """Measured figures, units in their names (see ``search.execution.figures.trial_metrics``);
+    empty unless complete."""
     stable: bool
     failure: str = ""
     """One line: why the trial failed or is infeasible."""
@@ -71,10 +71,6 @@ class TrialRecord:
         return self.metrics.get("screened", 0.0) == 1.0
 
 
-_SHORT = {"batch_size": "bs", "micro_batch_size": "mb", "streams": "s"}
-"""The generic knobs a run name abbreviates, with the value after (``bs32``)."""
-
-
 def config_name(config: Mapping[str, Any]) -> str:
     """A configuration in a few characters, as MLflow's runs list shows it: ``bs32·mb8·bf16·s2``.
 
@@ -83,8 +79,8 @@ def config_name(config: Mapping[str, Any]) -> str:
     """
     parts = []
     for name, value in config.items():
-        if name in _SHORT:
-            parts.append(f"{_SHORT[name]}{value}")
+        if name in SHORT_LABELS:
+            parts.append(f"{SHORT_LABELS[name]}{value}")
         elif isinstance(value, bool):
             if value:
                 parts.append(name)

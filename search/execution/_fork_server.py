@@ -1,4 +1,4 @@
-"""Imported only by the fork server that starts trial workers (``runner.worker_context``).
+"""Imported only by the fork server that starts trial workers (``isolation.worker_context``).
 
 It ties the server's life to the study process that started it, then imports what every trial
 needs, so a worker forked from the server starts with torch already imported. The server would
@@ -9,6 +9,6 @@ with the study, every worker (killed with its parent, the server) goes too.
 
 from __future__ import annotations
 
-from search.execution.worker import die_with_parent
+from search.execution.isolation import die_with_parent
 
 die_with_parent()

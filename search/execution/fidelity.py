@@ -31,8 +31,10 @@ __all__ = [
     "ServingFidelityReport",
     "TOLERANCES",
     "Tolerance",
+    "changes_numerics",
     "check_fidelity",
     "check_serving_fidelity",
+    "reference_knobs",
 ]
 
 
@@ -116,9 +118,7 @@ def check_fidelity(
     """
     if isinstance(workload, ServingWorkload):
         return check_serving_fidelity(workload, knobs, device, seed)
-    if (
-        knobs.precision == "fp32" and knobs.streams == 1 and not knobs.recompute
-    ):  # the reference itself
+    if not knobs.numerics_apart_from(reference_knobs(knobs)):  # the reference itself
         loss, grad_norms = _fp32_pass(workload, knobs, device, seed)
         return _compare(knobs, loss, grad_norms, loss, grad_norms)
     # first: a KnobError costs no reference
@@ -126,17 +126,31 @@ def check_fidelity(
     return _compare(knobs, loss, grad_norms, *_fp32_pass(workload, knobs, device, seed))
 
 
-def _fp32_pass(
-    workload: Workload, knobs: Knobs, device: torch.device, seed: int
-) -> tuple[float, dict[str, float]]:
-    """The reference: one pass, fp32, single lane, no recompute, over ``knobs``'s micro-batches.
+def reference_knobs(knobs: Knobs) -> Knobs:
+    """The reference of ``knobs``: every knob at its default (fp32, single lane, no recompute, ...)
+    but the batch and its micro-batches.
 
     It keeps the configuration's micro-batch size because ``TrainStep`` draws micro-batches one
     after another from the seeded generator, which equals one whole-batch draw only when the
     workload's ``make_batch`` happens to split that way.
     """
-    plain = Knobs(batch_size=knobs.batch_size, micro_batch_size=knobs.micro_samples)
-    return _one_pass(workload, plain, device, seed)
+    return Knobs(batch_size=knobs.batch_size, micro_batch_size=knobs.micro_samples)
+
+
+def changes_numerics(workload: Workload | ServingWorkload, knobs: Knobs) -> bool:
+    """Whether ``knobs`` may compute the step otherwise than the plain fp32 step of the whole batch,
+    so that its errors against the reference are worth keeping."""
+    return (
+        isinstance(workload, ServingWorkload)  # its reference is another implementation
+        or bool(knobs.numerics_apart_from(Knobs(batch_size=knobs.batch_size)))
+    )
+
+
+def _fp32_pass(
+    workload: Workload, knobs: Knobs, device: torch.device, seed: int
+) -> tuple[float, dict[str, float]]:
+    """The reference: one pass of ``reference_knobs(knobs)``."""
+    return _one_pass(workload, reference_knobs(knobs), device, seed)
 
 
 def _one_pass(
@@ -350,7 +364,7 @@ def check_serving_fidelity(
 ) -> ServingFidelityReport:
     """Generate with the reference in fp32, then run ``knobs`` on the same prompts decoding the
     same tokens; compare logits position by position within ``SERVING_TOLERANCES``."""
-    plain = Knobs(batch_size=knobs.batch_size, micro_batch_size=knobs.micro_samples)
+    plain = reference_knobs(knobs)
     with _seeded_rng(device, seed), ServeStep(workload.reference(), plain, device, seed) as ref:
         expected = ref.generate()
     with _seeded_rng(device, seed), ServeStep(workload, knobs, device, seed) as step:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from search.analysis.noise_floor import stall_steps
 from search.core.metrics import latency_quantiles
 from search.core.records import COMPLETE, SCREENED, with_requests
-from search.execution.worker import TrialResult
+from search.execution.trial import TrialResult
 
 __all__ = ["trial_metrics"]
 

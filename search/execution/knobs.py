@@ -3,12 +3,19 @@
 A ``Workload`` says what one step computes; ``Knobs`` choose how it runs (batch split, precision,
 concurrent lanes, activation recompute); ``TrainStep`` builds everything once and then runs one
 optimizer step per call, so that calling it measures only the step.
+
+Which knobs there are, for which tasks, is the registry ``search.core.knobs``; this module holds
+the code that applies them: a ``Knobs`` field each, the values a space may give it
+(``value_rule``) and, for a knob that depends on the device, why a device cannot run a value
+(``unsupported_reason``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import typing
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -19,29 +26,28 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from search.core.errors import KnobError
+from search.core.knobs import NUMERIC_KNOBS
 from search.workloads.base import Batch, ServingWorkload, Workload, is_counting
 
 __all__ = [
     "AUTOCAST_DTYPES",
-    "GENERIC_KNOBS",
+    "KNOB_CHOICES",
     "Knobs",
     "MATMUL_PRECISIONS",
     "PRECISIONS",
     "TrainStep",
     "build_model",
     "concurrently",
+    "knobs_off_default",
     "make_streams",
+    "refuse_unsupported",
     "unsupported_reason",
+    "value_rule",
 ]
 
-GENERIC_KNOBS: tuple[str, ...] = (
-    "batch_size",
-    "micro_batch_size",
-    "precision",
-    "streams",
-    "recompute",
-)
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+KNOB_CHOICES: dict[str, tuple[str, ...]] = {"precision": PRECISIONS}
+"""The values a knob that is a choice of names may take, by knob name."""
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # Every precision sets the float32 matmul precision, so no step inherits another's TF32 setting.
@@ -107,15 +113,43 @@ class Knobs:
         """Forward/backward passes per optimizer step."""
         return self.batch_size // self.micro_samples
 
+    def numerics_apart_from(self, other: Knobs) -> tuple[str, ...]:
+        """The knobs that can change the numerics (``search.core.knobs``) on which this step runs
+        otherwise than ``other``; ``micro_batch_size`` as it runs (None is ``batch_size``)."""
+        return tuple(n for n in NUMERIC_KNOBS if self._running(n) != other._running(n))
 
-def unsupported_reason(knob: str, value: object, device: torch.device) -> str | None:
-    """Why ``device`` cannot run ``knob=value``; None when it can or the knob does not depend on it.
+    def _running(self, name: str) -> object:
+        return self.micro_samples if name == "micro_batch_size" else getattr(self, name)
 
-    Lets a study drop choices before it starts; ``TrainStep`` raises ``KnobError`` for the same
-    reasons.
-    """
-    if knob != "precision":
-        return None
+
+_DEFAULTS = {
+    f.name: f.default for f in dataclasses.fields(Knobs) if f.default is not dataclasses.MISSING
+}
+_FIELD_TYPES = typing.get_type_hints(Knobs)
+
+
+def knobs_off_default(knobs: Knobs, names: Sequence[str]) -> list[str]:
+    """Those of ``names`` that ``knobs`` sets to something other than the plain step's default."""
+    return [name for name in names if getattr(knobs, name) != _DEFAULTS[name]]
+
+
+def value_rule(name: str) -> tuple[Callable[[object], bool], str]:
+    """Whether a value suits knob ``name``'s ``Knobs`` field, and the words for what does: one of
+    ``KNOB_CHOICES``, true or false for a flag, a positive int for a size or a count."""
+    if name in KNOB_CHOICES:
+        choices = KNOB_CHOICES[name]
+        return (lambda v: v in choices, f"one of {', '.join(choices)}")
+    if _FIELD_TYPES[name] is bool:
+        return (lambda v: isinstance(v, bool), "true or false")
+    if _FIELD_TYPES[name] in (int, int | None):
+        return (
+            lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+            "a positive int",
+        )
+    raise TypeError(f"knob {name}: no rule for a {_FIELD_TYPES[name]} field; add one here")
+
+
+def _precision_unsupported(value: object, device: torch.device) -> str | None:
     if value == "tf32" and device.type != "cuda":
         return "tf32 needs a CUDA device"
     if device.type != "cuda" or value not in ("tf32", "bf16"):
@@ -129,6 +163,34 @@ def unsupported_reason(knob: str, value: object, device: torch.device) -> str | 
     return None
 
 
+_DEVICE_REFUSALS: dict[str, Callable[[object, torch.device], str | None]] = {
+    "precision": _precision_unsupported,
+}
+"""Why a device cannot run a knob's value (None: it can), for the knobs that depend on the
+device."""
+
+
+def unsupported_reason(knob: str, value: object, device: torch.device) -> str | None:
+    """Why ``device`` cannot run ``knob=value``; None when it can or the knob does not depend on it.
+
+    Lets a study drop choices before it starts; ``TrainStep`` raises ``KnobError`` for the same
+    reasons.
+    """
+    refusal = _DEVICE_REFUSALS.get(knob)
+    return None if refusal is None else refusal(value, device)
+
+
+def refuse_unsupported(knobs: Knobs, device: torch.device) -> None:
+    """Raise ``KnobError`` for the first knob ``device`` cannot run (``unsupported_reason``)."""
+    for name in _DEVICE_REFUSALS:
+        value = getattr(knobs, name)
+        reason = unsupported_reason(name, value, device)
+        if reason:
+            raise KnobError(
+                f"{name}={value!r} cannot run on {device}: {reason}; pick another {name}."
+            )
+
+
 class TrainStep:
     """One optimizer step of ``workload`` on ``device``, executed as ``knobs`` say.
 
@@ -137,12 +199,7 @@ class TrainStep:
     """
 
     def __init__(self, workload: Workload, knobs: Knobs, device: torch.device, seed: int = 0):
-        reason = unsupported_reason("precision", knobs.precision, device)
-        if reason:
-            raise KnobError(
-                f"precision={knobs.precision!r} cannot run on {device}: {reason}; "
-                f"pick another precision."
-            )
+        refuse_unsupported(knobs, device)
         self.workload, self.knobs, self.device = workload, knobs, device
         self.items_per_step: int = knobs.batch_size * workload.items_per_sample()
         self.model: nn.Module = build_model(workload, device, seed)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from search.core.knobs import GENERIC_KNOBS, knob_names
 from search.execution.knobs import (
     AUTOCAST_DTYPES,
     MATMUL_PRECISIONS,
@@ -29,8 +30,9 @@ from search.execution.knobs import (
     Knobs,
     build_model,
     concurrently,
+    knobs_off_default,
     make_streams,
-    unsupported_reason,
+    refuse_unsupported,
 )
 from search.workloads.base import ServingWorkload
 
@@ -41,6 +43,9 @@ Mark = torch.cuda.Event | float
 
 PHASES = ("ttft_ms", "tpot_ms")
 """The per-request times a serving step reports: time to first token, time per output token."""
+
+_TRAINING_ONLY = tuple(name for name in GENERIC_KNOBS if name not in knob_names("serve"))
+"""The generic knobs serving refuses away from their default (``search.core.knobs``)."""
 
 
 @dataclass(frozen=True)
@@ -68,14 +73,10 @@ class ServeStep:
     def __init__(
         self, workload: ServingWorkload, knobs: Knobs, device: torch.device, seed: int = 0
     ):
-        reason = unsupported_reason("precision", knobs.precision, device)
-        if reason:
-            raise KnobError(
-                f"precision={knobs.precision!r} cannot run on {device}: {reason}; "
-                f"pick another precision."
-            )
-        if knobs.recompute:
-            raise KnobError("recompute does not apply to serving (no backward pass)")
+        refuse_unsupported(knobs, device)
+        training_only = knobs_off_default(knobs, _TRAINING_ONLY)
+        if training_only:
+            raise KnobError(f"{training_only[0]} does not apply to serving (no backward pass)")
         self.workload, self.knobs, self.device = workload, knobs, device
         self.gen_len = workload.generation_length()
         self.items_per_step: int = knobs.batch_size * self.gen_len

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from search.measurement.gpu import nvml_handle
+from search.measurement.nvml import nvml_handle
 
 __all__ = ["MemoryProbe", "contention", "device_label", "device_name", "environment", "rss_bytes"]
 

@@ -19,7 +19,7 @@ from search.core.metrics import METRICS
 from search.core.records import COMPLETE, TrialRecord
 from search.reporting.report import knobs_text, si
 from search.reporting.results import recommend
-from search.space.search_space import IntParam, Param
+from search.space.params import IntParam, Param
 
 __all__ = [
     "MAX_LISTED",

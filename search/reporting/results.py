@@ -1,8 +1,7 @@
 """What a study concludes, the same for the tuning run and ``sync``.
 
 history (``search.study.trial_store``) → stable front (Pareto-optimal among stable, complete
-trials, on
-the figures each objective is ranked on) → re-validation candidates (at most
+trials, on the figures each objective is ranked on) → re-validation candidates (at most
 ``revalidate.max_candidates``, highest lower throughput bound first) → the re-validated front (the
 candidates with their pooled figures where they were re-validated) → the recommendation (under
 ``slo``), the ``pareto`` tags in MLflow and the files in ``<runs_dir>/<study>/``.

@@ -1,9 +1,8 @@
 """Drive the Optuna study: propose, guard, measure, tell.
 
 Each proposal passes the guards (``search.study.guards``) before anything runs: a retry already
-covered,
-a broken constraint, a configuration certain to run out of memory, one measured before (told the
-earlier outcome again) or one another process is measuring. None of these counts against
+covered, a broken constraint, a configuration certain to run out of memory, one measured before
+(told the earlier outcome again) or one another process is measuring. None of these counts against
 ``study.n_trials``. After any, a uniformly drawn feasible configuration that has not been measured
 yet is queued next, so a sampler that keeps proposing the same point cannot stall the study. A
 study whose measured trials fail more often than ``study.max_failure_rate`` stops early. What a
@@ -19,50 +18,35 @@ storage, see ``search.study.liveness``).
 
 from __future__ import annotations
 
-import math
 import random
 import time
-import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import optuna
-from optuna.distributions import (
-    BaseDistribution,
-    CategoricalDistribution,
-    FloatDistribution,
-    IntDistribution,
-    check_distribution_compatibility,
-)
-from optuna.study import StudyDirection
-from optuna.trial import Trial, TrialState
+from optuna.trial import FrozenTrial, Trial, TrialState
 
-from search.analysis.noise_floor import NoiseFloor, RunFigures, assess
+from search.analysis.noise_floor import NoiseFloor, RunFigures
 from search.analysis.pareto import constraint_values
 from search.analysis.racing import Race, can_race, race_against
-from search.config.compose import ConfigError, redact
-from search.config.settings import SAMPLER_NAMES
-from search.core.metrics import objective_values, ranked_on
+from search.config.compose import redact
+from search.core.metrics import ranked_on
 from search.core.records import COMPLETE, FAILED, TrialRecord, fault_kind
 from search.execution.figures import trial_metrics
-from search.execution.worker import TrialRequest, TrialResult, run_isolated
-from search.space.search_space import (
-    CategoricalParam,
-    FixedParam,
-    FloatParam,
-    IntParam,
-    Param,
-    SearchSpace,
-)
+from search.execution.isolation import run_isolated
+from search.execution.trial import TrialRequest, TrialResult
+from search.space.search_space import SearchSpace
 from search.study.guards import KnownOutcomes, Proposal, Verdict, guards
-from search.study.guided import HANDED_OVER, WHY, GuidedSampler, distribution, seen_of
-from search.study.liveness import Heartbeat, Recovery, engine_kwargs, measuring_here, owner
+from search.study.guided import HANDED_OVER, WHY, GuidedSampler, seen_of
+from search.study.liveness import Heartbeat, Recovery, measuring_here, owner
+from search.study.measured import measured_record
+from search.study.outcome import StudyOutcome
+from search.study.repeat_runs import noise_floor, save_control
+from search.study.samplers import GUIDED, SAMPLERS, optuna_names, suggest
 from search.study.trial_store import (
-    noise_floor,
     record_synced_run,
-    save_control,
     set_constraints,
     store_measured,
     study_history,
@@ -73,25 +57,11 @@ if TYPE_CHECKING:
     from search.config.settings import Settings
 
 __all__ = [
-    "GUIDED",
     "MAX_REPEATS",
     "MIN_TRIALS_FOR_FAILURE_RATE",
-    "OPEN_ATTEMPTS",
     "QUEUE_SETTLE_S",
-    "RENAMED",
-    "SAMPLERS",
-    "STUDY_ID",
-    "STUDY_ID_SETTLE_S",
-    "STUDY_ID_WAIT_S",
     "StudyDriver",
-    "StudyOutcome",
-    "open_study",
-    "optuna_names",
     "repeat_run",
-    "storage_error",
-    "study_id",
-    "suggest",
-    "with_retries",
 ]
 
 MAX_REPEATS = 50
@@ -103,218 +73,6 @@ QUEUE_SETTLE_S = 0.5
 same trial and writing its owner."""
 MIN_TRIALS_FOR_FAILURE_RATE = 5
 """Measured trials in this invocation before ``study.max_failure_rate`` is applied."""
-
-SAMPLERS: dict[str, Callable[[int], optuna.samplers.BaseSampler]] = {
-    # Multivariate: independent TPE cannot learn joint rules such as micro <= batch
-    # (docs/method/sampler.md).
-    "tpe": lambda seed: optuna.samplers.TPESampler(seed=seed, multivariate=True),
-    "gp": lambda seed: optuna.samplers.GPSampler(seed=seed),
-    "nsga2": lambda seed: optuna.samplers.NSGAIISampler(seed=seed),
-    "random": lambda seed: optuna.samplers.RandomSampler(seed=seed),
-}
-"""The plain Optuna samplers by name; ``guided`` (the default, ``search.study.guided``) wraps
-``tpe``."""
-GUIDED = "guided"
-assert set(SAMPLER_NAMES) == {GUIDED, *SAMPLERS}, "settings.SAMPLER_NAMES lists every sampler"
-
-
-@dataclass
-class StudyOutcome:
-    study_name: str
-    records: list[TrialRecord] = field(default_factory=list)
-    """Trials measured in this invocation."""
-    rejected: int = 0
-    reused: int = 0
-    skipped_oom: int = 0
-    """Proposals not run because an earlier configuration at or below them ran out of memory."""
-    in_flight: int = 0
-    """Proposals not run because another process was measuring the same configuration."""
-    lost_to_recovery: list[int] = field(default_factory=list)
-    """Trials another process failed as stale while this one measured them (a heartbeat starved
-    for the whole grace period); their configurations were queued again."""
-    dropped: list[str] = field(default_factory=list)
-    """Queued trials not run because the space changed since they were queued (one line each)."""
-    stop_reason: str = "n_trials"
-    failure_stop: str = ""
-    """Why the study stopped for too many failures ('' when it did not)."""
-
-
-def suggest(trial: Trial, name: str, param: Param) -> Any:
-    """A value of ``param`` for ``trial``, under the Optuna parameter ``name`` (see
-    ``optuna_names``)."""
-    if isinstance(param, IntParam) and param.pow2:
-        return trial.suggest_categorical(name, param.values())  # only powers of two, in order
-    if isinstance(param, IntParam):
-        return trial.suggest_int(name, param.low, param.high, step=param.step, log=param.log)
-    if isinstance(param, FloatParam):
-        return trial.suggest_float(name, param.low, param.high, log=param.log, step=param.step)
-    if isinstance(param, CategoricalParam):
-        return trial.suggest_categorical(name, list(param.choices))
-    assert isinstance(param, FixedParam)
-    return param.value
-
-
-RENAMED = "~"
-"""Separates a knob's name from the number of the distribution it is drawn from in Optuna
-(``batch_size~2``)."""
-
-
-def optuna_names(study: optuna.Study, space: SearchSpace) -> tuple[dict[str, str], list[str]]:
-    """The Optuna parameter name of each searched knob, and a note for each knob whose range
-    changed in a way Optuna cannot extend (other choices, a log scale, another kind).
-
-    An Optuna study keeps, per parameter name, the distribution it was first drawn from, and
-    refuses a later one that is not compatible with it (a categorical with other choices, say: a
-    narrowed power-of-two range). Such a knob is drawn under a numbered name instead
-    (``batch_size~2``), the first whose stored distribution is compatible, or a new one. Earlier
-    measurements stay (they are kept by configuration, not by Optuna name) and are reused; only the
-    sampler learns that knob afresh. A compatible change (an int or float range, widened or
-    narrowed) keeps its name.
-    """
-    stored: dict[str, BaseDistribution] = {}
-    for t in study.get_trials(deepcopy=False):
-        for name, dist in t.distributions.items():
-            stored.setdefault(name, dist)  # the first one, as Optuna's storage checks
-    names, notes = {}, []
-    for knob, param in space.searched.items():
-        wanted, n = distribution(param), 1
-        while True:
-            name = knob if n == 1 else f"{knob}{RENAMED}{n}"
-            if name not in stored or _compatible(stored[name], wanted):
-                break
-            n += 1
-        names[knob] = name
-        if n > 1 and name not in stored:
-            notes.append(
-                f"{knob}: its range changed since earlier trials ({_shown(stored[knob])} -> "
-                f"{_shown(wanted)}): earlier measurements stay and are reused; the sampler learns "
-                f"this knob afresh (Optuna parameter {name})"
-            )
-    return names, notes
-
-
-def _compatible(old: BaseDistribution, new: BaseDistribution) -> bool:
-    try:
-        check_distribution_compatibility(old, new)
-        return True
-    except ValueError:
-        return False
-
-
-def _shown(dist: BaseDistribution) -> str:
-    if isinstance(dist, CategoricalDistribution):
-        return f"choices {list(dist.choices)}"
-    assert isinstance(dist, (IntDistribution, FloatDistribution))
-    return f"{dist.low}..{dist.high}{', log' if dist.log else ''}"
-
-
-OPEN_ATTEMPTS = 4
-
-
-def with_retries(open_store: Callable[[], Any]) -> Any:
-    """``open_store()``, tried again after a short pause if it fails: processes started together on
-    a new sqlite file race to create its tables, and all but one see an error the first time."""
-    for attempt in range(OPEN_ATTEMPTS):
-        try:
-            return open_store()
-        except Exception:
-            if attempt == OPEN_ATTEMPTS - 1:
-                raise
-            time.sleep(0.5 * (attempt + 1) + random.random() * 0.5)
-
-
-def storage_error(storage: str, e: Exception) -> ConfigError:
-    """One line on why ``storage`` could not be opened; a missing database driver is named."""
-    hint = ""
-    if isinstance(e, ImportError):
-        scheme = storage.split(":", 1)[0].split("+", 1)[0]
-        driver = {"postgresql": "psycopg[binary]", "mysql": "PyMySQL"}.get(scheme)
-        if driver:
-            hint = f" (the {scheme} driver is missing: pip install '{driver}')"
-    return ConfigError(
-        f"cannot open study.storage {redact(storage)!r}: {type(e).__name__}: "
-        f"{str(e).splitlines()[0] if str(e) else ''}{hint}"
-    )
-
-
-def open_study(
-    name: str, storage: str, space: SearchSpace, recovery: Recovery | None = None
-) -> optuna.Study:
-    """Create or load the study; a storage that cannot be opened or other objectives are bad input.
-
-    With ``recovery``, the storage keeps heartbeats of running trials (see
-    ``search.study.liveness``).
-    """
-    directions = [o.direction for o in space.objectives]
-    # What Optuna ranks: docs/method/ranking.md.
-    metrics = [ranked_on(o.metric) for o in space.objectives]
-
-    def create() -> tuple[optuna.Study, bool]:
-        backend = (
-            recovery.storage(storage)
-            if recovery is not None
-            else optuna.storages.RDBStorage(storage, engine_kwargs=engine_kwargs(storage))
-        )
-        try:
-            created = optuna.create_study(
-                study_name=name,
-                storage=backend,
-                directions=[StudyDirection[d.upper()] for d in directions],
-            )
-            return created, True
-        except optuna.exceptions.DuplicatedStudyError:
-            return optuna.load_study(study_name=name, storage=backend), False
-
-    try:
-        study, created = with_retries(create)
-    except Exception as e:  # sqlalchemy, driver and connection errors alike: all about the URL
-        raise storage_error(storage, e) from None
-    stored = [d.name.lower() for d in study.directions]
-    stored_metrics = study.metric_names
-    if stored != directions or (stored_metrics is not None and stored_metrics != metrics):
-        raise ConfigError(
-            f"study '{name}' holds objectives {stored_metrics or stored} but the space asks for "
-            f"{dict(zip(metrics, directions, strict=True))}: choose a new study.name, "
-            "or restore the objectives"
-        )
-    study.set_metric_names(metrics)
-    _give_id(study, created)
-    return study
-
-
-STUDY_ID = "study_id"
-"""Study user attr: a random id given when the study is created, tagged on every MLflow run of
-the study, so that two studies of one name (say, each machine's own sqlite ``llm-cpu``) logging to
-one MLflow server never take each other's runs for their own."""
-STUDY_ID_WAIT_S = 5.0
-"""How long a process that found the study waits for its creator to write the id."""
-STUDY_ID_SETTLE_S = 0.5
-"""How long a process that gave an older study its id waits before reading back the one that
-stands (another process may have written its own meanwhile)."""
-
-
-def _give_id(study: optuna.Study, created: bool) -> None:
-    """Give a study its id: the process that created it writes one; one that found it reads the
-    creator's (waiting a moment for a creator that started together with it); a study created
-    before ids existed gets one from the first process that opens it."""
-    if created:
-        study.set_user_attr(STUDY_ID, uuid.uuid4().hex)
-        return
-    deadline = time.monotonic() + STUDY_ID_WAIT_S
-    while STUDY_ID not in study.user_attrs:
-        if study.trials or time.monotonic() > deadline:
-            # An older study: another process opening it now may write an id of its own. The last
-            # write stands; reading it back after a moment (``study_id``) makes every process use
-            # that one.
-            study.set_user_attr(STUDY_ID, uuid.uuid4().hex)
-            time.sleep(STUDY_ID_SETTLE_S)
-            return
-        time.sleep(0.1)
-
-
-def study_id(study: optuna.Study) -> str:
-    """The study's id (see ``STUDY_ID``)."""
-    return str(study.user_attrs[STUDY_ID])
 
 
 def repeat_run(request: TrialRequest, settings: Settings) -> TrialRequest:
@@ -342,6 +100,7 @@ class StudyDriver:
 
     def __init__(
         self,
+        *,
         settings: Settings,
         space: SearchSpace,
         study: optuna.Study,
@@ -364,7 +123,7 @@ class StudyDriver:
         )
         self.request, self.log_trial, self.progress = request, log_trial, progress
         self.recovery, self.heartbeat = recovery, heartbeat
-        self.outcome = StudyOutcome(study.study_name)
+        self.outcome = StudyOutcome(study_name=study.study_name)
         self.known = KnownOutcomes.load(study, space, fingerprint, settings.runner.memory_limit_mb)
         self.guards = guards(study, space, self.known)
         self.names, self.notes = optuna_names(study, space)
@@ -493,7 +252,9 @@ class StudyDriver:
         dropped = self._outside_space(trial)
         if dropped:
             self.outcome.dropped.append(f"queued trial #{trial.number}: {dropped}")
-            self._tell(trial, Verdict(None, {"failure": f"not run: {dropped}"}))
+            self._tell(
+                trial, Verdict(counted_as=None, user_attrs={"failure": f"not run: {dropped}"})
+            )
             return False
         config = {
             **{k: suggest(trial, self.names[k], p) for k, p in self.space.searched.items()},
@@ -550,64 +311,18 @@ class StudyDriver:
         started = time.monotonic()
         result = run_isolated(request)
         self.new_s += time.monotonic() - started
-        measured_at = time.time()
-        stored = trial_metrics(result, self.settings.measure.confidence)
-        metrics, stable, reason = stored, False, ""
-        if result.state == COMPLETE:
-            metrics, verdict = assess(
-                stored,
-                measured_at,
-                self.floor(),
-                self.settings.stable,
-                self.settings.measure.confidence,
-                self.where,
-            )
-            stable, reason = verdict.stable, verdict.reason
-        values = objective_values(metrics, [o.metric for o in self.space.objectives])
-        state, failure = result.state, redact(result.failure)
-        if state == COMPLETE and None in values:
-            state, failure, stable = (
-                FAILED,
-                "error: an objective could not be measured on this device",
-                False,
-            )
-        elif state == COMPLETE and not all(math.isfinite(v) for v in values if v is not None):
-            # e.g. inf throughput from steps the clock could not resolve: no figure to rank on
-            state, failure, stable = (
-                FAILED,
-                f"error: a non-finite figure to rank on ({values}): the measurement is unusable",
-                False,
-            )
-        record = TrialRecord(
+        record, values, stored = measured_record(
             trial.number,
             config,
-            state,
-            metrics,
-            stable,
-            failure,
-            unit=result.unit,
-            time_s=measured_at,
-            reason=reason,
+            result,
+            settings=self.settings,
+            objectives=[o.metric for o in self.space.objectives],
+            floor=self.floor,
+            where=self.where,
             why=self._why(trial),
         )
-        try:  # Optuna first: the measurement is kept whatever happens to MLflow after
-            frozen = store_measured(
-                trial,
-                record,
-                values,
-                fingerprint=self.fingerprint,
-                memory_limit_mb=self.settings.runner.memory_limit_mb,
-                stderr_tail=redact(result.stderr_tail),
-                stored_metrics=stored if state == COMPLETE else None,
-                runs_dir=Path(self.settings.runs_dir),
-                constraints=self._constraints(stable),
-            )
-        except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
-            if not self.study._storage.get_trial(trial._trial_id).state.is_finished():
-                raise  # a ValueError of our own making, not another process's recovery
-            # Another process took this trial for stale (no heartbeat for the grace period) and
-            # queued it again: the retry measures it anew.
-            self.outcome.lost_to_recovery.append(trial.number)
+        frozen = self._store(trial, record, values, stored, result)
+        if frozen is None:
             return False
         run_id = self.log_trial(record, result)
         if run_id is not None:
@@ -617,6 +332,36 @@ class StudyDriver:
         self.outcome.records.append(record)
         self.progress(record, self.history())
         return True
+
+    def _store(
+        self,
+        trial: Trial,
+        record: TrialRecord,
+        values: list[float | None],
+        stored: dict[str, float],
+        result: TrialResult,
+    ) -> FrozenTrial | None:
+        """Keep ``record`` on ``trial`` and tell it; None when another process had already failed
+        it as stale."""
+        try:  # Optuna first: the measurement is kept whatever happens to MLflow after
+            return store_measured(
+                trial,
+                record,
+                values,
+                fingerprint=self.fingerprint,
+                memory_limit_mb=self.settings.runner.memory_limit_mb,
+                stderr_tail=redact(result.stderr_tail),
+                stored_metrics=stored if record.state == COMPLETE else None,
+                runs_dir=Path(self.settings.runs_dir),
+                constraints=self._constraints(record.stable),
+            )
+        except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
+            if not self.study._storage.get_trial(trial._trial_id).state.is_finished():
+                raise  # a ValueError of our own making, not another process's recovery
+            # Another process took this trial for stale (no heartbeat for the grace period) and
+            # queued it again: the retry measures it anew.
+            self.outcome.lost_to_recovery.append(trial.number)
+            return None
 
     def _race(self) -> Race | None:
         """The front a new configuration races against (``search.analysis.racing``), from the stable

@@ -62,7 +62,7 @@ class Proposal:
     """The trial's own attributes so far (``retry_of`` for a queued retry)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Verdict:
     """How to tell a proposal that is not measured."""
 
@@ -163,7 +163,7 @@ class KnownOutcomes:
 
 def _not_run(counted_as: str, config: Mapping[str, Any], why: str, **kwargs: Any) -> Verdict:
     attrs = {"config": dict(config), "state": INFEASIBLE, "failure": f"not run: {why}"}
-    return Verdict(counted_as, attrs, **kwargs)
+    return Verdict(counted_as=counted_as, user_attrs=attrs, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -175,7 +175,10 @@ class RepeatedRetry:
         if earlier is None:
             return None
         return Verdict(
-            None, {"failure": f"not run: trial #{earlier} already retries the same stale trial"}
+            counted_as=None,
+            user_attrs={
+                "failure": f"not run: trial #{earlier} already retries the same stale trial"
+            },
         )
 
 
@@ -188,7 +191,8 @@ class Constraints:
         if not broken:
             return None
         return Verdict(
-            "rejected", {"state": INFEASIBLE, "failure": f"violates {'; '.join(broken)}"}
+            counted_as="rejected",
+            user_attrs={"state": INFEASIBLE, "failure": f"violates {'; '.join(broken)}"},
         )
 
 
@@ -231,8 +235,14 @@ class Reuse:
         attrs["reused_from"] = earlier.number
         if earlier.state == TrialState.COMPLETE:
             told = named_constraints(earlier)
-            return Verdict("reused", attrs, TrialState.COMPLETE, earlier.values, constraints=told)
-        return Verdict("reused", attrs, TrialState.FAIL)
+            return Verdict(
+                counted_as="reused",
+                user_attrs=attrs,
+                state=TrialState.COMPLETE,
+                values=earlier.values,
+                constraints=told,
+            )
+        return Verdict(counted_as="reused", user_attrs=attrs, state=TrialState.FAIL)
 
 
 @dataclass(frozen=True)

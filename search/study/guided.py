@@ -23,8 +23,10 @@ from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
 from search.core.records import COMPLETE, FAILED, INFEASIBLE, fault_kind
-from search.space.search_space import CategoricalParam, FloatParam, IntParam, Param, SearchSpace
-from search.study.strategy import FIDELITY, OOM, Move, Seen, next_move
+from search.space.params import CategoricalParam, FloatParam, IntParam, Param
+from search.space.search_space import SearchSpace
+from search.study.book import FIDELITY, OOM, Seen
+from search.study.strategy import Move, next_move
 
 __all__ = ["HANDED_OVER", "WHY", "GuidedSampler", "distribution", "seen_of"]
 
@@ -48,7 +50,7 @@ def distribution(param: Param) -> BaseDistribution:
 class GuidedSampler(BaseSampler):
     """Proposes the expert's next move; ``fallback`` draws floats and what the order leaves.
 
-    ``names``: each searched knob's Optuna parameter name (``search.study.driver.optuna_names``);
+    ``names``: each searched knob's Optuna parameter name (``search.study.samplers.optuna_names``);
     ``seen()``: what the study knows of each configuration, read afresh before every proposal.
     """
 

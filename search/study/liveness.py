@@ -101,7 +101,7 @@ SQLITE_BUSY_S = 30.0
 """How long a sqlite connection waits for another process's lock before it fails with 'database
 is locked' (sqlite's default through SQLAlchemy is 5 s): processes sharing one file wait for each
 other instead of failing; a measurement's write is retried beyond that
-(``search.study.trial_store``)."""
+(``search.study.retried_writes``)."""
 
 
 DB_CONNECTIONS = 4

@@ -33,9 +33,9 @@ from search.core.metrics import (
 )
 from search.core.records import COMPLETE, FAILED, TrialRecord
 from search.execution.figures import trial_metrics
-from search.execution.worker import TrialResult
-from search.measurement.gpu import SLOWDOWN_NAMES
-from search.measurement.protocol import t_interval
+from search.execution.trial import TrialResult
+from search.measurement.nvml import SLOWDOWN_NAMES
+from search.measurement.statistics import t_interval
 
 __all__ = ["Pooled", "Run", "Runs", "Samples", "pool", "pool_runs", "revalidate"]
 

@@ -19,8 +19,8 @@ import optuna
 from search.config.compose import ConfigError, redact
 from search.config.settings import Settings
 from search.space.search_space import SearchSpace
-from search.study.driver import open_study, storage_error, study_id, with_retries
 from search.study.liveness import Recovery, agree_on_heartbeat, stale_runs
+from search.study.opening import open_study, storage_error, study_id, with_retries
 from search.tracking.tracker import Tracker, quoted
 
 __all__ = ["CREATION_WAIT_S", "open_stores", "quiet_libraries", "recover_runs", "require_study"]

@@ -31,45 +31,24 @@ Floats are not the order's to choose: they are drawn by the model-based sampler 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from search.analysis.pareto import meets_slo, pareto_mask
 from search.core.records import COMPLETE
-from search.space.search_space import CategoricalParam, FloatParam, IntParam, Param, SearchSpace
+from search.space.params import FloatParam, IntParam
+from search.space.search_space import SearchSpace
+from search.study.book import OOM, Book, Seen, knobs_key
 
-__all__ = ["Move", "Seen", "next_move", "PRECISION_ORDER"]
-
-PRECISION_ORDER = ("bf16", "fp16", "tf32", "fp32")
-"""Precisions from the one an expert tries first to the last: bf16 keeps fp32's range (no loss
-scaler) at half the bits, fp16 needs a scaler, tf32 rounds only matrix-product inputs, fp32 is the
-reference. The fidelity check decides whether each computes the same."""
+__all__ = ["Move", "next_move"]
 
 OVERHEAD_BOUND_GAIN = 1.25
 """Throughput gained by doubling the micro-batch above which the smaller one was overhead-bound:
 twice the work in at most 1.6x the time (``search.analysis.diagnosis.SUBLINEAR`` is 1.5x the
 time)."""
 
-OOM, FIDELITY, FAILED = "oom", "fidelity", "failed"
-"""Outcomes of a configuration that did not complete (``Seen.outcome``)."""
 MEMORY = "peak_memory_mb"
 """The figure recompute is judged on (``_recompute_saves_memory``)."""
-
-
-@dataclass(frozen=True)
-class Seen:
-    """One configuration the study has an outcome for."""
-
-    config: Mapping[str, Any]
-    outcome: str
-    """``complete``, ``oom`` (ran out, or certain to), ``fidelity`` (computed something else) or
-    ``failed`` (any other fault)."""
-    figures: Mapping[str, float]
-    """The objectives' figures of a complete one (empty otherwise)."""
 
 
 @dataclass(frozen=True)
@@ -88,120 +67,17 @@ def next_move(
     slo: Mapping[str, float] | None = None,
 ) -> Move | None:
     """The first move of the order (module docstring) that is still open; None when none is."""
-    book = _Book(space, seen, busy, slo or {})
+    book = Book(space, seen, busy, slo or {})
     for move in _order(book):
         if book.is_open(move.config):
             return move
     return None
 
 
-# -- what the study knows ----------------------------------------------------------------------
-
-
-def _key(config: Mapping[str, Any], knobs: Sequence[str]) -> str:
-    return json.dumps({k: config[k] for k in knobs}, sort_keys=True, default=str)
-
-
-class _Book:
-    """The history as the order reads it: outcomes by configuration, the knobs' ladders."""
-
-    def __init__(
-        self,
-        space: SearchSpace,
-        seen: Sequence[Seen],
-        busy: Sequence[Mapping[str, Any]],
-        slo: Mapping[str, float],
-    ):
-        self.space, self.slo = space, slo
-        self.discrete = [k for k, p in space.searched.items() if not isinstance(p, FloatParam)]
-        self.outcomes: dict[str, Seen] = {}
-        for s in seen:  # an OOM outweighs a figure (a complete run above today's memory limit)
-            key = _key(s.config, self.discrete)
-            if key not in self.outcomes or s.outcome == OOM:
-                self.outcomes[key] = s
-        self.ran_out = [s.config for s in seen if s.outcome == OOM]
-        self.busy = {_key(c, self.discrete) for c in busy}
-        self.complete = [s for s in self.outcomes.values() if s.outcome == COMPLETE]
-
-    def outcome(self, config: Mapping[str, Any]) -> str | None:
-        """What is known of ``config``: its outcome, ``oom`` when certain to run out, else None."""
-        known = self.outcomes.get(_key(config, self.discrete))
-        if known is not None:
-            return known.outcome
-        if any(self.space.certain_oom(dict(config), dict(r)) for r in self.ran_out):
-            return OOM
-        return None
-
-    def is_open(self, config: Mapping[str, Any]) -> bool:
-        """Whether ``config`` lies in the space, has no outcome yet and is not being measured."""
-        return (
-            self.space.contains(dict(config))
-            and self.outcome(config) is None
-            and _key(config, self.discrete) not in self.busy
-        )
-
-    def fits(self, config: Mapping[str, Any]) -> bool:
-        """Whether ``config`` is in the space and not known to run out of memory or fail."""
-        return self.space.contains(dict(config)) and self.outcome(config) in (None, COMPLETE)
-
-    def throughput(self, config: Mapping[str, Any]) -> float | None:
-        known = self.outcomes.get(_key(config, self.discrete))
-        if known is None or known.outcome != COMPLETE:
-            return None
-        return known.figures.get("throughput")
-
-    def best(self, batch: Any = None, recompute: bool | None = None) -> Seen | None:
-        """The fastest complete configuration (at ``batch`` and ``recompute`` if given) that meets
-        the slo; the fastest of all where none does."""
-        pool = [
-            s
-            for s in self.complete
-            if batch is None or s.config.get("batch_size") == batch
-            if recompute is None or s.config.get("recompute") == recompute
-            if "throughput" in s.figures
-        ]
-        meeting = [s for s in pool if meets_slo(s.figures, self.slo)] if self.slo else pool
-        chosen = meeting or pool
-        return max(chosen, key=lambda s: s.figures["throughput"]) if chosen else None
-
-    def front(self) -> list[Seen]:
-        """The complete configurations on the Pareto front of the objectives, fastest first."""
-        objectives = list(self.space.objectives)
-        pool = [s for s in self.complete if all(o.metric in s.figures for o in objectives)]
-        if not pool:
-            return []
-        values = np.array([[s.figures[o.metric] for o in objectives] for s in pool])
-        mask = pareto_mask(values, [o.direction for o in objectives])
-        chosen = [s for s, keep in zip(pool, mask, strict=True) if keep]
-        return sorted(chosen, key=lambda s: -s.figures.get("throughput", 0.0))
-
-    def ladder(self, knob: str) -> list[Any]:
-        """The values of a discrete knob in order (ascending numbers, choices as written)."""
-        return _values(self.space.searched[knob])
-
-    def precision(self) -> Any:
-        """The lowest precision not seen failing the fidelity check (``PRECISION_ORDER``)."""
-        choices = self.ladder("precision")
-        failed = {
-            s.config.get("precision") for s in self.outcomes.values() if s.outcome == FIDELITY
-        }
-        ordered = [p for p in PRECISION_ORDER if p in choices] + [
-            p for p in choices if p not in PRECISION_ORDER
-        ]
-        return next((p for p in ordered if p not in failed), ordered[0])
-
-
-def _values(param: Param) -> list[Any]:
-    if isinstance(param, IntParam):
-        return param.values() if param.count() <= 4096 else param.extremes()
-    assert isinstance(param, CategoricalParam)
-    return list(param.choices)
-
-
 # -- the order ---------------------------------------------------------------------------------
 
 
-def _order(book: _Book) -> Iterator[Move]:
+def _order(book: Book) -> Iterator[Move]:
     first = _first_guess(book)
     if first is not None:
         yield first
@@ -212,7 +88,7 @@ def _order(book: _Book) -> Iterator[Move]:
     yield from _local_search(book)
 
 
-def _opening_base(book: _Book) -> dict[str, Any]:
+def _opening_base(book: Book) -> dict[str, Any]:
     """Every searched discrete knob at the expert's value: one lane, no recompute, the lowest
     precision that computes the same, a workload's own knobs at their first value."""
     base: dict[str, Any] = {}
@@ -233,7 +109,7 @@ def _floats(space: SearchSpace) -> dict[str, Any]:
     return {k: p.low for k, p in space.searched.items() if isinstance(p, FloatParam)}
 
 
-def _first_guess(book: _Book) -> Move | None:
+def _first_guess(book: Book) -> Move | None:
     """The next step of the opening bisection, or None once the wall is found at some batch."""
     base = _opening_base(book)
     if "batch_size" not in book.discrete:
@@ -255,11 +131,11 @@ def _first_guess(book: _Book) -> Move | None:
     return None
 
 
-def _feasible(book: _Book, config: Mapping[str, Any], micro: Any) -> bool:
+def _feasible(book: Book, config: Mapping[str, Any], micro: Any) -> bool:
     return not book.space.violations({**config, "micro_batch_size": micro})
 
 
-def _bisect(book: _Book, config: Mapping[str, Any], micros: Sequence[Any]) -> Move | None:
+def _bisect(book: Book, config: Mapping[str, Any], micros: Sequence[Any]) -> Move | None:
     """The next micro-batch to try at ``config`` to find the largest that fits; None once found
     (or when nothing is left to try)."""
     outcomes = [book.outcome({**config, "micro_batch_size": m}) for m in micros]
@@ -286,7 +162,7 @@ PEERS = {"bf16": "fp16", "fp16": "bf16"}
 loss scaler, bf16 does not), so an expert tries the other once the first guess stands."""
 
 
-def _precision_peer(book: _Book) -> Iterator[Move]:
+def _precision_peer(book: Book) -> Iterator[Move]:
     """The fastest configuration so far in the other 16-bit precision, where the space has it."""
     best = book.best()
     if best is None or "precision" not in book.discrete:
@@ -300,7 +176,7 @@ def _precision_peer(book: _Book) -> Iterator[Move]:
         )
 
 
-def _recompute_past_the_wall(book: _Book) -> Iterator[Move]:
+def _recompute_past_the_wall(book: Book) -> Iterator[Move]:
     """Recompute at the micro-batch just above the largest that fitted without it."""
     if not {"micro_batch_size", "recompute"} <= set(book.discrete):
         return
@@ -321,7 +197,7 @@ def _recompute_past_the_wall(book: _Book) -> Iterator[Move]:
         )
 
 
-def _batches(book: _Book) -> Iterator[Move]:
+def _batches(book: Book) -> Iterator[Move]:
     """The largest batch's micro-batch sweeps, then each smaller batch's start (carried from the
     batch above), each batch's best with recompute, then the smaller batches' climbs: the
     throughput end of the front first, then its latency end, then its memory end."""
@@ -343,7 +219,7 @@ def _batches(book: _Book) -> Iterator[Move]:
         yield from _climb(book, batch)
 
 
-def _with_recompute(book: _Book, batch: Any) -> Iterator[Move]:
+def _with_recompute(book: Book, batch: Any) -> Iterator[Move]:
     """The best configuration of ``batch`` with recompute: the memory end of the front (a third
     of the activations or so, for another forward pass)."""
     best = book.best(batch)
@@ -357,20 +233,20 @@ RECOMPUTE_SAVING = 0.1
 """Share of peak memory recompute must save, where it was tried, to be tried at other batches."""
 
 
-def _recompute_saves_memory(book: _Book) -> bool:
+def _recompute_saves_memory(book: Book) -> bool:
     """Whether recompute saved memory where a configuration was measured with and without it
     (True while no such pair is known): on a CPU the allocator may keep what it frees."""
     pairs = []
     for s in book.complete:
         if s.config.get("recompute") is True:
-            plain = book.outcomes.get(_key({**s.config, "recompute": False}, book.discrete))
+            plain = book.outcomes.get(knobs_key({**s.config, "recompute": False}, book.discrete))
             if plain is not None and plain.outcome == COMPLETE:
                 pairs.append((plain.figures.get(MEMORY), s.figures.get(MEMORY)))
     known = [(a, b) for a, b in pairs if a and b is not None]
     return not known or any(b < (1 - RECOMPUTE_SAVING) * a for a, b in known)
 
 
-def _sweeps(book: _Book, batch: Any) -> Iterator[Move]:
+def _sweeps(book: Book, batch: Any) -> Iterator[Move]:
     """Micro-batches from the largest that fits down, on as many lanes as each allows and then
     on one lane, each sweep until it has passed its peak (``PAST_THE_PEAK`` falls in a row):
     the best micro-batch depends on the batch, and too small a one leaves the device idle."""
@@ -413,7 +289,7 @@ def _past_the_peak(figures: Sequence[float]) -> bool:
     )
 
 
-def _most_lanes(book: _Book, config: Mapping[str, Any], at_most: Any = None) -> Any:
+def _most_lanes(book: Book, config: Mapping[str, Any], at_most: Any = None) -> Any:
     """The most lanes (up to ``at_most``) the space allows ``config`` (its constraints, e.g.
     lanes <= micro-batches); the fewest where none is allowed."""
     ladder = book.ladder("streams")
@@ -425,7 +301,7 @@ def _most_lanes(book: _Book, config: Mapping[str, Any], at_most: Any = None) -> 
     return ladder[0]
 
 
-def _carried(book: _Book, above: Any, batch: Any) -> Move | None:
+def _carried(book: Book, above: Any, batch: Any) -> Move | None:
     """The best inner configuration of ``above`` moved to ``batch`` (the micro-batch clipped to
     the batch, lanes to what it allows)."""
     best = book.best(above)
@@ -441,7 +317,7 @@ def _carried(book: _Book, above: Any, batch: Any) -> Move | None:
     )
 
 
-def _climb(book: _Book, batch: Any) -> Iterator[Move]:
+def _climb(book: Book, batch: Any) -> Iterator[Move]:
     """The neighbours of the best configuration at ``batch`` without recompute, then of the best
     with it where that is faster: recompute is worth its extra forward pass only where it lets a
     larger micro-batch fit, so a lead it holds by noise must not steer the climb."""
@@ -453,7 +329,7 @@ def _climb(book: _Book, batch: Any) -> Iterator[Move]:
         yield from _neighbours(book, base.config, batch)
 
 
-def _neighbours(book: _Book, config: Mapping[str, Any], batch: Any) -> Iterator[Move]:
+def _neighbours(book: Book, config: Mapping[str, Any], batch: Any) -> Iterator[Move]:
     """``config``'s neighbours on micro-batch and lanes, the regime's direction first."""
     moves: list[tuple[str, dict[str, Any], str]] = []
     up, down = _shift(book, config, +1), _shift(book, config, -1)
@@ -476,7 +352,7 @@ def _neighbours(book: _Book, config: Mapping[str, Any], batch: Any) -> Iterator[
         yield Move(move, why)
 
 
-def _local_search(book: _Book) -> Iterator[Move]:
+def _local_search(book: Book) -> Iterator[Move]:
     """Each front configuration's one-step neighbours, any discrete knob."""
     for s in book.front():
         for knob in book.discrete:
@@ -498,13 +374,13 @@ def _local_search(book: _Book) -> Iterator[Move]:
                 )
 
 
-def _step(book: _Book, knob: str, value: Any, by: int) -> Any:
+def _step(book: Book, knob: str, value: Any, by: int) -> Any:
     values = book.ladder(knob)
     i = values.index(value) + by
     return values[i] if 0 <= i < len(values) else None
 
 
-def _shift(book: _Book, config: Mapping[str, Any], by: int) -> dict[str, Any] | None:
+def _shift(book: Book, config: Mapping[str, Any], by: int) -> dict[str, Any] | None:
     """``config`` with the micro-batch a step up or down (lanes cut back to what it allows)."""
     if "micro_batch_size" not in book.discrete:
         return None
@@ -517,7 +393,7 @@ def _shift(book: _Book, config: Mapping[str, Any], by: int) -> dict[str, Any] | 
     return moved if book.fits(moved) else None
 
 
-def _lanes(book: _Book, config: Mapping[str, Any], by: int) -> dict[str, Any] | None:
+def _lanes(book: Book, config: Mapping[str, Any], by: int) -> dict[str, Any] | None:
     if "streams" not in book.discrete:
         return None
     streams = _step(book, "streams", config["streams"], by)
@@ -527,7 +403,7 @@ def _lanes(book: _Book, config: Mapping[str, Any], by: int) -> dict[str, Any] | 
     return moved if book.fits(moved) else None
 
 
-def _overhead_bound(book: _Book, config: Mapping[str, Any]) -> bool:
+def _overhead_bound(book: Book, config: Mapping[str, Any]) -> bool:
     """Whether twice ``config``'s micro-batch ran much faster (``OVERHEAD_BOUND_GAIN``), or, with
     no such pair, whether half of it ran much slower: the step time barely grows with the work."""
     here = book.throughput(config)

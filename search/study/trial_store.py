@@ -14,133 +14,52 @@ counts;
 A trial cannot change once told, so what is learned later is kept on the study: the MLflow run of a
 trial, logged after it was told, by the run or by ``sync`` (``mlflow_run:<number>``), re-validated
 figures (``revalidated:<fingerprint>:<number>``), and the control runs that measure the machine's
-noise (``control:<fingerprint>:...``). Optuna is used here, by ``search.study.driver`` and by
-``search.study.liveness``.
+noise (``control:<fingerprint>:...``); those two are ``search.study.repeat_runs``'s. Writes are
+retried while the storage fails (``search.study.retried_writes``). Optuna is used here, by
+``search.study.driver`` and by ``search.study.liveness``.
 """
 
 from __future__ import annotations
 
-import json
-import sys
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from search.analysis.noise_floor import NoiseFloor, RunFigures, assess, assess_pooled
+from search.analysis.noise_floor import NoiseFloor
+from search.analysis.stability import assess
 from search.config.compose import redact
 from search.core.errors import StoreError
 from search.core.records import COMPLETE, FAILED, TrialRecord
 from search.space.search_space import SearchSpace
-from search.study.revalidate import Pooled, Run
+from search.study.repeat_runs import noise_floor
+from search.study.retried_writes import keep_unsaved, retried
 
 if TYPE_CHECKING:
     from search.config.settings import Settings
 
 __all__ = [
-    "CONTROL_PREFIX",
     "OUTCOME_ATTRS",
-    "REVALIDATED_PREFIX",
-    "REVALIDATION_RUN_PREFIX",
     "SYNCED_RUN_PREFIX",
-    "UNSAVED",
-    "WRITE_ATTEMPTS",
-    "judged_revalidations",
-    "keep_unsaved",
     "named_constraints",
-    "noise_floor",
     "over_limit",
     "own_trials",
     "record_of",
     "record_synced_run",
-    "restore_unsaved",
-    "retried",
-    "save_control",
-    "save_revalidation",
-    "save_revalidation_run",
     "set_aside",
     "set_constraints",
     "store_measured",
-    "study_controls",
     "study_history",
-    "study_revalidations",
     "tell_failed",
-    "unfinished_revalidations",
 ]
-
-T = TypeVar("T")
 
 SYNCED_RUN_PREFIX = "mlflow_run:"
 """Study user attr ``mlflow_run:<trial number>``: the MLflow run of a trial (logged after it was
 told)."""
-REVALIDATED_PREFIX = "revalidated:"
-"""Study user attr ``revalidated:<fingerprint>:<trial number>``: a candidate's pooled figures."""
-REVALIDATION_RUN_PREFIX = "revalidation_run:"
-"""Study user attr ``revalidation_run:<fingerprint>:<trial number>:<time>``: one re-validation
-run, kept as it ends, so that an interrupted re-validation resumes with the runs it had."""
-CONTROL_PREFIX = "control:"
-"""Study user attr ``control:<fingerprint>:<time>:<owner>``: one control run's figures."""
 OUTCOME_ATTRS = ("config", "fingerprint", "state", "failure", "metrics", "unit", "measured_on")
 """What a repeated proposal copies from the trial whose outcome it is told again."""
-
-
-WRITE_ATTEMPTS = 6
-"""Attempts at one write to the study before it is given up (waits of 0.5, 1, 2, 4, 8 s between:
-over 15 s, three times sqlite's own wait for a lock)."""
-UNSAVED = "unsaved.jsonl"
-"""In ``runs_dir``: measurements the study could not take (one JSON object a line), for ``sync``
-to add to the study."""
-
-
-def retried(write: Callable[[], T], what: str) -> T:
-    """``write()``, tried again with back-off while the storage fails (a locked sqlite file, a
-    full disk, a dropped database connection); ``StoreError`` after the last attempt. Refusals of
-    the write itself (a finished trial, a bad value) are raised at once."""
-    for attempt in range(WRITE_ATTEMPTS):
-        try:
-            return write()
-        except (optuna.exceptions.StorageInternalError, OSError) as e:
-            if attempt == WRITE_ATTEMPTS - 1:
-                cause = str(e.__cause__ or e).strip().splitlines()
-                raise StoreError(
-                    f"cannot {what} after {WRITE_ATTEMPTS} attempts: {type(e).__name__}"
-                    + (f": {redact(cause[0])}" if cause else "")
-                ) from e
-            time.sleep(0.5 * 2**attempt)
-    raise AssertionError("unreachable")
-
-
-def keep_unsaved(
-    runs_dir: Path, study: optuna.Study, number: int, attrs: Mapping[str, Any], values: Any
-) -> Path | None:
-    """Append a measurement the study could not take to ``runs_dir/unsaved.jsonl``; its path, or
-    None when that cannot be written either (then the line goes to stderr)."""
-    try:
-        study_id = study.user_attrs.get("study_id")
-    except Exception:  # the storage that just failed may fail this read too
-        study_id = None
-    line = json.dumps(
-        {
-            "study": study.study_name,
-            "study_id": study_id,
-            "trial": number,
-            "user_attrs": dict(attrs),
-            "values": None if values is None else [float(v) for v in values],
-        },
-        default=str,
-    )
-    path = runs_dir / UNSAVED
-    try:
-        runs_dir.mkdir(parents=True, exist_ok=True)
-        with path.open("a") as f:
-            f.write(line + "\n")
-        return path
-    except OSError:
-        print(f"search: unsaved measurement: {line}", file=sys.stderr)
-        return None
 
 
 def store_measured(
@@ -216,64 +135,6 @@ def set_constraints(trial: Trial, constraints: Mapping[str, float]) -> None:
         storage.set_trial_system_attr(
             trial._trial_id, "constraints", [float(v) for v in constraints.values()]
         )
-
-
-def restore_unsaved(
-    study: optuna.Study, runs_dir: Path, distributions: Mapping[str, tuple[str, Any]]
-) -> list[int]:
-    """Add the measurements of this study kept in ``runs_dir/unsaved.jsonl`` (see
-    ``store_measured``) to the study as new trials; the numbers they had. Lines of other studies
-    stay in the file; one already in the study (the write had gone through after all) is not added
-    twice. ``distributions``: each searched knob's Optuna name and distribution, so that the
-    sampler learns from a restored trial whose configuration still fits them."""
-    path = runs_dir / UNSAVED
-    if not path.exists():
-        return []
-    ours = {study.study_name}
-    kept, restored = [], []
-
-    def key(attrs: Mapping[str, Any]) -> tuple[str, Any, Any]:
-        config = json.dumps(attrs.get("config"), sort_keys=True)
-        return config, attrs.get("measured_at"), attrs.get("state")
-
-    finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
-    present = {key(t.user_attrs) for t in finished}
-    for line in path.read_text().splitlines():
-        entry = json.loads(line)
-        if entry.get("study") not in ours or entry.get("study_id") not in (
-            None,
-            study.user_attrs.get("study_id"),
-        ):
-            kept.append(line)
-            continue
-        attrs, values = entry["user_attrs"], entry["values"]
-        if key(attrs) not in present:
-            study.add_trial(_restored_trial(attrs, values, distributions))
-            present.add(key(attrs))
-        restored.append(int(entry["trial"]))
-    if kept:
-        path.write_text("".join(f"{line}\n" for line in kept))
-    else:
-        path.unlink()
-    return restored
-
-
-def _restored_trial(
-    attrs: Mapping[str, Any], values: Sequence[float] | None, distributions: Mapping[str, Any]
-) -> FrozenTrial:
-    config = attrs.get("config", {})
-    params = {name: config[knob] for knob, (name, _) in distributions.items() if knob in config}
-    dists = {name: dist for knob, (name, dist) in distributions.items() if knob in config}
-    fits = len(params) == len(distributions) and all(
-        dists[n]._contains(dists[n].to_internal_repr(v)) for n, v in params.items()
-    )
-    return optuna.trial.create_trial(
-        params=params if fits else None,
-        distributions=dists if fits else None,
-        values=values,
-        state=TrialState.COMPLETE if values is not None else TrialState.FAIL,
-        user_attrs={**attrs, "restored_from": "unsaved.jsonl"},
-    )
 
 
 def tell_failed(trial: Trial, why: str) -> None:
@@ -390,124 +251,6 @@ def study_history(
         for t in own_trials(study, fingerprint, space)
         if "reused_from" not in t.user_attrs
     ]
-
-
-def save_control(study: optuna.Study, fingerprint: str, run: RunFigures, who: str) -> None:
-    """Keep one control run's figures in the study."""
-    retried(
-        lambda: study.set_user_attr(
-            f"{CONTROL_PREFIX}{fingerprint}:{run.time_s:.3f}:{who}", run.as_dict()
-        ),
-        "store a control run in the study",
-    )
-
-
-def study_controls(study: optuna.Study, fingerprint: str) -> list[RunFigures]:
-    """The control runs of ``fingerprint``, oldest first."""
-    prefix = f"{CONTROL_PREFIX}{fingerprint}:"
-    runs = [RunFigures.from_dict(v) for k, v in study.user_attrs.items() if k.startswith(prefix)]
-    return sorted(runs, key=lambda r: r.time_s)
-
-
-def noise_floor(study: optuna.Study, fingerprint: str, settings: Settings) -> NoiseFloor:
-    """The machine's noise floor from the study's control runs and re-validation replicates."""
-    return _judged(study, fingerprint, settings)[0]
-
-
-def _judged(
-    study: optuna.Study, fingerprint: str, settings: Settings
-) -> tuple[NoiseFloor, dict[int, Pooled]]:
-    """The noise floor and the re-validated candidates judged against it.
-
-    Each candidate is judged against a floor without its own runs, so that an erratic candidate
-    cannot set its own yardstick; the floor that figures are reported with holds only the
-    replicates of candidates judged stable (a throttled or erratic one says nothing about the
-    machine).
-    """
-    controls = study_controls(study, fingerprint)
-    stored = study_revalidations(study, fingerprint)
-    groups = {n: p.runs for n, p in stored.items() if p.stable and len(p.runs) >= 2}
-    confidence = settings.measure.confidence
-    verdicts = {}
-    for number, runs in groups.items():
-        others = NoiseFloor.estimate(controls, [g for m, g in groups.items() if m != number])
-        verdicts[number] = assess_pooled(
-            stored[number].metrics, runs, others, settings.stable, confidence
-        )[1]
-    floor = NoiseFloor.estimate(controls, [g for n, g in groups.items() if verdicts[n].stable])
-    judged = {}
-    for number, pooled in stored.items():
-        if number not in verdicts:
-            judged[number] = pooled  # failed or throttled: its stored verdict stands
-            continue
-        metrics, _ = assess_pooled(pooled.metrics, pooled.runs, floor, settings.stable, confidence)
-        verdict = verdicts[number]
-        judged[number] = Pooled(metrics, verdict.stable, verdict.reason, pooled.runs)
-    return floor, judged
-
-
-def save_revalidation(study: optuna.Study, fingerprint: str, number: int, pooled: Pooled) -> None:
-    """Keep a candidate's re-validated figures in the study."""
-    figures = {
-        "metrics": dict(pooled.metrics),
-        "stable": pooled.stable,
-        "reason": pooled.reason,
-        "runs": [r.as_dict() for r in pooled.runs],
-    }
-    retried(
-        lambda: study.set_user_attr(f"{REVALIDATED_PREFIX}{fingerprint}:{number}", figures),
-        f"store the re-validation of trial #{number} in the study",
-    )
-
-
-def save_revalidation_run(study: optuna.Study, fingerprint: str, number: int, run: Run) -> None:
-    """Keep one re-validation run of trial ``number`` in the study as soon as it ends."""
-    retried(
-        lambda: study.set_user_attr(
-            f"{REVALIDATION_RUN_PREFIX}{fingerprint}:{number}:{run.time_s:.6f}", run.as_dict()
-        ),
-        f"store a re-validation run of trial #{number} in the study",
-    )
-
-
-def unfinished_revalidations(study: optuna.Study, fingerprint: str) -> dict[int, list[Run]]:
-    """The runs of re-validations that were interrupted (kept run by run, never pooled), by trial
-    number, oldest first."""
-    prefix = f"{REVALIDATION_RUN_PREFIX}{fingerprint}:"
-    pooled = study_revalidations(study, fingerprint)
-    runs: dict[int, list[Run]] = {}
-    for key, value in study.user_attrs.items():
-        if key.startswith(prefix):
-            number = int(key[len(prefix) :].split(":")[0])
-            if number not in pooled:
-                runs.setdefault(number, []).append(Run.from_dict(value))
-    return {n: sorted(r, key=lambda run: run.time_s) for n, r in runs.items()}
-
-
-def study_revalidations(study: optuna.Study, fingerprint: str) -> dict[int, Pooled]:
-    """Re-validated figures of ``fingerprint``'s trials as stored, by trial number. One stored by
-    a version before the noise floor (without its runs) counts as not re-validated: its verdict
-    was of another kind, and it is measured again."""
-    prefix = f"{REVALIDATED_PREFIX}{fingerprint}:"
-    return {
-        int(key[len(prefix) :]): Pooled(
-            v["metrics"],
-            v["stable"],
-            v["reason"],
-            tuple(RunFigures.from_dict(r) for r in v.get("runs", ())),
-        )
-        for key, v in study.user_attrs.items()
-        if key.startswith(prefix) and "runs" in v
-    }
-
-
-def judged_revalidations(
-    study: optuna.Study, fingerprint: str, settings: Settings
-) -> dict[int, Pooled]:
-    """Re-validated figures with the throughput interval of the mean of the fresh runs and the
-    verdict judged now (see ``_judged``); a failed or throttled candidate keeps its stored
-    verdict."""
-    return _judged(study, fingerprint, settings)[1]
 
 
 def record_synced_run(study: optuna.Study, number: int, run_id: str) -> bool:

@@ -12,107 +12,34 @@ every figure, and ``python -m search sync`` copies the missing trials once the s
 from __future__ import annotations
 
 import functools
-import os
-import re
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlencode, urlsplit
+from urllib.parse import quote, urlencode
 
-import requests
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from search.config.compose import redact
 from search.core.records import FAILED, TrialRecord, config_name
+from search.tracking.connection import (
+    check_http_uri,
+    innermost_cause,
+    is_http,
+    is_local,
+    limit_network,
+    unreachable,
+)
 
 __all__ = [
     "EXPERIMENT_KIND",
     "EXPERIMENT_NOTE",
-    "NETWORK_LIMITS",
     "NOTE",
     "Tracker",
-    "limit_network",
     "quoted",
-    "unreachable",
 ]
-
-NETWORK_LIMITS = {
-    # MLflow's defaults (120 s timeout, 7 retries with backoff factor 2) wait about 4 minutes before
-    # reporting an unreachable server. These are read on every request (mlflow/utils/rest_utils.py),
-    # so setting them before the first one is enough; a value the user set is kept.
-    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
-    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
-    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-}
-
-
-def limit_network() -> None:
-    """Apply ``NETWORK_LIMITS`` to this process's MLflow HTTP requests, keeping any the user set."""
-    for name, value in NETWORK_LIMITS.items():
-        os.environ.setdefault(name, value)
-
-
-def _is_local(uri: str) -> bool:
-    return not uri.startswith(("http://", "https://", "databricks"))
-
-
-def _is_http(uri: str) -> bool:
-    return uri.startswith(("http://", "https://"))
-
-
-def _check_http_uri(uri: str) -> None:
-    """A malformed server address is bad input, not an unreachable server."""
-    try:
-        parts = urlsplit(uri)
-        _ = parts.port  # raises ValueError for a port that is not a number in 0-65535
-    except ValueError as e:
-        raise ValueError(f"malformed tracking URI {redact(uri)!r}: {e}") from None
-    if not parts.hostname:
-        raise ValueError(f"tracking URI {redact(uri)!r} names no host: use http://HOST:PORT")
-
-
-def _chain(error: BaseException) -> list[BaseException]:
-    """``error`` and the exceptions it was raised from or while handling, outermost first."""
-    seen: list[BaseException] = []
-    current: BaseException | None = error
-    while current is not None and current not in seen:
-        seen.append(current)
-        current = current.__cause__ or current.__context__
-    return seen
-
-
-def unreachable(error: BaseException) -> bool:
-    """True when ``error`` says the server could not be reached or could not serve: connection
-    refused, DNS failure, timeout, or 5xx responses after MLflow's retries.
-
-    MLflow wraps the ``requests`` error in a plain ``MlflowException``, so the chain is searched.
-    A certificate failure (SSLError) is configuration, not an outage, and is not counted.
-    """
-    for e in _chain(error):
-        if isinstance(e, requests.exceptions.SSLError):
-            return False
-        if isinstance(
-            e,
-            (
-                requests.exceptions.ConnectionError,
-                requests.exceptions.Timeout,
-                requests.exceptions.RetryError,
-            ),
-        ):
-            return True
-    return bool(re.search(r"failed with error code 5\d\d\b", str(error)))
-
-
-def _cause(error: BaseException) -> str:
-    """The innermost reason, on one line
-    (``ConnectionRefusedError: [Errno 111] Connection refused``)."""
-    innermost = _chain(error)[-1]
-    text = str(innermost).strip().splitlines()[0] if str(innermost).strip() else ""
-    text = re.sub(r"^<[^>]*>: ", "", text)  # urllib3 prefixes the connection object
-    return f"{type(innermost).__name__}: {text}" if text else type(innermost).__name__
 
 
 NOTE = "mlflow.note.content"
@@ -163,8 +90,8 @@ class Tracker:
         self.unlogged_trials = 0
         self.log_error: str | None = None
         self.study_id: str | None = None
-        if _is_http(uri):
-            _check_http_uri(uri)
+        if is_http(uri):
+            check_http_uri(uri)
             limit_network()
         self.client: MlflowClient | None = MlflowClient(tracking_uri=uri)
         self.experiment_id: str | None = self._experiment(experiment, artifact_root)
@@ -180,9 +107,11 @@ class Tracker:
         try:
             return cls(uri, experiment, artifact_root)
         except Exception as e:
-            if not (_is_http(uri) and unreachable(e)):
+            if not (is_http(uri) and unreachable(e)):
                 raise
-            return cls.offline(uri, f"MLflow server {redact(uri)} unreachable: {_cause(e)}")
+            return cls.offline(
+                uri, f"MLflow server {redact(uri)} unreachable: {innermost_cause(e)}"
+            )
 
     @classmethod
     def offline(cls, uri: str, reason: str) -> Tracker:
@@ -226,7 +155,7 @@ class Tracker:
         found = self._client.get_experiment_by_name(name)
         if found is not None:
             return found.experiment_id
-        location = artifact_root.resolve().as_uri() if _is_local(self.uri) else None
+        location = artifact_root.resolve().as_uri() if is_local(self.uri) else None
         try:
             # Its kind opens the UI's run pages rather than its GenAI ones; the description says
             # how the runs are laid out and compared (a user's own edit of it is never replaced).
@@ -248,7 +177,7 @@ class Tracker:
             return False
         if self.offline_reason is None:
             self.offline_reason = redact(
-                f"MLflow server {self.uri} became unreachable: {_cause(error)}"
+                f"MLflow server {self.uri} became unreachable: {innermost_cause(error)}"
             )
         return True
 
@@ -272,7 +201,7 @@ class Tracker:
             return self._guard(call)
         except Exception as e:
             if self.log_error is None:
-                self.log_error = redact(f"{what} failed in MLflow: {_cause(e)}")
+                self.log_error = redact(f"{what} failed in MLflow: {innermost_cause(e)}")
             return None
 
     # -- runs ----------------------------------------------------------------------------------
@@ -323,7 +252,7 @@ class Tracker:
         except Exception as e:
             if not self._lost(e) and self.log_error is None:
                 self.log_error = redact(
-                    f"trial {record.number} was not logged to MLflow: {_cause(e)}"
+                    f"trial {record.number} was not logged to MLflow: {innermost_cause(e)}"
                 )
             self.unlogged_trials += 1
             return None
@@ -434,7 +363,9 @@ class Tracker:
                 pass  # the run was deleted in MLflow (or lives in another store): nothing to tag
             except Exception as e:
                 if self.log_error is None:
-                    self.log_error = redact(f"tagging the front failed in MLflow: {_cause(e)}")
+                    self.log_error = redact(
+                        f"tagging the front failed in MLflow: {innermost_cause(e)}"
+                    )
 
     def set_tags(self, run_id: str | None, tags: Mapping[str, str]) -> None:
         """Tags on run ``run_id``; nothing for None (a parent run that was never started)."""
@@ -492,7 +423,7 @@ class Tracker:
         listens by default. None when offline."""
         if self.experiment_id is None:
             return None
-        base = "http://127.0.0.1:5000" if _is_local(self.uri) else redact(self.uri).rstrip("/")
+        base = "http://127.0.0.1:5000" if is_local(self.uri) else redact(self.uri).rstrip("/")
         query = urlencode(
             {
                 "workflowType": "machine_learning",
@@ -512,7 +443,7 @@ class Tracker:
                 "mlflow ui --backend-store-uri sqlite:///"
                 f"{Path(self.uri[len('sqlite:///') :]).resolve()}"
             )
-        if _is_local(self.uri):
+        if is_local(self.uri):
             return f"mlflow ui --backend-store-uri {self.uri}"
         return f"open {self.uri}"
 

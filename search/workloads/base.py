@@ -1,8 +1,7 @@
 """The workload contract: what a PyTorch model must provide to be tuned.
 
 A workload describes *what* one step computes; the knobs (``search.execution.knobs``) decide *how*
-it
-executes (batch and micro-batch sizes, precision, lanes, recompute). Two tasks exist: a training
+it executes (batch and micro-batch sizes, precision, lanes, recompute). Two tasks exist: a training
 step (``Workload``: forward, loss, backward, optimizer step) and serving (``ServingWorkload``: a
 batch of requests, each a prompt followed by generated tokens). A user's own workload is a subclass
 of either, named by ``_target_`` in a space file; its constructor receives the space's ``workload``
@@ -19,6 +18,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from search.core.knobs import knob_names
 
 __all__ = [
     "Batch",
@@ -37,8 +38,9 @@ Batch = Any
 State = Any
 """What a serving workload carries from one forward to the next (a KV cache, the prefix, ...)."""
 
-TRAIN_KNOBS = ("batch_size", "micro_batch_size", "precision", "streams", "recompute")
-SERVE_KNOBS = ("batch_size", "micro_batch_size", "precision", "streams")
+TRAIN_KNOBS = knob_names("train")
+"""The generic knobs of a training step (``search.core.knobs``)."""
+SERVE_KNOBS = knob_names("serve")
 """Serving has no backward pass, so nothing to recompute: a knob that trades compute for memory
 there is the workload's own (e.g. ``kv_cache``)."""
 
@@ -49,10 +51,9 @@ _COUNTING = contextvars.ContextVar("counting", default=False)
 @contextlib.contextmanager
 def counting() -> Iterator[None]:
     """While a step's work is counted (``search.analysis.diagnosis``): what would run on other
-    threads
-    runs in this one (torch's dispatch modes, which count, are per thread), and recompute is off
-    (model FLOPs, not the repeats). Part of the contract because a workload that runs threads of
-    its own must honour it (``is_counting``)."""
+    threads runs in this one (torch's dispatch modes, which count, are per thread), and recompute
+    is off (model FLOPs, not the repeats). Part of the contract because a workload that runs
+    threads of its own must honour it (``is_counting``)."""
     token = _COUNTING.set(True)
     try:
         yield
@@ -121,8 +122,8 @@ class ServingWorkload(abc.ABC):
 
     One step serves one batch: the prompts are split into micro-batches, each prefilled and then
     decoded token by token on its lane (``search.execution.serving``). Time to first token is
-    measured from
-    the start of the step (every request of the batch arrives then) to the end of its micro-batch's
+    measured from the start of the step (every request of the batch arrives then) to the end of its
+    micro-batch's
     prefill; time per output token over the rest of its generation. Throughput counts generated
     tokens. Subclasses implement four methods.
     """

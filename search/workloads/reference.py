@@ -1,11 +1,10 @@
 """The reference step: a fixed small training step that does not depend on any space's model.
 
-Measured right before each confirmation run of a recommendation (``search.retune.nightly``), it
-reads the
-machine's speed at that moment, so that a slower machine is not blamed on the model. It is the
-built-in GPT at a tiny fixed shape, plus a fixed product of two square matrices per micro-batch:
-the GPT step alone is serial enough that a machine losing one of its cores to another tenant
-barely shows in it, while a model that uses every core slows down; the product uses them all.
+Measured right before each confirmation run of a recommendation (``search.retune.confirm``), it
+reads the machine's speed at that moment, so that a slower machine is not blamed on the model. It
+is the built-in GPT at a tiny fixed shape, plus a fixed product of two square matrices per
+micro-batch: the GPT step alone is serial enough that a machine losing one of its cores to another
+tenant barely shows in it, while a model that uses every core slows down; the product uses them all.
 """
 
 from __future__ import annotations

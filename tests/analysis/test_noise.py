@@ -11,20 +11,15 @@ import pytest
 import torch
 from synthetic import Machine
 
-from search.analysis.noise_floor import (
-    NoiseFloor,
-    RunFigures,
-    assess,
-    by_device,
-    judge,
-    stall_steps,
-)
+from search.analysis.noise_floor import NoiseFloor, RunFigures, by_device, stall_steps
+from search.analysis.stability import assess, judge
 from search.config.compose import ConfigError
 from search.config.prepare import control_config
 from search.config.settings import StableSettings
 from search.core.metrics import latency_quantiles
-from search.measurement.protocol import CpuTimer, MeasureSettings, measure
-from search.space.search_space import parse_space
+from search.measurement.protocol import MeasureSettings, measure
+from search.measurement.timers import CpuTimer
+from search.space.parse import parse_space
 
 STABLE = StableSettings(
     alpha=0.01, excess_cv=0.10, excess_stalls=0.01, excess_between_cv=0.05, max_cv=None
@@ -104,8 +99,23 @@ def test_an_earlier_session_is_its_own_group_and_not_a_drift():
     figures are not corrected by it."""
     day = 86_400.0
     wobble = (1.0, 0.99, 1.01, 1.0)
-    yesterday = [RunFigures(1e9 + 60 * i, 12e3 * w, 0.01, 10, 50, 0) for i, w in enumerate(wobble)]
-    today = [RunFigures(1e9 + day + 60 * i, 1e4 * w, 0.01, 10, 50, 0) for i, w in enumerate(wobble)]
+    yesterday = [
+        RunFigures(
+            time_s=1e9 + 60 * i, throughput=12e3 * w, cv=0.01, n_windows=10, n_steps=50, stalls=0
+        )
+        for i, w in enumerate(wobble)
+    ]
+    today = [
+        RunFigures(
+            time_s=1e9 + day + 60 * i,
+            throughput=1e4 * w,
+            cv=0.01,
+            n_windows=10,
+            n_steps=50,
+            stalls=0,
+        )
+        for i, w in enumerate(wobble)
+    ]
     floor = NoiseFloor.estimate(yesterday + today)
     assert floor.session == tuple(today) and floor.between_df == 6
     assert floor.between_cv < 0.03  # within each session the runs agree to about 1%
@@ -178,7 +188,14 @@ def test_fresh_processes_that_disagree_beyond_the_machine_are_unstable():
     floor = NoiseFloor.estimate([machine.run(CONTROL)[1] for _ in range(8)])
     agree = [machine.run(5000.0)[1] for _ in range(3)]
     wild = [
-        RunFigures(r.time_s, r.throughput * f, r.cv, r.n_windows, r.n_steps, r.stalls)
+        RunFigures(
+            time_s=r.time_s,
+            throughput=r.throughput * f,
+            cv=r.cv,
+            n_windows=r.n_windows,
+            n_steps=r.n_steps,
+            stalls=r.stalls,
+        )
         for r, f in zip(agree, (0.7, 1.0, 1.3), strict=True)
     ]
     assert judge(agree[1], floor, STABLE, replicates=agree).stable
@@ -228,6 +245,7 @@ def _real_run(n: int) -> RunFigures:
     return RunFigures.of(metrics, time.time())
 
 
+@pytest.mark.alone
 def test_steady_real_steps_are_stable_while_another_process_loads_a_core():
     """Real matrix products timed on this CPU while a background process spins on one core; the
     control is measured alongside (before and after), under the same load. 3 repetitions, all
@@ -299,8 +317,8 @@ def _settings():
 def _study_with(controls, candidates):
     import optuna
 
+    from search.study.repeat_runs import save_control, save_revalidation
     from search.study.revalidate import Pooled
-    from search.study.trial_store import save_control, save_revalidation
 
     study = optuna.create_study(directions=["maximize"])
     for c in controls:
@@ -311,11 +329,16 @@ def _study_with(controls, candidates):
 
 
 def _runs(means, t0=1e9, cv=0.01):
-    return [RunFigures(t0 + i, m, cv, 10, 50, 0, "s") for i, m in enumerate(means)]
+    return [
+        RunFigures(
+            time_s=t0 + i, throughput=m, cv=cv, n_windows=10, n_steps=50, stalls=0, session="s"
+        )
+        for i, m in enumerate(means)
+    ]
 
 
 def test_an_erratic_candidate_cannot_set_its_own_yardstick():
-    from search.study.trial_store import judged_revalidations, noise_floor
+    from search.study.repeat_runs import judged_revalidations, noise_floor
 
     controls = _runs([100.0, 101.0, 99.0, 100.5], t0=1e9)
     study = _study_with(
@@ -329,7 +352,8 @@ def test_an_erratic_candidate_cannot_set_its_own_yardstick():
 
 
 def test_without_a_control_only_the_absolute_checks_judge():
-    run = RunFigures(0.0, 100.0, 0.3, 10, 100, 10)  # 10% stalls, 30% window CV
+    # 10% stalls, 30% window CV
+    run = RunFigures(time_s=0.0, throughput=100.0, cv=0.3, n_windows=10, n_steps=100, stalls=10)
     assert judge(run, NoiseFloor.estimate([]), STABLE).stable
     capped = StableSettings(0.01, 0.10, 0.01, 0.05, max_cv=0.2)
     assert judge(run, NoiseFloor.estimate([]), capped).reason.startswith("max_cv")
@@ -347,7 +371,7 @@ def test_a_trial_stored_before_the_noise_floor_keeps_its_own_interval():
 def test_a_re_validation_stored_before_the_noise_floor_counts_as_not_done():
     import optuna
 
-    from search.study.trial_store import study_revalidations
+    from search.study.repeat_runs import study_revalidations
 
     study = optuna.create_study(directions=["maximize"])
     study.set_user_attr("revalidated:fp:3", {"metrics": {}, "stable": False, "reason": "old"})
@@ -355,7 +379,18 @@ def test_a_re_validation_stored_before_the_noise_floor_counts_as_not_done():
 
 
 def test_one_invocation_is_one_session_however_far_apart_its_control_runs():
-    runs = [RunFigures(1e9 + t, 100.0, 0.01, 10, 50, 0, "inv-1") for t in (0, 5, 4000)]
+    runs = [
+        RunFigures(
+            time_s=1e9 + t,
+            throughput=100.0,
+            cv=0.01,
+            n_windows=10,
+            n_steps=50,
+            stalls=0,
+            session="inv-1",
+        )
+        for t in (0, 5, 4000)
+    ]
     floor = NoiseFloor.estimate(runs)
     assert floor.session == tuple(runs) and floor.between_df == 2
     assert "from 3 control run(s) of this invocation" in floor.line()
@@ -368,19 +403,22 @@ def test_the_baseline_benchmark_pools_its_runs():
     from tiny import measurement
 
     from search.core.records import COMPLETE
-    from search.execution.worker import TrialResult
+    from search.execution.trial import TrialResult
 
     path = Path(__file__).parents[2] / "benchmarks" / "versus_baseline.py"
     spec = importlib.util.spec_from_file_location("versus_baseline", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    runs = [TrialResult(COMPLETE, measurement(t), 100.0) for t in (100.0, 102.0, 98.0)]
+    runs = [
+        TrialResult(state=COMPLETE, measurement=measurement(t), peak_memory_mb=100.0)
+        for t in (100.0, 102.0, 98.0)
+    ]
     assert module.summary(runs, 0.95)["throughput"] == pytest.approx(100.0)
 
 
 def test_re_validation_verdicts_are_judged_again_under_the_current_settings():
     from search.config.compose import compose_config, load_settings
-    from search.study.trial_store import judged_revalidations
+    from search.study.repeat_runs import judged_revalidations
 
     study = _study_with(_runs([100.0, 101.0, 99.0, 100.5]), {4: _runs([100.0, 115.0, 87.0], 2e9)})
     strict = judged_revalidations(study, "fp", _settings())
@@ -402,7 +440,15 @@ def test_control_runs_are_reported_by_device_when_several_devices_ran_them():
     )
 
     def run(device, throughput):
-        return RunFigures(0.0, throughput, 0.01, 10, 100, 0, device=device)
+        return RunFigures(
+            time_s=0.0,
+            throughput=throughput,
+            cv=0.01,
+            n_windows=10,
+            n_steps=100,
+            stalls=0,
+            device=device,
+        )
 
     one = [run(a, 100.0), run(a, 102.0)]
     assert by_device(one) == [], "one device: nothing to compare"
@@ -423,7 +469,16 @@ def test_each_device_s_drift_corrects_its_own_figures_only():
         run = machine.run(CONTROL, gap_s=100)[1]
         controls.append(replace(run, session="worker-a", device=a))
     steady = [
-        RunFigures(1e9 + 50 + 100 * i, CONTROL, 0.01, 10, 50, 0, "worker-b", device=b)
+        RunFigures(
+            time_s=1e9 + 50 + 100 * i,
+            throughput=CONTROL,
+            cv=0.01,
+            n_windows=10,
+            n_steps=50,
+            stalls=0,
+            session="worker-b",
+            device=b,
+        )
         for i in range(7)
     ]
     floor = NoiseFloor.estimate(controls + steady)

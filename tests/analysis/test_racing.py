@@ -11,7 +11,8 @@ from tiny import TINY_GPT
 from search.analysis.racing import Race, Samples, best_case, can_race, out_of_reach, race_against
 from search.core.metrics import quantile_lower_bound
 from search.core.records import COMPLETE
-from search.execution.worker import TrialRequest, run_trial
+from search.execution.trial import TrialRequest
+from search.execution.worker import run_trial
 from search.measurement.protocol import MeasureSettings, measure
 
 LLM = ("throughput", "latency_p95_ms", "peak_memory_mb")
@@ -89,7 +90,7 @@ class Clock:
         self.marks.append(self.s)
 
     def end_window(self):
-        return [b - a for a, b in zip(self.marks, self.marks[1:])]
+        return [b - a for a, b in zip(self.marks, self.marks[1:], strict=False)]
 
 
 NOISY = MeasureSettings(
@@ -145,11 +146,11 @@ LONG = MeasureSettings(
 @pytest.mark.parametrize("front, screened", [(((1e12, 0.0, 0.0),), True), ((), False)])
 def test_a_worker_stops_a_configuration_the_front_dominates(front, screened):
     request = TrialRequest(
-        TINY_GPT,
-        {"batch_size": 4, "micro_batch_size": 2},
-        "cpu",
-        0,
-        LONG,
+        workload=TINY_GPT,
+        config={"batch_size": 4, "micro_batch_size": 2},
+        device="cpu",
+        seed=0,
+        measure=LONG,
         race=Race(LLM, front, 0.95),
         fidelity=False,
         count=False,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from search.commands.cli import main
-from search.measurement.gpu import CpuEnergyMonitor
+from search.measurement.energy import CpuEnergyMonitor
 
 REPO = Path(__file__).resolve().parents[2]
 

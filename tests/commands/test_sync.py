@@ -1,4 +1,5 @@
-"""``python -m search sync``: the study's measured trials reach MLflow once, with their own times and tags.
+"""``python -m search sync``: the study's measured trials reach MLflow once, with their own times
+and tags.
 
 The slow tests run the real command in subprocesses on a tiny budget and read the real stores back.
 A study is tuned into one MLflow store and synced into a second, empty one: every trial is missing
@@ -22,7 +23,8 @@ from tiny import CONTRACT_METRICS, KNOBS, LENIENT, TINY  # tests/ is on sys.path
 
 from search.commands.cli import main
 from search.study.trial_store import SYNCED_RUN_PREFIX
-from search.tracking.tracker import NETWORK_LIMITS, Tracker
+from search.tracking.connection import NETWORK_LIMITS
+from search.tracking.tracker import Tracker
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -40,7 +42,8 @@ CONTRACT_TAGS = {
 
 @pytest.fixture(autouse=True)
 def network_env(monkeypatch):
-    """In-process calls set MLflow's network limits in os.environ; start without them and restore after."""
+    """In-process calls set MLflow's network limits in os.environ; start without them and restore
+    after."""
     for name in NETWORK_LIMITS:
         # records the original value (or its absence) for teardown ...
         monkeypatch.setenv(name, "0")
@@ -91,7 +94,8 @@ def ms(moment) -> int:
 def test_sync_copies_each_missing_trial_once_with_its_own_times_and_front(tmp_path):
     runs_dir = tmp_path / "runs"
     first, second = f"sqlite:///{runs_dir}/first.db", f"sqlite:///{runs_dir}/second.db"
-    # Re-validation on, every complete trial stable: the front is not empty and carries pooled figures.
+    # Re-validation on, every complete trial stable: the front is not empty and carries pooled
+    # figures.
     tuning = [
         *TINY,
         "study.n_trials=2",

@@ -9,7 +9,7 @@ from hydra.utils import get_class
 from omegaconf import OmegaConf
 
 from search.config.compose import ConfigError, compose_config, resolve, resolve_device
-from search.space.search_space import parse_space
+from search.space.parse import parse_space
 from search.workloads import ServingWorkload, Workload
 
 REPO = Path(__file__).resolve().parents[2]

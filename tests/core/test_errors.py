@@ -8,7 +8,7 @@ import search
 from search.config.compose import ConfigError
 from search.core.errors import KnobError, SpaceError, StoreError
 from search.execution.knobs import Knobs
-from search.space.search_space import parse_space
+from search.space.parse import parse_space
 
 
 @pytest.mark.parametrize(

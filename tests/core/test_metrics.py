@@ -17,9 +17,9 @@ from search.core.metrics import (
 )
 from search.core.records import COMPLETE, TrialRecord
 from search.execution.figures import trial_metrics
-from search.execution.worker import TrialResult
+from search.execution.trial import TrialResult
 from search.reporting.report import pareto_table, shown_metrics, trial_line, write_csv
-from search.space.search_space import parse_space
+from search.space.parse import parse_space
 from search.study.revalidate import pool
 
 KNOBS = ["batch_size"]
@@ -106,9 +106,9 @@ def result(throughput: float, energy_j: float, serving: bool = True) -> TrialRes
     telemetry = {"energy_per_item_j": energy_j, "energy_per_item_j_ci_high": energy_j * 1.1}
     phases = {"ttft_ms": (20.0, 30.0, 25.0), "tpot_ms": (1.0, 1.5, 1.2)} if serving else {}
     return TrialResult(
-        COMPLETE,
-        measurement(throughput, phases=phases),
-        100.0,
+        state=COMPLETE,
+        measurement=measurement(throughput, phases=phases),
+        peak_memory_mb=100.0,
         telemetry=telemetry,
         items_per_request=32 if serving else None,
     )

@@ -15,7 +15,8 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 
 
 class Regression(Workload):
-    """A small regression whose batch is a dict of two draws: micro-batches draw it in another order."""
+    """A small regression whose batch is a dict of two draws: micro-batches draw it in another
+    order."""
 
     def build_model(self):
         return nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 1))
@@ -29,7 +30,8 @@ class Regression(Workload):
 
 
 class Amplified(Regression):
-    """One layer scales its activations by 1e5: beyond fp16's largest value (65504), fine in bf16/fp32."""
+    """One layer scales its activations by 1e5: beyond fp16's largest value (65504), fine in
+    bf16/fp32."""
 
     def loss(self, model, batch):
         hidden = model[0](batch["x"]) * 1e5
@@ -37,7 +39,8 @@ class Amplified(Regression):
 
 
 class OffsetFeatures(Workload):
-    """Raw features around 1000 (unnormalised units) whose signal is the small part; BatchNorm centres them.
+    """Raw features around 1000 (unnormalised units) whose signal is the small part; BatchNorm
+    centres them.
 
     bf16 keeps 8 significant bits, so at 1000 its numbers are 4 apart: the signal rounds away before
     the first Linear, and BatchNorm scales what is left (rounding noise) up to unit size.
@@ -83,9 +86,11 @@ class ConvBiasBeforeBatchNorm(Workload):
 
 
 class LargeGradients(Workload):
-    """Inputs around 1000: the weight gradient (~1000) times GradScaler's first scale 2**16 overflows fp16.
+    """Inputs around 1000: the weight gradient (~1000) times GradScaler's first scale 2**16
+    overflows fp16.
 
-    Integer inputs and weights of 1/8 are exact in fp16, so nothing but the scaled gradients can go wrong.
+    Integer inputs and weights of 1/8 are exact in fp16, so nothing but the scaled gradients can go
+    wrong.
     """
 
     def build_model(self):
@@ -193,7 +198,7 @@ def test_fp16_overflowing_activations_fail_with_a_clear_reason():
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_bf16_rounding_away_the_signal_fails_on_the_loss(seed):
-    workload, knobs = OffsetFeatures(), Knobs(batch_size=16, micro_batch_size=4)
+    workload = OffsetFeatures()
     assert check_fidelity(
         workload, Knobs(batch_size=16, micro_batch_size=4, streams=2), CPU, seed
     ).ok

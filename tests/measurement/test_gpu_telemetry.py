@@ -1,8 +1,8 @@
-"""GPU and CPU energy windows, driven by a stand-in shaped like pynvml and a fake powercap sysfs tree.
+"""GPU windows through NVML, driven by a fake shaped like pynvml.
 
-The stand-in has pynvml's function names, error hierarchy and constants, and counters the test sets,
-so GpuMonitor (and telemetry.py's NVML readings, which find the device the same way) run their real
-code against answers that are known.
+The fake has pynvml's function names, error hierarchy and constants, and counters the test sets,
+so GpuMonitor (and search.measurement.environment's NVML readings, which find the device the same
+way) run their real code against answers that are known. CPU windows: test_energy.py.
 """
 
 from __future__ import annotations
@@ -10,20 +10,14 @@ from __future__ import annotations
 import os
 import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from search.measurement.energy import CpuEnergyMonitor, energy_unavailable_reason
 from search.measurement.environment import contention, device_label, environment
-from search.measurement.gpu import (
-    CpuEnergyMonitor,
-    GpuMonitor,
-    decode_clock_event_reasons,
-    energy_unavailable_reason,
-    nvml_handle,
-)
+from search.measurement.nvml import GpuMonitor, decode_clock_event_reasons, nvml_handle
 
 NO_POLL_S = 3600.0  # a polling period no test window reaches: only the begin and end samples count
 
@@ -153,7 +147,8 @@ class FakeNvml:
 
 @pytest.fixture(autouse=True)
 def no_cuda(request, monkeypatch):
-    """Without a CUDA device there is no UUID, so the index maps the device unless a test says otherwise."""
+    """Without a CUDA device there is no UUID, so the index maps the device unless a test says
+    otherwise."""
     if request.node.get_closest_marker("gpu") is None:
         monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
 
@@ -166,7 +161,7 @@ def window_around(monitor: GpuMonitor, device: FakeDevice, during=None, seconds:
     return monitor.end_window()
 
 
-# -- energy ------------------------------------------------------------------------------------------
+# -- energy ----------------------------------------------------------------------------------------
 
 
 def test_energy_is_the_counter_difference_and_power_is_energy_over_duration():
@@ -265,7 +260,7 @@ def test_the_real_no_driver_path_of_this_host_gives_a_reason_not_a_crash():
         monitor.close()
 
 
-# -- clocks, temperature, utilisation ----------------------------------------------------------------
+# -- clocks, temperature, utilisation --------------------------------------------------------------
 
 
 def test_clocks_and_utilisation_are_means_and_temperature_is_the_max_of_the_samples():
@@ -312,7 +307,7 @@ def test_a_transient_nvml_error_drops_that_sample_only():
     monitor.close()
 
 
-# -- throttling -------------------------------------------------------------------------------------
+# -- throttling ------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -394,7 +389,7 @@ def test_unsupported_throttle_reasons_give_no_reasons_and_not_throttled():
     monitor.close()
 
 
-# -- device mapping ---------------------------------------------------------------------------------
+# -- device mapping --------------------------------------------------------------------------------
 
 
 def cuda_device_with_uuid(monkeypatch, uuid: str) -> None:
@@ -406,7 +401,8 @@ def cuda_device_with_uuid(monkeypatch, uuid: str) -> None:
 
 @pytest.mark.parametrize("nvml_uuid", ["GPU-bbbb", "MIG-bbbb"])
 def test_the_cuda_uuid_picks_the_nvml_gpu_not_the_index(monkeypatch, nvml_uuid):
-    # NVML counts devices in PCI order and ignores CUDA_VISIBLE_DEVICES: cuda:0 may be NVML device 1.
+    # NVML counts devices in PCI order and ignores CUDA_VISIBLE_DEVICES: cuda:0 may be NVML
+    # device 1.
     first, second = FakeDevice("GPU-aaaa", energy_mj=0), FakeDevice(nvml_uuid, energy_mj=0)
     first.sm_clock_mhz, second.sm_clock_mhz = 1000, 1900
     cuda_device_with_uuid(monkeypatch, "bbbb")
@@ -504,7 +500,7 @@ def test_nvml_readings_of_a_device_nvml_does_not_have_are_left_out(monkeypatch):
         nvml_handle(FakeNvml(), 3)
 
 
-# -- window protocol --------------------------------------------------------------------------------
+# -- window protocol -------------------------------------------------------------------------------
 
 
 def test_windows_must_alternate_and_close_shuts_nvml_down_once():
@@ -520,7 +516,7 @@ def test_windows_must_alternate_and_close_shuts_nvml_down_once():
     assert nvml.shutdowns == 1
 
 
-# -- reasons for the summary ------------------------------------------------------------------------
+# -- reasons for the summary -----------------------------------------------------------------------
 
 
 def test_energy_unavailable_reason_uses_the_monitor_it_is_given(tmp_path):
@@ -542,73 +538,7 @@ def test_energy_unavailable_reason_probes_the_host_without_a_monitor():
         assert reason is None or (isinstance(reason, str) and reason and "\n" not in reason)
 
 
-# -- CPU: RAPL ----------------------------------------------------------------------------------------
-
-
-def rapl_zone(root: Path, zone: str, name: str, energy_uj: int, max_uj: int = 1_000_000) -> Path:
-    path = root / zone
-    path.mkdir()
-    (path / "name").write_text(f"{name}\n")
-    (path / "energy_uj").write_text(f"{energy_uj}\n")
-    (path / "max_energy_range_uj").write_text(f"{max_uj}\n")
-    return path / "energy_uj"
-
-
-def test_rapl_sums_packages_handles_wrap_around_and_skips_overlapping_zones(tmp_path):
-    package0 = rapl_zone(tmp_path, "intel-rapl:0", "package-0", 999_000)
-    package1 = rapl_zone(tmp_path, "intel-rapl:1", "package-1", 100)
-    core = rapl_zone(tmp_path, "intel-rapl:0:0", "core", 0)
-    psys = rapl_zone(tmp_path, "intel-rapl:2", "psys", 0)
-    monitor = CpuEnergyMonitor(tmp_path)
-    assert monitor.available and monitor.energy_unavailable_reason is None
-
-    monitor.begin_window()
-    package0.write_text("500\n")  # wrapped: 1_000 uJ to the top of the range, then 500
-    package1.write_text("2100\n")
-    core.write_text("400000\n")  # inside package 0: counting it would count twice
-    psys.write_text("900000\n")  # the whole platform: overlaps the packages
-    time.sleep(0.01)
-    window = monitor.end_window()
-
-    assert window.energy_j == pytest.approx((1_000 + 500 + 2_000) / 1e6)
-    assert window.duration_s >= 0.01
-    assert window.mean_power_w == pytest.approx(window.energy_j / window.duration_s)
-
-
-def test_rapl_counter_that_did_not_move_gives_none(tmp_path):
-    rapl_zone(tmp_path, "intel-rapl:0", "package-0", 1234)
-    monitor = CpuEnergyMonitor(tmp_path)
-    monitor.begin_window()
-    window = monitor.end_window()
-    assert window.energy_j is None and window.mean_power_w is None
-
-
-def test_unreadable_or_absent_rapl_reports_none_and_the_reason(tmp_path):
-    assert "no RAPL package counters" in CpuEnergyMonitor(tmp_path).energy_unavailable_reason
-
-    counter = rapl_zone(tmp_path, "intel-rapl:0", "package-0", 0)
-    counter.unlink()
-    counter.mkdir()  # reading it fails as a root-only file does for a user (this test may run as root)
-    monitor = CpuEnergyMonitor(tmp_path)
-    assert not monitor.available
-    assert "not readable" in monitor.energy_unavailable_reason
-    monitor.begin_window()
-    window = monitor.end_window()
-    assert window.energy_j is None and window.mean_power_w is None
-
-
-def test_this_hosts_rapl_gives_energy_or_a_reason_never_zero():
-    monitor = CpuEnergyMonitor()
-    monitor.begin_window()
-    sum(i * i for i in range(200_000))
-    window = monitor.end_window()
-    if monitor.available and window.energy_j is not None:
-        assert window.energy_j > 0
-    else:
-        assert window.energy_j is None and monitor.energy_unavailable_reason
-
-
-# -- a real GPU -------------------------------------------------------------------------------------
+# -- a real GPU ------------------------------------------------------------------------------------
 
 
 @pytest.mark.gpu

@@ -64,10 +64,10 @@ def test_the_summary_table_and_the_plot(tmp_path):
 
 def test_long_int_ranges_and_floats_list_the_values_measured():
     from search.reporting.oracle import oracle_values
-    from search.space.search_space import CategoricalParam, FloatParam, IntParam
+    from search.space.params import CategoricalParam, FloatParam, IntParam
 
-    assert oracle_values(IntParam(1, 8)) == list(range(1, 9))
-    assert oracle_values(IntParam(1, 10**12)) is None  # never listed
+    assert oracle_values(IntParam(low=1, high=8)) == list(range(1, 9))
+    assert oracle_values(IntParam(low=1, high=10**12)) is None  # never listed
     assert oracle_values(FloatParam(0.0, 1.0)) is None
     assert oracle_values(CategoricalParam(("a", "b"))) == ["a", "b"]
 

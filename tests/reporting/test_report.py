@@ -5,8 +5,8 @@ from search.analysis.noise_floor import NoiseFloor, RunFigures
 from search.core.records import TrialRecord
 from search.reporting.report import summary_lines
 from search.reporting.results import noise_lines, passed_over
-from search.space.search_space import parse_space
-from search.study.driver import StudyOutcome
+from search.space.parse import parse_space
+from search.study.outcome import StudyOutcome
 from search.study.revalidate import Pooled
 
 SPACE = parse_space(
@@ -41,7 +41,9 @@ STALLS = "stalls: 40 of 900 steps (4.4%) over 2x the median step, control 0.1% (
 
 def test_each_unstable_configuration_is_listed_with_the_test_it_failed():
     fast = _record(13, 12000.0, 12400.0, 12700.0, False, reason=STALLS)
-    lines = summary_lines(StudyOutcome("s", records=[SLOW_STABLE, fast]), [SLOW_STABLE, fast])
+    lines = summary_lines(
+        StudyOutcome(study_name="s", records=[SLOW_STABLE, fast]), [SLOW_STABLE, fast]
+    )
     assert "1 measured configuration(s) were unstable and are left off the front:" in lines
     assert f"  #13 {STALLS}" in lines
 
@@ -73,13 +75,27 @@ def test_passed_over_after_re_validation_by_the_slo_or_by_domination():
 
 
 def test_no_unstable_configuration_no_line():
-    lines = summary_lines(StudyOutcome("s", records=[SLOW_STABLE]), [SLOW_STABLE])
+    lines = summary_lines(StudyOutcome(study_name="s", records=[SLOW_STABLE]), [SLOW_STABLE])
     assert not any("unstable" in line for line in lines)
 
 
 def test_the_noise_lines_say_how_far_one_run_moves():
-    controls = tuple(RunFigures(float(t * 60), 100.0, 0.01, 5, 5, 0) for t in range(4))
-    lines = noise_lines(NoiseFloor(controls, 0.02, 10, -0.01, 0.4, False, session_end=180.0), 0.95)
+    controls = tuple(
+        RunFigures(
+            time_s=float(t * 60), throughput=100.0, cv=0.01, n_windows=5, n_steps=5, stalls=0
+        )
+        for t in range(4)
+    )
+    floor = NoiseFloor(
+        controls=controls,
+        between_cv=0.02,
+        between_df=10,
+        drift=-0.01,
+        drift_p=0.4,
+        corrected=False,
+        session_end=180.0,
+    )
+    lines = noise_lines(floor, 0.95)
     assert lines[0].startswith("this machine: between-run CV 2.0% (10 df), within-run 1.0%")
     assert "drift -1.0% over 3 min (not significant, p=0.4)" in lines[0]
     assert "within about ±4.5% of the long-run level" in lines[1]  # t(0.975, 10 df) x 2%
@@ -143,7 +159,9 @@ def test_a_screened_configuration_says_so_in_its_line_and_the_summary():
     )
     line = trial_line(screened, 2, 4, 1, 3.0, ["batch_size"], 0.95, ["latency_p95_ms"])
     assert "stable, screened: out of the front's reach" in line
-    lines = summary_lines(StudyOutcome("s", records=[SLOW_STABLE, screened]), [SLOW_STABLE])
+    lines = summary_lines(
+        StudyOutcome(study_name="s", records=[SLOW_STABLE, screened]), [SLOW_STABLE]
+    )
     assert any(x.startswith("screened: #7 stopped after 5 windows") for x in lines)
-    lines = summary_lines(StudyOutcome("s", records=[SLOW_STABLE]), [SLOW_STABLE])
+    lines = summary_lines(StudyOutcome(study_name="s", records=[SLOW_STABLE]), [SLOW_STABLE])
     assert not any(x.startswith("screened") for x in lines)

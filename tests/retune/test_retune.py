@@ -18,23 +18,10 @@ import optuna
 import pytest
 
 from search.config.compose import ConfigError
-from search.retune.nightly import (
-    AMBIGUOUS,
-    IMPROVED,
-    MOVED,
-    REGRESSION,
-    SAME,
-    Figure,
-    Tuned,
-    baseline,
-    compare,
-    conclude,
-    runs_needed,
-    save_tuned,
-    sensitivity,
-    shift,
-    tuned_runs,
-)
+from search.retune.comparison import compare, runs_needed, sensitivity, shift
+from search.retune.figure import Figure
+from search.retune.tuned import Tuned, baseline, save_tuned, tuned_runs
+from search.retune.verdict import AMBIGUOUS, IMPROVED, MOVED, REGRESSION, SAME, conclude
 
 REPO = Path(__file__).resolve().parents[2]
 A = {"micro_batch_size": 4, "precision": "fp32"}
@@ -52,15 +39,15 @@ def fig(value: float, rel: float = 0.02, config=A, refs: list[float] | None = No
 
 def tuned(best: Figure | None, name: str = "tune 1", time_s: float = 1.0, **kw) -> Tuned:
     return Tuned(
-        kw.pop("kind", "tune"),
-        name,
-        time_s,
-        kw.pop("fingerprint", "fp"),
-        kw.pop("env", {"device_name": "cpu"}),
-        "cpu",
-        "samples",
-        best,
-        (best,) if best is not None else (),
+        kind=kw.pop("kind", "tune"),
+        name=name,
+        time_s=time_s,
+        fingerprint=kw.pop("fingerprint", "fp"),
+        env=kw.pop("env", {"device_name": "cpu"}),
+        device="cpu",
+        unit="samples",
+        recommended=best,
+        front=(best,) if best is not None else (),
         **kw,
     )
 
@@ -260,7 +247,9 @@ def test_the_baseline_is_the_last_confirmed_run_or_the_one_named():
     study = optuna.create_study()
     with pytest.raises(ConfigError, match="run the tuning first"):
         baseline(study, "last", "cpu")
-    unconfirmed = Figure(dict(A), 100.0, 90.0, 110.0)  # a search figure: no runs behind it
+    unconfirmed = Figure(
+        config=dict(A), throughput=100.0, low=90.0, high=110.0
+    )  # a search figure: no runs behind it
     save_tuned(study, tuned(unconfirmed, "tune 0", 0.5))
     with pytest.raises(ConfigError, match="retune.confirm >= 4"):
         baseline(study, "last", "cpu")
@@ -323,6 +312,7 @@ def test_retune_without_a_tuning_exits_2_in_one_line(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.alone
 def test_a_retune_says_same_regression_or_moved_and_exits_accordingly(tmp_path):
     runs_dir = tmp_path / "runs"
     tune = search(*SPACE, WITH_REFERENCE, runs_dir=runs_dir)
@@ -435,7 +425,9 @@ def test_an_ambiguous_verdict_says_how_many_runs_would_tell():
 
 
 def test_a_recommendation_that_could_not_be_confirmed_is_no_verdict():
-    unconfirmed = Figure(dict(A), 80.0, 70.0, 90.0)  # a search figure: no runs behind it
+    unconfirmed = Figure(
+        config=dict(A), throughput=80.0, low=70.0, high=90.0
+    )  # a search figure: no runs behind it
     c = conclude(tuned(fig(100)), tuned(unconfirmed, "retune 2"), None, 0.05)
     assert c.verdict == AMBIGUOUS and c.exit_code == 0
     assert "could not be confirmed" in c.line
@@ -468,8 +460,8 @@ def test_what_a_run_concluded_survives_the_json_of_a_database_storage():
 
 
 def test_a_round_whose_reference_run_failed_is_left_out_for_every_configuration(monkeypatch):
-    import search.retune.nightly
-    from search.execution.worker import TrialResult
+    import search.retune.confirm
+    from search.execution.trial import TrialResult
 
     calls = []
 
@@ -481,25 +473,33 @@ def test_a_round_whose_reference_run_failed_is_left_out_for_every_configuration(
         calls.append(request)
         reference = "reference" in request.workload["_target_"]
         if reference and len(calls) == 4:  # the reference run of the second round
-            return TrialResult("failed", failure="crash: worker exited with code 1")
-        return TrialResult("complete", measurement=M(50.0 if reference else 100.0 + len(calls)))
+            return TrialResult(state="failed", failure="crash: worker exited with code 1")
+        return TrialResult(
+            state="complete", measurement=M(50.0 if reference else 100.0 + len(calls))
+        )
 
-    monkeypatch.setattr(search.retune.nightly, "run_isolated", run)
-    done = search.retune.nightly.confirm([A, B], lambda c: _request(c), "cpu", 5, 0, 0.95, _quiet)
+    monkeypatch.setattr(search.retune.confirm, "run_isolated", run)
+    done = search.retune.confirm.confirm([A, B], lambda c: _request(c), "cpu", 5, 0, 0.95, _quiet)
     best, other = done.figures
     assert best is not None and other is not None
     assert len(best.runs) == len(best.references) == 4 == len(other.runs)
     assert done.failures == ["round 2: reference step: crash: worker exited with code 1"]
     assert all(not r.fidelity for r in calls), "confirmation runs skip the fidelity check"
-    too_few = search.retune.nightly.confirm([A], lambda c: _request(c), "cpu", 3, 0, 0.95, _quiet)
+    too_few = search.retune.confirm.confirm([A], lambda c: _request(c), "cpu", 3, 0, 0.95, _quiet)
     assert too_few.figures == [None]
 
 
 def _request(config):
-    from search.execution.worker import TrialRequest
+    from search.execution.trial import TrialRequest
     from search.measurement.protocol import MeasureSettings
 
-    return TrialRequest({"_target_": "slowdown.Slowdown"}, config, "cpu", 0, MeasureSettings())
+    return TrialRequest(
+        workload={"_target_": "slowdown.Slowdown"},
+        config=config,
+        device="cpu",
+        seed=0,
+        measure=MeasureSettings(),
+    )
 
 
 def _quiet(*args):

@@ -5,17 +5,10 @@ import random
 import pytest
 
 from search.config.compose import compose_config, resolve
-from search.space.search_space import (
-    ENUMERATION_LIMIT,
-    METRIC_DIRECTIONS,
-    CategoricalParam,
-    FixedParam,
-    FloatParam,
-    IntParam,
-    Objective,
-    SpaceError,
-    parse_space,
-)
+from search.core.errors import SpaceError
+from search.space.params import CategoricalParam, FixedParam, FloatParam, IntParam
+from search.space.parse import parse_space
+from search.space.search_space import ENUMERATION_LIMIT, METRIC_DIRECTIONS, Objective
 
 TARGET = "search.workloads.GPT"
 
@@ -63,11 +56,11 @@ def test_parse_every_param_type():
     assert space.name == "every"
     assert space.workload == {"_target_": TARGET, "d_model": 32}
     p = space.params
-    assert p["stepped"] == IntParam(1, 10, step=3)
+    assert p["stepped"] == IntParam(low=1, high=10, step=3)
     assert p["stepped"].values() == [1, 4, 7, 10]
-    assert p["logint"] == IntParam(1, 1000, log=True)
+    assert p["logint"] == IntParam(low=1, high=1000, log=True)
     assert p["logint"].values() == list(range(1, 1001))
-    assert p["pow2"] == IntParam(3, 40, pow2=True)
+    assert p["pow2"] == IntParam(low=3, high=40, pow2=True)
     assert p["pow2"].values() == [4, 8, 16, 32]
     assert p["lr"] == FloatParam(1.0e-4, 1.0e-2, log=True)
     assert p["lr"].values() is None
@@ -116,15 +109,13 @@ def test_int_pow2_values_example():
 def test_int_pow2_values_match_brute_force():
     for low in range(1, 70):
         for high in range(low, 140):
-            assert IntParam(low, high, pow2=True).values() == powers_of_two_in(low, high), (
-                low,
-                high,
-            )
+            param = IntParam(low=low, high=high, pow2=True)
+            assert param.values() == powers_of_two_in(low, high), (low, high)
 
 
 def test_int_pow2_values_exact_for_large_bounds():
-    assert IntParam(2**50 + 1, 2**51 - 1, pow2=True).values() == []
-    assert IntParam(2**53 - 1, 2**53 - 1, pow2=True).values() == []
+    assert IntParam(low=2**50 + 1, high=2**51 - 1, pow2=True).values() == []
+    assert IntParam(low=2**53 - 1, high=2**53 - 1, pow2=True).values() == []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -422,7 +413,7 @@ EXPRESSIONS = [
 def _knob_grid():
     names = list(KNOBS)
     lists = [range(5), range(5), ["fp32", "bf16", "fp16"], [1, 2], [False, True]]
-    return [dict(zip(names, combo)) for combo in itertools.product(*lists)]
+    return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*lists)]
 
 
 @pytest.mark.parametrize("expression", EXPRESSIONS)
@@ -487,7 +478,7 @@ def llm_cpu_raw():
 
 
 def _raw_values(spec):
-    """A param's values from its raw spec, computed independently of search.space.search_space."""
+    """A param's values from its raw spec, computed without search.space's own parsing."""
     if not isinstance(spec, dict):
         return [spec]
     if spec["type"] == "bool":
@@ -514,7 +505,7 @@ def test_feasible_configs_of_llm_cpu_match_brute_force(llm_cpu_raw):
 
     names = list(llm_cpu_raw["params"])
     lists = [_raw_values(llm_cpu_raw["params"][n]) for n in names]
-    everything = [dict(zip(names, combo)) for combo in itertools.product(*lists)]
+    everything = [dict(zip(names, combo, strict=True)) for combo in itertools.product(*lists)]
     expected = [c for c in everything if feasible(c)]
     assert 0 < len(expected) < len(everything)
 

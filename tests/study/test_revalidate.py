@@ -7,18 +7,21 @@ import pytest
 from scipy import stats
 from tiny import measurement
 
-from search.analysis.noise_floor import NoiseFloor, RunFigures, assess_pooled
+from search.analysis.noise_floor import NoiseFloor, RunFigures
+from search.analysis.stability import assess_pooled
 from search.config.settings import StableSettings
 from search.core.metrics import quantile_upper_bound
 from search.core.records import COMPLETE, FAILED, TrialRecord
-from search.execution.worker import TrialResult
+from search.execution.trial import TrialResult
 from search.study.revalidate import pool, revalidate
 
 
 def run(
     throughput: float, cv: float = 0.01, latencies=(10.0, 11.0, 12.0), peak: float = 100.0
 ) -> TrialResult:
-    return TrialResult(COMPLETE, measurement(throughput, cv, latencies), peak)
+    return TrialResult(
+        state=COMPLETE, measurement=measurement(throughput, cv, latencies), peak_memory_mb=peak
+    )
 
 
 @pytest.mark.parametrize("n, q", [(200, 0.95), (100, 0.5), (400, 0.95)])
@@ -36,7 +39,8 @@ def test_quantile_upper_bound_covers_the_true_quantile_at_the_stated_confidence(
 
 
 def test_quantile_upper_bound_is_the_maximum_when_samples_are_too_few():
-    # 0.95**58 > 0.05: with 58 samples even the largest is not a 95% bound for the p95, so it is used.
+    # 0.95**58 > 0.05: with 58 samples even the largest is not a 95% bound for the p95, so it is
+    # used.
     samples = list(range(1, 59))
     assert quantile_upper_bound(samples, 0.95, 0.95) == 58
 
@@ -58,8 +62,18 @@ def test_pool_keeps_every_run_and_the_process_means():
 
 
 def _floor(between_cv: float, df: int = 20, cv: float = 0.01) -> NoiseFloor:
-    controls = tuple(RunFigures(float(t), 100.0, cv, 5, 5, 0) for t in range(3))
-    return NoiseFloor(controls, between_cv, df, 0.0, 1.0, False)
+    controls = tuple(
+        RunFigures(time_s=float(t), throughput=100.0, cv=cv, n_windows=5, n_steps=5, stalls=0)
+        for t in range(3)
+    )
+    return NoiseFloor(
+        controls=controls,
+        between_cv=between_cv,
+        between_df=df,
+        drift=0.0,
+        drift_p=1.0,
+        corrected=False,
+    )
 
 
 def test_the_judged_interval_is_the_machines_between_run_spread_over_the_runs():
@@ -90,12 +104,19 @@ def test_noisy_runs_or_a_failed_run_make_the_candidate_unstable():
     # One disturbed run among steady ones: the median CV is the control's and the means agree.
     one = pool([run(100.0, cv=0.3), run(100.0), run(100.0)], TIMES, 0.95)
     assert assess_pooled(one.metrics, one.runs, _floor(0.01), STABLE, 0.95)[1].stable
-    failed = pool([run(100.0), TrialResult(FAILED, failure="oom: out of memory")], TIMES[:2], 0.95)
+    failed = pool(
+        [run(100.0), TrialResult(state=FAILED, failure="oom: out of memory")], TIMES[:2], 0.95
+    )
     assert not failed.stable and "oom" in failed.reason
 
 
 def test_a_run_that_throttled_makes_the_candidate_unstable():
-    throttled = TrialResult(COMPLETE, run(100.0).measurement, 100.0, throttle_reasons="sw_thermal")
+    throttled = TrialResult(
+        state=COMPLETE,
+        measurement=run(100.0).measurement,
+        peak_memory_mb=100.0,
+        throttle_reasons="sw_thermal",
+    )
     pooled = pool([run(100.0), throttled, run(100.0)], TIMES, 0.95)
     assert not pooled.stable and "throttled" in pooled.reason and "sw_thermal" in pooled.reason
 
@@ -119,7 +140,10 @@ def test_every_candidate_is_measured_k_times_in_an_interleaved_order():
 def test_a_power_capped_run_stays_stable():
     # An H100 running a compute-bound configuration holds its power limit for good: not a slowdown.
     capped = TrialResult(
-        COMPLETE, run(100.0).measurement, 100.0, throttle_reasons="sw_power_cap, sync_boost"
+        state=COMPLETE,
+        measurement=run(100.0).measurement,
+        peak_memory_mb=100.0,
+        throttle_reasons="sw_power_cap, sync_boost",
     )
     assert pool([run(100.0), capped, run(100.0)], TIMES, 0.95).stable
 
@@ -127,7 +151,7 @@ def test_a_power_capped_run_stays_stable():
 def test_an_interrupted_revalidation_keeps_its_runs_and_resumes_with_them():
     import optuna
 
-    from search.study.trial_store import save_revalidation_run, unfinished_revalidations
+    from search.study.repeat_runs import save_revalidation_run, unfinished_revalidations
 
     study = optuna.create_study(directions=["maximize"])
     candidates = [

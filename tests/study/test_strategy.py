@@ -1,4 +1,5 @@
-"""The expert's order (search.study.strategy) and the guided sampler (search.study.guided) on known workloads."""
+"""The expert's order (search.study.strategy) and the guided sampler (search.study.guided) on known
+workloads."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from search.space.search_space import parse_space
-from search.study.driver import suggest
+from search.core.records import COMPLETE
+from search.space.parse import parse_space
+from search.study.book import FIDELITY, OOM, Seen
 from search.study.guided import HANDED_OVER, WHY, GuidedSampler
-from search.study.strategy import COMPLETE, FIDELITY, OOM, Seen, next_move
+from search.study.samplers import suggest
+from search.study.strategy import next_move
 
 OBJECTIVES = {"throughput": "maximize", "latency_p95_ms": "minimize", "peak_memory_mb": "minimize"}
 

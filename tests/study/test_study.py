@@ -1,4 +1,5 @@
-"""The study driver on real Optuna studies: what is reused, what is read back, what is measured again."""
+"""The study driver on real Optuna studies: what is reused, what is read back, what is measured
+again."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from optuna.trial import TrialState, create_trial
 from tiny import TINY_GPT
 
 from search.config.compose import ConfigError, compose_config, load_settings
-from search.execution.worker import TrialRequest
+from search.execution.trial import TrialRequest
 from search.measurement.protocol import MeasureSettings
-from search.space.search_space import parse_space
-from search.study.driver import StudyDriver, open_study
+from search.space.parse import parse_space
+from search.study.driver import StudyDriver
+from search.study.opening import open_study
 
 FINGERPRINT = "abc123"
 QUICK = MeasureSettings(
@@ -101,16 +103,16 @@ def driver(study, space, config=None, measured=None):
 
     def request(c):
         measured.append(dict(c))
-        return TrialRequest(space.workload, c, "cpu", 0, QUICK)
+        return TrialRequest(workload=space.workload, config=c, device="cpu", seed=0, measure=QUICK)
 
     return StudyDriver(
-        config or cfg(),
-        space,
-        study,
-        FINGERPRINT,
-        request,
-        lambda record, result: None,
-        lambda record, d: None,
+        settings=config or cfg(),
+        space=space,
+        study=study,
+        fingerprint=FINGERPRINT,
+        request=request,
+        log_trial=lambda record, result: None,
+        progress=lambda record, d: None,
     )
 
 
@@ -168,13 +170,13 @@ def test_an_error_in_the_loop_leaves_no_trial_running():
         raise RuntimeError("request could not be built")
 
     d = StudyDriver(
-        cfg(),
-        make_space(),
-        study,
-        FINGERPRINT,
-        broken_request,
-        lambda r, res: None,
-        lambda r, d: None,
+        settings=cfg(),
+        space=make_space(),
+        study=study,
+        fingerprint=FINGERPRINT,
+        request=broken_request,
+        log_trial=lambda r, res: None,
+        progress=lambda r, d: None,
     )
     with pytest.raises(RuntimeError):
         d.run()
@@ -317,16 +319,16 @@ def test_a_trial_another_process_took_for_stale_does_not_stop_the_study():
         running = study.get_trials(states=(TrialState.RUNNING,))
         if running[0].number == 0:
             study._storage.set_trial_state_values(running[0]._trial_id, state=TrialState.FAIL)
-        return TrialRequest(space.workload, c, "cpu", 0, QUICK)
+        return TrialRequest(workload=space.workload, config=c, device="cpu", seed=0, measure=QUICK)
 
     d = StudyDriver(
-        cfg(n_trials=1),
-        space,
-        study,
-        FINGERPRINT,
-        taken_for_stale,
-        lambda record, result: logged.append(record.number),
-        lambda r, d: None,
+        settings=cfg(n_trials=1),
+        space=space,
+        study=study,
+        fingerprint=FINGERPRINT,
+        request=taken_for_stale,
+        log_trial=lambda record, result: logged.append(record.number),
+        progress=lambda r, d: None,
     )
     outcome = d.run()
     assert outcome.lost_to_recovery == [0] and outcome.records and outcome.records[0].number != 0
@@ -344,13 +346,15 @@ def test_a_trial_is_told_to_optuna_before_it_is_logged_and_its_run_id_kept():
 
     space = make_space()
     outcome = StudyDriver(
-        cfg(n_trials=2),
-        space,
-        study,
-        FINGERPRINT,
-        lambda c: TrialRequest(space.workload, c, "cpu", 0, QUICK),
-        log_trial,
-        lambda r, d: None,
+        settings=cfg(n_trials=2),
+        space=space,
+        study=study,
+        fingerprint=FINGERPRINT,
+        request=lambda c: TrialRequest(
+            workload=space.workload, config=c, device="cpu", seed=0, measure=QUICK
+        ),
+        log_trial=log_trial,
+        progress=lambda r, d: None,
     ).run()
     assert seen == [TrialState.COMPLETE, TrialState.COMPLETE]
     assert [r.run_id for r in outcome.records] == [f"run-{r.number}" for r in outcome.records]
@@ -360,6 +364,7 @@ def test_a_trial_is_told_to_optuna_before_it_is_logged_and_its_run_id_kept():
 
 def test_a_run_id_the_storage_will_not_take_does_not_stop_the_study(monkeypatch):
     # The measurement is told already; the MLflow run id is bookkeeping that sync can redo.
+    import search.study.retried_writes
     import search.study.trial_store
 
     study = new_study()
@@ -371,23 +376,25 @@ def test_a_run_id_the_storage_will_not_take_does_not_stop_the_study(monkeypatch)
         return real(key, value)
 
     monkeypatch.setattr(study, "set_user_attr", refuse_run_ids)
-    monkeypatch.setattr(search.study.trial_store.time, "sleep", lambda s: None)
+    monkeypatch.setattr(search.study.retried_writes.time, "sleep", lambda s: None)
     space = make_space()
     outcome = StudyDriver(
-        cfg(n_trials=2),
-        space,
-        study,
-        FINGERPRINT,
-        lambda c: TrialRequest(space.workload, c, "cpu", 0, QUICK),
-        lambda record, result: f"run-{record.number}",
-        lambda r, d: None,
+        settings=cfg(n_trials=2),
+        space=space,
+        study=study,
+        fingerprint=FINGERPRINT,
+        request=lambda c: TrialRequest(
+            workload=space.workload, config=c, device="cpu", seed=0, measure=QUICK
+        ),
+        log_trial=lambda record, result: f"run-{record.number}",
+        progress=lambda r, d: None,
     ).run()
     assert [r.state for r in outcome.records] == ["complete", "complete"]
     assert all(t.state == TrialState.COMPLETE for t in study.trials)
 
 
 def test_a_new_study_gets_an_id_that_every_process_reads_back(tmp_path):
-    from search.study.driver import STUDY_ID, study_id
+    from search.study.opening import STUDY_ID, study_id
 
     storage = f"sqlite:///{tmp_path}/s.db"
     first = open_study("s", storage, make_space())
@@ -417,20 +424,22 @@ def test_a_proposal_gives_way_even_to_a_later_numbered_trial_of_the_same_configu
 
 
 def test_the_control_is_measured_at_the_start_and_kept_in_the_study():
-    from search.study.trial_store import study_controls
+    from search.study.repeat_runs import study_controls
 
     study = new_study()
     space = make_space()
     seen = []
     control = {"batch_size": 4, "micro_batch_size": 1}
     d = StudyDriver(
-        cfg(n_trials=1),
-        space,
-        study,
-        FINGERPRINT,
-        lambda c: TrialRequest(space.workload, c, "cpu", 0, QUICK),
-        lambda record, result: None,
-        lambda record, h: None,
+        settings=cfg(n_trials=1),
+        space=space,
+        study=study,
+        fingerprint=FINGERPRINT,
+        request=lambda c: TrialRequest(
+            workload=space.workload, config=c, device="cpu", seed=0, measure=QUICK
+        ),
+        log_trial=lambda record, result: None,
+        progress=lambda record, h: None,
         control=control,
         on_control=lambda result, floor: seen.append((result.state, floor.between_df)),
     )
@@ -460,11 +469,11 @@ def test_an_infinite_throughput_is_a_failed_trial_not_a_complete_one(monkeypatch
     from tiny import measurement
 
     import search.study.driver
-    from search.execution.worker import TrialResult
+    from search.execution.trial import TrialResult
 
     def infinite(request):
         m = measurement(math.inf, cv=0.0)
-        return TrialResult("complete", m, 10.0, unit="tokens")
+        return TrialResult(state="complete", measurement=m, peak_memory_mb=10.0, unit="tokens")
 
     monkeypatch.setattr(search.study.driver, "run_isolated", infinite)
     study = new_study()
@@ -501,12 +510,17 @@ def test_optuna_is_told_what_the_front_leaves_out_so_its_best_trials_agree(
     from tiny import measurement
 
     import search.study.driver
-    from search.execution.worker import TrialResult
+    from search.execution.trial import TrialResult
     from search.reporting import results
 
     def run(request):
         throughput, cv = figures[request.config["micro_batch_size"]]
-        return TrialResult("complete", measurement(throughput, cv=cv), 10.0, unit="tokens")
+        return TrialResult(
+            state="complete",
+            measurement=measurement(throughput, cv=cv),
+            peak_memory_mb=10.0,
+            unit="tokens",
+        )
 
     monkeypatch.setattr(search.study.driver, "run_isolated", run)
     study, space = new_study(), make_space()
@@ -574,7 +588,7 @@ def test_an_int_range_that_changes_keeps_its_name():
             "objectives": {"throughput": "maximize"},
         },
     )
-    from search.study.driver import optuna_names
+    from search.study.samplers import optuna_names
 
     assert optuna_names(study, space) == ({"n": "n"}, [])
 
@@ -658,9 +672,10 @@ def test_reused_trials_above_a_tighter_memory_limit_count_as_out_of_memory():
 
 
 def locked_storage(study, monkeypatch, failures):
-    """The storage fails ``failures`` times to tell (as sqlite does when 'database is locked' outlasts
-    its own wait, or the disk is full), then works; the back-off waits are counted, not slept."""
-    import search.study.trial_store
+    """The storage fails ``failures`` times to tell (as sqlite does when 'database is locked'
+    outlasts its own wait, or the disk is full), then works; the back-off waits are counted, not
+    slept."""
+    import search.study.retried_writes
 
     waits, real = [], study._storage.set_trial_state_values
 
@@ -672,7 +687,7 @@ def locked_storage(study, monkeypatch, failures):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(study._storage, "set_trial_state_values", tell)
-    monkeypatch.setattr(search.study.trial_store.time, "sleep", waits.append)
+    monkeypatch.setattr(search.study.retried_writes.time, "sleep", waits.append)
     return waits
 
 
@@ -686,8 +701,10 @@ def test_a_locked_storage_is_waited_for_and_the_measurement_kept(tmp_path, monke
 
 
 def test_a_storage_that_stays_broken_keeps_the_measurement_for_sync(tmp_path, monkeypatch):
-    from search.study.driver import distribution, optuna_names
-    from search.study.trial_store import UNSAVED, StoreError, restore_unsaved
+    from search.core.errors import StoreError
+    from search.study.guided import distribution
+    from search.study.retried_writes import UNSAVED, restore_unsaved
+    from search.study.samplers import optuna_names
 
     space = make_space()
     study = sqlite_study(tmp_path, space)
@@ -731,13 +748,15 @@ def test_another_process_measuring_on_this_cpu_is_warned_of_once():
         running.set_user_attr("owner", who)
         space, lines = make_space(), []
         d = StudyDriver(
-            cfg(n_trials=2),
-            space,
-            study,
-            FINGERPRINT,
-            lambda c: TrialRequest(space.workload, c, "cpu", 0, QUICK),
-            lambda record, result: None,
-            lambda record, history: None,
+            settings=cfg(n_trials=2),
+            space=space,
+            study=study,
+            fingerprint=FINGERPRINT,
+            request=lambda c: TrialRequest(
+                workload=space.workload, config=c, device="cpu", seed=0, measure=QUICK
+            ),
+            log_trial=lambda record, result: None,
+            progress=lambda record, history: None,
             warn=lines.append,
         )
         d.run()
@@ -750,13 +769,15 @@ def test_another_process_measuring_on_this_cpu_is_warned_of_once():
     lines.clear()
     space, measured = make_space(micro_choices=(1, 2, 4)), []
     StudyDriver(
-        cfg(n_trials=1),
-        space,
-        study,
-        FINGERPRINT,
-        lambda c: TrialRequest(space.workload, c, "cpu", 0, QUICK),
-        lambda record, result: None,
-        lambda record, history: measured.append(record.number),
+        settings=cfg(n_trials=1),
+        space=space,
+        study=study,
+        fingerprint=FINGERPRINT,
+        request=lambda c: TrialRequest(
+            workload=space.workload, config=c, device="cpu", seed=0, measure=QUICK
+        ),
+        log_trial=lambda record, result: None,
+        progress=lambda record, history: measured.append(record.number),
         warn=lines.append,
     ).run()
     assert measured and lines == []
@@ -791,13 +812,15 @@ def test_a_configuration_the_front_dominates_is_screened_and_kept(race):
     space = make_space()
     stored(study, 2, throughput=1e12)  # a front no real step reaches
     d = StudyDriver(
-        cfg(n_trials=1, extra=[f"measure.race={str(race).lower()}"]),
-        space,
-        study,
-        FINGERPRINT,
-        lambda c: TrialRequest(space.workload, c, "cpu", 0, RACED),
-        lambda record, result: None,
-        lambda record, h: None,
+        settings=cfg(n_trials=1, extra=[f"measure.race={str(race).lower()}"]),
+        space=space,
+        study=study,
+        fingerprint=FINGERPRINT,
+        request=lambda c: TrialRequest(
+            workload=space.workload, config=c, device="cpu", seed=0, measure=RACED
+        ),
+        log_trial=lambda record, result: None,
+        progress=lambda record, h: None,
     )
     d.run()
     (record,) = d.outcome.records

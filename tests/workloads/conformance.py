@@ -1,4 +1,5 @@
-"""Tests every workload must pass. Subclass ``WorkloadConformance`` as ``Test...`` and define ``make_workload``.
+"""Tests every workload must pass. Subclass ``WorkloadConformance`` as ``Test...`` and define
+``make_workload``.
 
 The base class is not named ``Test*``, so pytest collects it only through its subclasses.
 """
@@ -43,8 +44,8 @@ class WorkloadConformance:
         other = workload.make_batch(self.batch_size, torch.Generator().manual_seed(8))
         tensors = _tensors(first)
         assert tensors and all(t.device.type == "cpu" for t in tensors)
-        assert all(torch.equal(a, b) for a, b in zip(tensors, _tensors(again)))
-        assert not all(torch.equal(a, b) for a, b in zip(tensors, _tensors(other)))
+        assert all(torch.equal(a, b) for a, b in zip(tensors, _tensors(again), strict=True))
+        assert not all(torch.equal(a, b) for a, b in zip(tensors, _tensors(other), strict=True))
 
     def test_make_batch_holds_size_samples(self):
         workload = self.make_workload()
@@ -85,7 +86,7 @@ class WorkloadConformance:
             step()
             after = list(step.model.parameters())
         assert all(torch.isfinite(p).all() for p in after)
-        assert any(not torch.equal(b, a) for b, a in zip(before, after))
+        assert any(not torch.equal(b, a) for b, a in zip(before, after, strict=True))
 
 
 def _tensors(batch) -> list[torch.Tensor]:

@@ -1,0 +1,127 @@
+"""Drift: a straight line through the log level of one session's control runs against time.
+
+The machine drifts over minutes (heat, clocks, a neighbour's load that comes and goes). The control
+runs of one session (an invocation, on one device) get a line each; when its slope is significant
+(``DRIFT_ALPHA``), ``search.analysis.noise_floor`` corrects the figures that device measured
+during the session to its average level and adds the line's own uncertainty to their intervals.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+import numpy as np
+from scipy import stats
+
+__all__ = ["ControlRun", "DRIFT_ALPHA", "DriftLine", "SESSION_GAP_S", "split_sessions"]
+
+DRIFT_ALPHA = 0.05
+"""Significance level of the drift line's slope (two-sided t-test)."""
+SESSION_GAP_S = 1800.0
+"""Control runs of no named invocation further apart than this belong to different sessions."""
+
+
+class ControlRun(Protocol):
+    """What a drift line needs of one control run (``search.analysis.noise_floor.RunFigures``)."""
+
+    @property
+    def time_s(self) -> float:
+        """When the run ended, s since the epoch."""
+
+    @property
+    def throughput(self) -> float:
+        """Mean window throughput, items/s."""
+
+    @property
+    def session(self) -> str:
+        """The invocation that measured it ('' where unknown)."""
+
+    @property
+    def device(self) -> str:
+        """Which device measured it ('' where unknown)."""
+
+
+Run = TypeVar("Run", bound=ControlRun)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DriftLine:
+    """A straight line fitted to the log level of one session's control runs (one invocation, on
+    one device), and the times it covers."""
+
+    device: str
+    start: float
+    """The session's first control run, s since the epoch."""
+    end: float
+    """Its last."""
+    t_ref: float
+    """The time its corrected figures refer to: its control runs' mean time."""
+    drift: float
+    """Relative change of the fitted level from its first run to its last."""
+    p: float
+    """Two-sided p-value of the slope (1.0 with fewer than 3 runs)."""
+    corrected: bool
+    """Whether the slope is significant at ``DRIFT_ALPHA``: figures are then corrected."""
+    slope: float = 0.0
+    """Fitted slope of log level per s (0.0 when not corrected)."""
+    slope_var: float = 0.0
+    df: int = 0
+    """Its runs less two."""
+
+    @classmethod
+    def fit(cls, session: Sequence[ControlRun]) -> DriftLine:
+        slope, slope_var, t_ref, p, corrected = _drift_line(session)
+        start, end = session[0].time_s, session[-1].time_s
+        return cls(
+            device=session[-1].device,
+            start=start,
+            end=end,
+            t_ref=t_ref,
+            drift=math.expm1(slope * (end - start)),
+            p=p,
+            corrected=corrected,
+            slope=slope if corrected else 0.0,
+            slope_var=slope_var if corrected else 0.0,
+            df=max(len(session) - 2, 0),
+        )
+
+    def level(self, time_s: float) -> tuple[float, float]:
+        """The fitted relative level at ``time_s`` (1.0 at ``t_ref``; held at the session's end
+        values beyond them) and the variance of its log; (1.0, 0.0) when not corrected."""
+        if not self.corrected:
+            return 1.0, 0.0
+        dt = min(max(time_s, self.start), self.end) - self.t_ref
+        return math.exp(self.slope * dt), self.slope_var * dt * dt
+
+
+def split_sessions(controls: Sequence[Run]) -> list[tuple[Run, ...]]:
+    """``controls`` (oldest first) grouped by the invocation that measured them; runs without one
+    are split wherever two lie more than ``SESSION_GAP_S`` apart. Ordered by each session's last
+    run."""
+    named: dict[str, list[Run]] = {}
+    unnamed: list[list[Run]] = []
+    for c in controls:
+        if c.session:
+            named.setdefault(c.session, []).append(c)
+        elif unnamed and c.time_s - unnamed[-1][-1].time_s <= SESSION_GAP_S:
+            unnamed[-1].append(c)
+        else:
+            unnamed.append([c])
+    return sorted((tuple(s) for s in [*named.values(), *unnamed]), key=lambda s: s[-1].time_s)
+
+
+def _drift_line(controls: Sequence[ControlRun]) -> tuple[float, float, float, float, bool]:
+    """(slope, its variance, mean time, two-sided p, significant) of log level against time."""
+    if not controls:
+        return 0.0, 0.0, 0.0, 1.0, False
+    t = np.array([c.time_s for c in controls])
+    t_ref = float(t.mean())
+    if len(controls) < 3 or float(np.ptp(t)) == 0:
+        return 0.0, 0.0, t_ref, 1.0, False
+    fit = stats.linregress(t - t_ref, np.log([c.throughput for c in controls]))
+    slope, se = float(fit.slope), float(fit.stderr)
+    p = float(fit.pvalue) if math.isfinite(fit.pvalue) else (0.0 if slope else 1.0)
+    return slope, se * se, t_ref, p, p < DRIFT_ALPHA

@@ -1,0 +1,214 @@
+"""Stability: whether a configuration's runs are as steady as the machine's control runs.
+
+Stability is a property of the configuration: a run is unstable when its variability is
+significantly larger than the control's measured nearest in time (``judge``), by tests whose
+false-alarm rates add up to ``stable.alpha`` (Bonferroni), and by at least a margin that matters.
+``assess`` and ``assess_pooled`` give a run's (or a re-validated candidate's) stored figures their
+intervals spanning runs (``search.analysis.noise_floor``) and their verdict.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+import numpy as np
+from scipy import stats
+
+from search.analysis.noise_floor import STALL_FACTOR, NoiseFloor, RunFigures
+from search.core.records import with_requests
+
+__all__ = ["StableSettings", "Verdict", "assess", "assess_pooled", "judge"]
+
+
+class StableSettings(Protocol):
+    """The limits ``judge`` applies (``stable.*``; ``search.config.settings.StableSettings`` is the
+    one a run reads): a protocol, so that the statistics here need nothing of the settings above."""
+
+    alpha: float
+    excess_cv: float
+    excess_stalls: float
+    excess_between_cv: float
+    max_cv: float | None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether a configuration is stable, and if not, which test it failed with its figures."""
+
+    stable: bool
+    reason: str = ""
+
+
+def judge(
+    run: RunFigures,
+    floor: NoiseFloor,
+    settings: StableSettings,
+    *,
+    throttled: bool = False,
+    replicates: Sequence[RunFigures] = (),
+) -> Verdict:
+    """Judge one configuration against the control runs nearest in time.
+
+    Three one-sided tests, each at ``alpha / 3`` so that a configuration as steady as the control
+    is called unstable with probability at most ``alpha`` (Bonferroni), and each also asks for an
+    excess that matters:
+
+    - **stalls**: its steps slower than ``STALL_FACTOR`` times its median step come at a higher
+      rate per second of steps than the control's (conditional binomial test of two Poisson
+      rates), and the excess over what the control's rate predicts is at least
+      ``stable.excess_stalls`` of its steps;
+    - **window dispersion**: its window CV exceeds the control's (F-test of the variances) and
+      the excess, ``sqrt(cv² - cv_control²)``, is at least ``stable.excess_cv``;
+    - **fresh processes disagree** (only with ``replicates``): their means vary more than the
+      machine's between-run variance plus their own within-run errors explain (F-test against
+      the floor's degrees of freedom), by an excess CV of at least ``stable.excess_between_cv``.
+
+    Thermal or hardware throttling, and ``stable.max_cv`` when set, are absolute.
+    """
+    if throttled:
+        return Verdict(False, "throttled: the device reported a thermal or hardware slowdown")
+    if settings.max_cv is not None and run.cv > settings.max_cv:
+        return Verdict(
+            False, f"max_cv: window CV {run.cv:.1%} above stable.max_cv {settings.max_cv:.0%}"
+        )
+    alpha = settings.alpha / 3
+    near = floor.nearest(run.time_s, run.device)
+    if near:  # else nothing to compare with (noise.budget=0, or every control run failed)
+        verdict = _against_control(run, near, settings, alpha)
+        if not verdict.stable:
+            return verdict
+    if len(replicates) >= 2 and (floor.between_df or near):
+        return _disagreement(replicates, floor, settings, alpha)
+    return Verdict(True)
+
+
+def _against_control(
+    run: RunFigures, near: Sequence[RunFigures], settings: StableSettings, alpha: float
+) -> Verdict:
+    """The stall and window-dispersion tests of ``judge``."""
+    # Stalls the machine causes (preemption, a neighbour's burst) come at a rate per second, so a
+    # configuration with longer steps catches more of them per step: compare rates over the time
+    # the steps took (conditional binomial test of two Poisson rates), not shares of steps.
+    ctl_stalls = sum(c.stalls for c in near)
+    ctl_time = sum(c.steps_time_s for c in near)
+    run_time = run.steps_time_s
+    expected = ctl_stalls * run_time / ctl_time if ctl_time else 0.0
+    excess_share = (run.stalls - expected) / max(run.n_steps, 1)
+    if excess_share >= settings.excess_stalls and run.stalls:
+        p = float(
+            stats.binomtest(
+                run.stalls, run.stalls + ctl_stalls, run_time / (run_time + ctl_time), "greater"
+            ).pvalue
+        )
+        if p < alpha:
+            return Verdict(
+                False,
+                f"stalls: {run.stalls} of {run.n_steps} steps over {STALL_FACTOR:g}x the median "
+                f"step, {expected:.1f} expected at the control's rate of "
+                f"{ctl_stalls / ctl_time if ctl_time else 0.0:.2g}/s "
+                f"(binomial p={p:.2g} < {alpha:.2g})",
+            )
+    ctl_df = sum(c.n_windows - 1 for c in near)
+    ctl_var = sum(c.cv**2 * (c.n_windows - 1) for c in near) / ctl_df if ctl_df else 0.0
+    excess = math.sqrt(max(run.cv**2 - ctl_var, 0.0))
+    if excess >= settings.excess_cv and run.n_windows > 1:
+        p = float(stats.f.sf(run.cv**2 / ctl_var, run.n_windows - 1, ctl_df)) if ctl_var else 0.0
+        if p < alpha:
+            return Verdict(
+                False,
+                f"dispersion: window CV {run.cv:.1%}, the control's {math.sqrt(ctl_var):.1%}: "
+                f"excess {excess:.1%} >= {settings.excess_cv:.0%} (F-test p={p:.2g} < {alpha:.2g})",
+            )
+    return Verdict(True)
+
+
+def _disagreement(
+    runs: Sequence[RunFigures], floor: NoiseFloor, settings: StableSettings, alpha: float
+) -> Verdict:
+    y = np.log([r.throughput / floor.level(r.time_s, r.device)[0] for r in runs])
+    spread = float(np.var(y, ddof=1))
+    within = float(np.mean([r.se_rel**2 for r in runs]))
+    expected = floor.between_cv**2 + within
+    excess = math.sqrt(max(spread - expected, 0.0))
+    if excess < settings.excess_between_cv:
+        return Verdict(True)
+    df_expected = floor.between_df or sum(r.n_windows - 1 for r in runs)
+    p = float(stats.f.sf(spread / expected, len(runs) - 1, df_expected)) if expected else 0.0
+    if p >= alpha:
+        return Verdict(True)
+    return Verdict(
+        False,
+        f"disagreement: CV of the fresh processes' means {math.sqrt(spread):.1%}, the machine's "
+        f"{math.sqrt(expected):.1%}: excess {excess:.1%} >= {settings.excess_between_cv:.0%} "
+        f"(F-test p={p:.2g} < {alpha:.2g})",
+    )
+
+
+def assess(
+    metrics: Mapping[str, float],
+    time_s: float,
+    floor: NoiseFloor,
+    settings: StableSettings,
+    confidence: float,
+    device: str = "",
+) -> tuple[dict[str, float], Verdict]:
+    """One run's stored figures with its throughput interval spanning runs (and corrected for
+    drift where the floor says so), and its stability verdict against the control; ``device``
+    (``telemetry.device_label``) picks the drift line and control runs of the device that
+    measured it."""
+    run = replace(RunFigures.of(metrics, time_s), device=device)
+    # The run's own interval, as measured (not corrected for drift). A trial stored before the
+    # noise floor has it under the spanning names.
+    within_low = metrics.get("throughput_within_ci_low", metrics["throughput_ci_low"])
+    within_high = metrics.get("throughput_within_ci_high", metrics["throughput_ci_high"])
+    mean, low, high = floor.single_run(
+        run.throughput,
+        within_low,
+        within_high,
+        run.se_rel,
+        run.n_windows,
+        time_s,
+        confidence,
+        device,
+    )
+    out = {
+        **metrics,
+        "throughput_within_ci_low": within_low,
+        "throughput_within_ci_high": within_high,
+        "throughput": mean,
+        "throughput_ci_low": low,
+        "throughput_ci_high": high,
+    }
+    if floor.level(time_s, device)[0] != 1.0:
+        out["throughput_uncorrected"] = run.throughput
+    verdict = judge(run, floor, settings, throttled=bool(metrics.get("throttled", 0.0)))
+    return with_requests(out), verdict
+
+
+def assess_pooled(
+    metrics: Mapping[str, float],
+    runs: Sequence[RunFigures],
+    floor: NoiseFloor,
+    settings: StableSettings,
+    confidence: float,
+) -> tuple[dict[str, float], Verdict]:
+    """A re-validated candidate's pooled figures with the throughput interval of the mean of its
+    fresh runs (``NoiseFloor.pooled``), and its verdict: the stall and dispersion tests on all its
+    runs together (their median CV, their steps summed) and the disagreement of their means."""
+    mean, low, high = floor.pooled(runs, confidence)
+    median_run = sorted(runs, key=lambda r: r.cv)[len(runs) // 2]
+    together = RunFigures(
+        time_s=float(np.median([r.time_s for r in runs])),
+        throughput=mean,
+        cv=median_run.cv,
+        n_windows=median_run.n_windows,
+        n_steps=sum(r.n_steps for r in runs),
+        stalls=sum(r.stalls for r in runs),
+        step_s=float(np.mean([r.step_s for r in runs])),
+        device=runs[0].device if len({r.device for r in runs}) == 1 else "",
+    )
+    out = {**metrics, "throughput": mean, "throughput_ci_low": low, "throughput_ci_high": high}
+    return with_requests(out), judge(together, floor, settings, replicates=runs)

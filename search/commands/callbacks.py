@@ -1,0 +1,149 @@
+"""The study driver of one invocation, with the callbacks that log and print each trial and each
+control run as it ends."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+
+import optuna
+
+from search.analysis.noise_floor import NoiseFloor
+from search.commands.context import Context, sync_command
+from search.config.compose import redact
+from search.core.records import COMPLETE, TrialRecord
+from search.execution.trial import TrialResult
+from search.measurement.environment import device_label
+from search.reporting import results
+from search.reporting.report import knobs_text, shown_metrics, si, trial_line
+from search.study.driver import StudyDriver
+from search.study.liveness import Heartbeat, Recovery
+from search.tracking.tracker import Tracker
+
+__all__ = ["study_driver"]
+
+
+def study_driver(
+    ctx: Context, study: optuna.Study, tracker: Tracker, recovery: Recovery, heartbeat: Heartbeat
+) -> StudyDriver:
+    """The driver of this invocation's study: each trial logged as its own MLflow run and printed
+    as one line, each control run printed (and the noise floor once its start runs are in)."""
+    log_trial = _trial_logger(ctx, tracker)
+    progress = _trial_printer(ctx, tracker)
+    on_control = _control_printer(ctx)
+    if ctx.control is not None:
+        ctx.out.print(
+            f"control: {knobs_text(ctx.control, list(ctx.space.searched))}, measured in fresh "
+            f"processes at the start, during the study (at most "
+            f"{ctx.settings.noise.budget:.0%} of its time) and at the end:",
+            markup=False,
+        )
+    return StudyDriver(
+        settings=ctx.settings,
+        space=ctx.space,
+        study=study,
+        fingerprint=ctx.fingerprint,
+        request=ctx.request,
+        log_trial=log_trial,
+        progress=progress,
+        recovery=recovery,
+        heartbeat=heartbeat,
+        control=ctx.control,
+        on_control=on_control,
+        warn=lambda line: ctx.out.print(line, markup=False),
+        where=device_label(ctx.env),
+    )
+
+
+def _trial_logger(
+    ctx: Context, tracker: Tracker
+) -> Callable[[TrialRecord, TrialResult], str | None]:
+    """Log a trial as its own MLflow run, and its figures on the parent run's charts: its run id."""
+    tags = {
+        "study": ctx.settings.study.name,
+        "device": ctx.env["device_name"],
+        "workload_fingerprint": ctx.fingerprint,
+        "measured_on": device_label(ctx.env),
+    }
+
+    def log_trial(record: TrialRecord, result: TrialResult) -> str | None:
+        extra = {}
+        if result.measurement is not None:
+            extra["stop_reason"] = result.measurement.stop_reason
+        if result.throttle_reasons:
+            extra["throttle_reasons"] = result.throttle_reasons
+        if record.state != COMPLETE and result.stderr_tail:
+            extra["stderr_tail"] = redact(result.stderr_tail[-4000:])
+        had_error = tracker.log_error is not None
+        run_id = tracker.log_trial(record, result.duration_s, {**tags, **extra})
+        if record.state == COMPLETE:  # the parent's charts: the study's progress, trial by trial
+            keys = ("throughput", "throughput_ci_low")
+            tracker.log_metrics(
+                tracker.parent_id,
+                {f"trial_{k}": record.metrics[k] for k in keys},
+                step=record.number,
+            )
+        if tracker.log_error is not None and not had_error:
+            ctx.out.print(
+                f"warning: {tracker.log_error}; going on: the trial is in the Optuna study, "
+                f"and {sync_command()} copies it later",
+                markup=False,
+            )
+        return run_id
+
+    return log_trial
+
+
+def _trial_printer(
+    ctx: Context, tracker: Tracker
+) -> Callable[[TrialRecord, list[TrialRecord]], None]:
+    """Print a trial's line (with its regime, also tagged on its run) as the study goes on."""
+    knob_names = list(ctx.space.searched)
+    shown = shown_metrics([o.metric for o in ctx.space.objectives])
+    started = time.monotonic()
+    measured = itertools.count(1)
+
+    def progress(record: TrialRecord, history: list[TrialRecord]) -> None:
+        front = results.stable_front(history, ctx.space)
+        diagnosis = ctx.diagnosis(record, history)
+        if diagnosis is not None and record.run_id:  # with the study's batch-doubling pairs
+            tracker.log_metrics(record.run_id, diagnosis.metrics())
+            tracker.set_tags(
+                record.run_id, {"regime": diagnosis.regime, "regime_why": diagnosis.why}
+            )
+        ctx.out.print(
+            trial_line(
+                record,
+                next(measured),
+                ctx.settings.study.n_trials,
+                len(front),
+                time.monotonic() - started,
+                knob_names,
+                ctx.settings.measure.confidence,
+                shown,
+                diagnosis,
+            ),
+            markup=False,
+        )
+
+    return progress
+
+
+def _control_printer(ctx: Context) -> Callable[[TrialResult, NoiseFloor], None]:
+    """Print each control run's figure, and the noise floor once the start runs are in."""
+    controls = itertools.count(1)
+
+    def on_control(result: TrialResult, floor: NoiseFloor) -> None:
+        n = next(controls)
+        m = result.measurement
+        figure = (
+            f"{si(m.throughput)} {result.unit}/s, cv {m.throughput_cv:.1%}"
+            if m is not None and result.state == COMPLETE
+            else f"{result.state}: {result.failure}"
+        )
+        ctx.out.print(f"  [control {n}] {figure}", markup=False)
+        if n == ctx.settings.noise.start_runs:
+            ctx.out.print(floor.line(), markup=False)
+
+    return on_control

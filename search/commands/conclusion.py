@@ -1,0 +1,263 @@
+"""The conclusion of a tuning or a re-tune: the recommendation confirmed in fresh runs, kept in
+the study as this run's record, and for a re-tune compared with the baseline's."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from search.commands.context import Context
+from search.commands.finish import Finished
+from search.core.records import TrialRecord
+from search.execution.trial import TrialResult
+from search.reporting.report import DESCRIPTION_CHARS, knobs_text, si
+from search.retune.comparison import MIN_RUNS
+from search.retune.confirm import confirm
+from search.retune.figure import Figure
+from search.retune.history import write_history
+from search.retune.report import write_report
+from search.retune.tuned import RETUNE, TUNE, Tuned, save_tuned, tuned_runs
+from search.retune.verdict import MOVED, Conclusion, conclude
+from search.tracking.tracker import Tracker
+
+__all__ = ["conclude_tuning"]
+
+
+def conclude_tuning(
+    ctx: Context, study: optuna.Study, tracker: Tracker, base: Tuned | None, finished: Finished
+) -> int:
+    """Confirm the recommendation and keep what this run concluded in the study; for a re-tune,
+    compare with the baseline, report and return the exit code (3 on a regression)."""
+    settings, out = ctx.settings, ctx.out
+    best = finished.best
+    old = base.recommended if base is not None else None
+    started = time.monotonic()
+    confirmed, old_today = (
+        _confirm(ctx, tracker, best, finished.unit, old) if best is not None else (None, None)
+    )
+    ctx.spent.confirmation_s += time.monotonic() - started
+    # before a re-tune's verdict, which stays the last line (scripts read it)
+    out.print(ctx.spent.line(), markup=False)
+    tracker.log_metrics(tracker.parent_id, ctx.spent.metrics())
+    today = _today(ctx, tracker, base, finished, confirmed)
+    code = 0
+    study_dir = Path(settings.runs_dir) / settings.study.name
+    if base is not None:
+        today, code = _compare(ctx, tracker, study_dir, base, today, old_today, finished)
+    save_tuned(study, today)
+    runs = tuned_runs(study)
+    for path in write_history(study_dir, runs, f"{settings.study.name}: recommended, run by run"):
+        tracker.log_artifact(path)
+    return code
+
+
+def _confirm(
+    ctx: Context, tracker: Tracker, best: TrialRecord, unit: str, old: Figure | None
+) -> tuple[Figure | None, Figure | None]:
+    """The recommendation confirmed in ``retune.confirm`` rounds of fresh runs after it was
+    chosen, each round a run of the reference step and then the recommendation (and the old
+    recommendation ``old`` of a re-tune, where it is another configuration still in the space):
+    their confirmed figures (``search.retune.confirm.confirm``), None where confirmation is off or
+    too many runs failed."""
+    settings, out = ctx.settings, ctx.out
+    rounds = settings.retune.confirm
+    if rounds == 0:
+        return None, None
+    other = (
+        old.config
+        if old is not None and old.config != best.config and ctx.space.contains(old.config)
+        else None
+    )
+    configs = [best.config] + ([other] if other is not None else [])
+    _announce(ctx, best, other, rounds)
+    confirmed = confirm(
+        configs,
+        ctx.repeat,
+        str(ctx.device),
+        rounds,
+        settings.seed + best.number,
+        settings.measure.confidence,
+        _confirm_progress(ctx, unit),
+        settings.retune.reference,
+    )
+    for failure in confirmed.failures:
+        out.print(f"  not counted: {failure}", markup=False)
+    figure = confirmed.figures[0]
+    # the old recommendation today: measured beside today's, or today's own runs when it is the
+    # same configuration; none when it lies outside the space now
+    same = old is None or old.config == best.config
+    old_today = confirmed.figures[1] if other is not None else (figure if same else None)
+    if figure is None:
+        out.print(
+            f"confirmed: no (fewer than {MIN_RUNS} of {rounds} rounds complete): this run cannot "
+            "be a re-tune's baseline",
+            markup=False,
+        )
+        return None, old_today
+    _report_confirmed(ctx, tracker, figure, unit)
+    return replace(figure, trial=best.number), old_today
+
+
+def _announce(
+    ctx: Context, best: TrialRecord, other: Mapping[str, Any] | None, rounds: int
+) -> None:
+    """What the confirmation measures: the recommendation, the old one beside it where given, and
+    the reference step."""
+    settings, out = ctx.settings, ctx.out
+    knobs = list(ctx.space.searched)
+    out.print(
+        f"\nconfirming the recommendation #{best.number} ({knobs_text(best.config, knobs)}) in "
+        f"{rounds} fresh runs after it was chosen (the figure a re-tune compares with)"
+        + (f", each with the old one ({knobs_text(other, knobs)})" if other is not None else "")
+        + (
+            ", each after a run of the reference step (a fixed tiny GPT and matrix product, "
+            "not your model: the machine's speed):"
+            if settings.retune.reference
+            else ":"
+        ),
+        markup=False,
+    )
+
+
+def _shown(result: TrialResult | None, what_unit: str) -> str:
+    """A run's throughput in one cell, or why it has none."""
+    if result is None or result.measurement is None:
+        return f"{getattr(result, 'state', 'not run')}: {getattr(result, 'failure', '')}"
+    return f"{si(result.measurement.throughput)} {what_unit}/s"
+
+
+def _confirm_progress(
+    ctx: Context, unit: str
+) -> Callable[[int, int, TrialResult | None, list[TrialResult]], None]:
+    """Print each confirmation round's figures as it ends."""
+    out = ctx.out
+
+    def progress(i: int, n: int, ref: TrialResult | None, results: list[TrialResult]) -> None:
+        out.print(
+            f"  [confirm {i}/{n}] "
+            + "; ".join(
+                f"{who} {_shown(r, unit)}"
+                for who, r in zip(("recommendation", "old one"), results, strict=False)
+            )
+            + (f"; reference step {_shown(ref, 'tokens')}" if ref is not None else ""),
+            markup=False,
+        )
+
+    return progress
+
+
+def _report_confirmed(ctx: Context, tracker: Tracker, figure: Figure, unit: str) -> None:
+    """The confirmed figure (and the reference step's), printed and logged on the parent run."""
+    out = ctx.out
+    ref = figure.reference
+    out.print(
+        f"confirmed: {si(figure.throughput)} [{si(figure.low)}, {si(figure.high)}] {unit}/s "
+        f"(95% CI, {len(figure.runs)} fresh runs)"
+        + (
+            f"; reference step {si(ref.throughput)} [{si(ref.low)}, {si(ref.high)}] tokens/s"
+            if ref is not None
+            else ""
+        ),
+        markup=False,
+    )
+    metrics = {
+        "confirmed_throughput": figure.throughput,
+        "confirmed_throughput_ci_low": figure.low,
+        "confirmed_throughput_ci_high": figure.high,
+    }
+    if ref is not None:
+        metrics["reference_throughput"] = ref.throughput
+    tracker.log_metrics(tracker.parent_id, metrics)
+
+
+def _today(
+    ctx: Context,
+    tracker: Tracker,
+    base: Tuned | None,
+    finished: Finished,
+    confirmed: Figure | None,
+) -> Tuned:
+    """This run's record: its recommendation (confirmed where it could be) and its front."""
+    best = finished.best
+    now = time.time()
+    kind = TUNE if base is None else RETUNE
+    return Tuned(
+        kind=kind,
+        name=f"{kind} {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(now))}",
+        time_s=now,
+        fingerprint=ctx.fingerprint,
+        env={k: str(v) for k, v in ctx.env.items()},
+        device=ctx.env["device_name"],
+        unit=finished.unit,
+        recommended=(
+            confirmed if confirmed is not None else (Figure.of(best) if best is not None else None)
+        ),
+        front=tuple(Figure.of(r) for r in finished.front),
+        mlflow_run_id=tracker.parent_id,
+    )
+
+
+def _compare(
+    ctx: Context,
+    tracker: Tracker,
+    study_dir: Path,
+    base: Tuned,
+    today: Tuned,
+    old_today: Figure | None,
+    finished: Finished,
+) -> tuple[Tuned, int]:
+    """A re-tune's verdict against ``base``: printed (its line last), reported and described on
+    the parent run; today's record with the verdict, and the exit code."""
+    settings, out = ctx.settings, ctx.out
+    conclusion = conclude(
+        base, today, old_today, settings.retune.threshold, settings.measure.confidence
+    )
+    today = replace(today, verdict=conclusion.verdict)
+    _print_comparison(ctx, base, today, conclusion)
+    md, js = write_report(study_dir, base, today, conclusion, list(ctx.space.searched))
+    tracker.set_tags(tracker.parent_id, {"verdict": conclusion.verdict})
+    verdict = [c.line() for c in conclusion.comparisons] + [conclusion.line]
+    head = "### Re-tune\n\n```\n" + "\n".join(verdict) + "\n```\n\n"
+    rest = finished.description
+    if len(head) + len(rest) > DESCRIPTION_CHARS:
+        rest = "(the study's summary: `summary.md` among this run's artifacts)"
+    tracker.describe(tracker.parent_id, head + rest)
+    tracker.log_artifact(md)
+    tracker.log_artifact(js)
+    out.print(f"report: {md}, {js.name}", markup=False)
+    out.print(conclusion.line, markup=False)
+    return today, conclusion.exit_code
+
+
+def _print_comparison(ctx: Context, base: Tuned, today: Tuned, conclusion: Conclusion) -> None:
+    """The comparisons behind a re-tune's verdict, what changed, and both recommendations."""
+    out = ctx.out
+    out.print("")
+    for c in conclusion.comparisons:
+        out.print(f"  {c.line()}", markup=False)
+    for change in conclusion.changed:
+        out.print(f"  changed: {change}", markup=False)
+    if conclusion.hint:
+        out.print(f"  {conclusion.hint}", markup=False)
+    knobs = list(ctx.space.searched)
+    for who, t in (("baseline", base), ("today", today)):
+        r = t.recommended
+        figure = (
+            f"{knobs_text(r.config, knobs)}: {si(r.throughput)} [{si(r.low)}, {si(r.high)}] "
+            f"{t.unit}/s"
+            if r is not None
+            else "none"
+        )
+        out.print(f"  recommendation, {who} ({t.name}): {figure}", markup=False)
+    if conclusion.verdict == MOVED:
+        assert base.recommended is not None and today.recommended is not None
+        out.print(
+            f"  optimum moved: {knobs_text(base.recommended.config, knobs)} -> "
+            f"{knobs_text(today.recommended.config, knobs)}",
+            markup=False,
+        )

@@ -1,0 +1,123 @@
+"""What one invocation carries: its settings, space and device, its terminal, and where its time
+went.
+
+Every step of a tuning or a re-tune (``search.commands.tune``) reads one ``Context``; ``Spent``
+adds up the wall time those steps take, for the time budget (docs/method/time.md).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from rich.console import Console
+
+from search.analysis.diagnosis import Diagnosis, Peak, diagnose, doubling
+from search.config.compose import redact
+from search.config.settings import Settings
+from search.core.records import COMPLETE, TrialRecord
+from search.execution.trial import TrialRequest
+from search.space.search_space import SearchSpace
+from search.study.driver import StudyDriver, repeat_run
+
+__all__ = ["Context", "Spent", "sync_command"]
+
+
+@dataclass
+class Spent:
+    """Where an invocation's wall time went, s: what the time budget (docs/method/time.md) is
+    judged on."""
+
+    started_s: float = field(default_factory=time.monotonic)
+    new_s: float = 0.0
+    """Measuring the configurations of this invocation's trials."""
+    new_trials: int = 0
+    control_s: float = 0.0
+    revalidation_s: float = 0.0
+    confirmation_s: float = 0.0
+
+    def took(self, driver: StudyDriver) -> None:
+        """Take the study driver's figures (after its last control run)."""
+        self.new_s, self.control_s = driver.new_s, driver.control_s
+        self.new_trials = len(driver.outcome.records)
+
+    def line(self) -> str:
+        total = time.monotonic() - self.started_s
+        parts = [
+            f"control runs {self.control_s:.0f} s",
+            f"re-validation {self.revalidation_s:.0f} s",
+            f"confirmation {self.confirmation_s:.0f} s",
+        ]
+        other = total - self.new_s - self.control_s - self.revalidation_s - self.confirmation_s
+        return (
+            f"time: {self.new_s / total:.0%} of {total:.0f} s measured {self.new_trials} new "
+            f"configuration(s) ({self.new_s:.0f} s); {', '.join(parts)}, the rest {other:.0f} s "
+            "(start-up, stores, files)"
+        )
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "time_total_s": time.monotonic() - self.started_s,
+            "time_new_configurations_s": self.new_s,
+            "time_control_s": self.control_s,
+            "time_revalidation_s": self.revalidation_s,
+            "time_confirmation_s": self.confirmation_s,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Context:
+    """What every step of one invocation reads: settings, the space, where it runs, the terminal."""
+
+    settings: Settings
+    space: SearchSpace
+    device: torch.device
+    env: Mapping[str, str]
+    """The environment record (``search.measurement.environment.environment``) and this tool's
+    version."""
+    fingerprint: str
+    out: Console
+    control: Mapping[str, Any] | None
+    """The control configuration (``search.config.prepare.control_config``); None: no control
+    runs."""
+    peak: Peak | None = None
+    """The device's peak FLOP/s and bandwidth, for the regime diagnosis
+    (``search.analysis.diagnosis``)."""
+    spent: Spent = field(default_factory=Spent)
+    """Where this invocation's time went."""
+
+    def diagnosis(
+        self, record: TrialRecord, history: Sequence[TrialRecord] = ()
+    ) -> Diagnosis | None:
+        """``record``'s regime on this device, with its batch-doubling pair from ``history``."""
+        if self.peak is None or record.state != COMPLETE:
+            return None
+        precision = str(record.config.get("precision", "fp32"))
+        return diagnose(record.metrics, precision, self.peak, doubling(record, history))
+
+    def repeat(self, config: Mapping[str, Any]) -> TrialRequest:
+        """The worker's request to measure ``config`` again (``search.study.driver.repeat_run``)."""
+        return repeat_run(self.request(config), self.settings)
+
+    def request(self, config: Mapping[str, Any]) -> TrialRequest:
+        """The isolated worker's request to measure ``config``."""
+        s = self.settings
+        return TrialRequest(
+            workload=self.space.workload,
+            config=config,
+            device=str(self.device),
+            seed=s.seed,
+            measure=s.measure,
+            timeout_s=s.runner.timeout_s,
+            memory_limit_mb=s.runner.memory_limit_mb,
+        )
+
+
+def sync_command() -> str:
+    """``python -m search sync`` with this invocation's arguments: it copies to MLflow later what
+    could not be logged now."""
+    return redact(" ".join(["python -m search sync", *sys.argv[1:]]))

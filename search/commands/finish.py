@@ -1,0 +1,338 @@
+"""The end of a study: its front after re-validation, and what it found, written to files, logged
+on MLflow and printed as the summary."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from search.analysis.diagnosis import Diagnosis, doubling
+from search.analysis.noise_floor import NoiseFloor
+from search.commands.context import Context, sync_command
+from search.commands.revalidation import revalidate_front
+from search.config.compose import redact
+from search.core.records import COMPLETE, TrialRecord
+from search.reporting import results
+from search.reporting.oracle import oracle, oracle_lines, oracle_values, write_oracle_plot
+from search.reporting.report import (
+    front_cells,
+    pareto_table,
+    shown_metrics,
+    si,
+    summary_lines,
+    summary_markdown,
+    write_noise_plot,
+)
+from search.study.driver import StudyDriver
+from search.study.outcome import StudyOutcome
+from search.study.repeat_runs import judged_revalidations
+from search.study.revalidate import Pooled
+from search.tracking.tracker import Tracker
+
+__all__ = ["Finished", "finish"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Finished:
+    """What a study ended with."""
+
+    front: list[TrialRecord]
+    best: TrialRecord | None
+    floor: NoiseFloor
+    unit: str
+    description: str = ""
+    """The parent run's description (markdown): the summary."""
+
+
+def finish(ctx: Context, driver: StudyDriver, outcome: StudyOutcome, tracker: Tracker) -> Finished:
+    """Re-validate the front and take the last control runs, then write, log and print what the
+    study found: its front and recommendation, the machine's noise, the regimes and the oracle."""
+    settings, space = ctx.settings, ctx.space
+    study, fp = driver.study, ctx.fingerprint
+    revalidate_front(ctx, driver)
+    driver.run_control()  # the end of the study: drift needs both ends
+    floor = driver.floor()
+    history = driver.history()
+    done = judged_revalidations(study, fp, settings)
+    front = results.final_front(history, done, settings, space)
+    if settings.revalidate.processes and done:
+        _print_revalidated(ctx, history, front, done)
+    results.mark_front(tracker, outcome.study_name, front)
+    best = results.recommend(front, settings.slo)
+    study_dir = Path(settings.runs_dir) / outcome.study_name
+    final = results.with_revalidation(history, done)  # every file shows the final verdicts
+    diagnoses = {r.number: d for r in final if (d := ctx.diagnosis(r, final)) is not None}
+    _write_files(ctx, tracker, study_dir, final, front, best, diagnoses)
+    mine = {r.number for r in outcome.records}
+    ours = [r for r in history if r.number in mine]
+    paired = _paired(final, mine)
+    _log_final(ctx, tracker, floor, ours, done, study_dir, driver.control_s, diagnoses, paired)
+    if best is not None:
+        tracker.set_tags(tracker.parent_id, {"best_trial": str(best.number)})
+        tracker.log_metrics(tracker.parent_id, {f"best_{k}": v for k, v in best.metrics.items()})
+    noise = _noise_lines(driver, floor, settings.measure.confidence)
+    out = ctx.out
+    for line in summary_lines(
+        outcome,
+        history,
+        driver.recovery.notes if driver.recovery else (),
+        noise_line="\n".join(noise),
+        passed_over=results.passed_over(history, front, best, done, settings.slo, space),
+    ):
+        out.print(line, markup=False)
+    unit = history[0].unit if history else "items"
+    _print_front(ctx, front, best, unit, diagnoses)
+    regimes = _regime_lines(diagnoses, best)
+    for line in regimes:
+        out.print(line, markup=False)
+    oracle_text = _print_oracle(ctx, tracker, final, unit, study_dir)
+    sections = {"The machine's noise": noise, "Regimes": regimes, "Oracle": oracle_text}
+    title = f"{outcome.study_name} on {ctx.env['device_name']}"
+    description = _write_summary(
+        ctx, tracker, study_dir, title, front, best, unit, diagnoses, sections
+    )
+    _print_where(ctx, tracker, study_dir, outcome.study_name, floor)
+    return Finished(front=front, best=best, floor=floor, unit=unit, description=description)
+
+
+def _print_revalidated(
+    ctx: Context,
+    history: list[TrialRecord],
+    front: list[TrialRecord],
+    done: Mapping[int, Pooled],
+) -> None:
+    """How many re-validated configurations stayed on the front, and which left it."""
+    out = ctx.out
+    dropped = results.left_the_front(history, front, done)
+    out.print(
+        f"re-validation: {len(done) - len(dropped)} of {len(done)} re-validated "
+        "configuration(s) on the front" + (f"; not on it: {', '.join(dropped)}" if dropped else "")
+    )
+
+
+def _write_files(
+    ctx: Context,
+    tracker: Tracker,
+    study_dir: Path,
+    final: list[TrialRecord],
+    front: list[TrialRecord],
+    best: TrialRecord | None,
+    diagnoses: Mapping[int, Diagnosis],
+) -> None:
+    """The study's files (``results.write_files``), logged as artifacts of the parent run."""
+    settings, space = ctx.settings, ctx.space
+
+    def diagnosed(r: TrialRecord) -> TrialRecord:  # the files carry the diagnosis's figures
+        d = diagnoses.get(r.number)
+        return r if d is None else replace(r, metrics={**r.metrics, **d.metrics()})
+
+    for path in results.write_files(
+        study_dir,
+        final,
+        [diagnosed(r) for r in front],
+        diagnosed(best) if best is not None else None,
+        settings,
+        space,
+        ctx.env["device_name"],
+    ):
+        tracker.log_artifact(path)
+
+
+def _paired(final: Sequence[TrialRecord], mine: set[int]) -> list[TrialRecord]:
+    """Earlier trials whose batch-doubling pair is one of this invocation's trials ``mine``."""
+    return [
+        r
+        for r in final
+        if r.number not in mine and (pair := doubling(r, final)) is not None and pair[0] in mine
+    ]
+
+
+def _log_final(
+    ctx: Context,
+    tracker: Tracker,
+    floor: NoiseFloor,
+    mine: list[TrialRecord],
+    done: Mapping[int, Pooled],
+    study_dir: Path,
+    control_s: float,
+    diagnoses: Mapping[int, Diagnosis],
+    paired: Sequence[TrialRecord] = (),
+) -> None:
+    """The figures as the final noise floor gives them, on MLflow: the floor and the control's
+    level over time on the parent run (with ``noise.png``); the intervals spanning runs, the
+    verdict, the re-validated figures and the regime (with the study's batch-doubling pairs) on
+    the runs of this invocation's trials (a later step of the same metrics), and the regime on
+    earlier trials ``paired`` with one of them."""
+    tracker.log_metrics(tracker.parent_id, {**floor.metrics(), "noise_control_time_s": control_s})
+    for i, control in enumerate(floor.controls):
+        tracker.log_metrics(
+            tracker.parent_id,
+            {"control_throughput": control.throughput, "control_cv": control.cv},
+            step=i,
+            timestamp_ms=int(control.time_s * 1000),
+        )
+    if floor.controls:
+        path = study_dir / "noise.png"
+        unit = mine[0].unit if mine else "items"
+        write_noise_plot(path, floor, f"{ctx.space.name} on {ctx.env['device_name']}", unit)
+        tracker.log_artifact(path)
+    for record in mine:
+        if record.run_id and record.state == COMPLETE:
+            keys = [
+                f"{name}{end}"
+                for name in ("throughput", "requests_per_s")
+                for end in ("", "_ci_low", "_ci_high")
+            ]
+            final = {k: record.metrics[k] for k in keys if k in record.metrics}
+            tracker.log_metrics(record.run_id, final, step=1)
+            tracker.set_tags(
+                record.run_id,
+                {"stable": str(record.stable).lower(), "unstable_reason": record.reason or "-"},
+            )
+            if record.number in done:
+                results.log_revalidation(tracker, record.run_id, done[record.number])
+    for record in [*mine, *paired]:
+        diagnosis = diagnoses.get(record.number)
+        if record.run_id and diagnosis is not None:
+            tracker.log_metrics(record.run_id, diagnosis.metrics(), step=1)
+            tracker.set_tags(
+                record.run_id, {"regime": diagnosis.regime, "regime_why": diagnosis.why}
+            )
+
+
+def _noise_lines(driver: StudyDriver, floor: NoiseFloor, confidence: float) -> list[str]:
+    """The machine's noise: the final floor, and the share of this invocation the control runs
+    took."""
+    return results.noise_lines(floor, confidence) + (
+        [
+            f"  the control runs of this invocation took {driver.control_s:.0f} s, "
+            f"{driver.control_s / driver.elapsed_s():.0%} of its {driver.elapsed_s():.0f} s"
+        ]
+        if driver.control_runs
+        else []
+    )
+
+
+def _print_oracle(
+    ctx: Context, tracker: Tracker, final: list[TrialRecord], unit: str, study_dir: Path
+) -> list[str]:
+    """The best stable figure at each value of each knob, printed and plotted (``oracle.png``):
+    its lines."""
+    settings, space, out = ctx.settings, ctx.space, ctx.out
+    rows = oracle(final, {k: oracle_values(p) for k, p in space.searched.items()}, settings.slo)
+    shown = shown_metrics([o.metric for o in space.objectives])
+    oracle_text = oracle_lines(rows, list(space.searched), unit, shown[:2])
+    for line in oracle_text:
+        out.print(line, markup=False)
+    if rows:
+        write_oracle_plot(
+            study_dir / "oracle.png",
+            rows,
+            unit,
+            f"{space.name} on {ctx.env['device_name']}: best stable throughput at each value",
+        )
+        tracker.log_artifact(study_dir / "oracle.png")
+    return oracle_text
+
+
+def _write_summary(
+    ctx: Context,
+    tracker: Tracker,
+    study_dir: Path,
+    title: str,
+    front: list[TrialRecord],
+    best: TrialRecord | None,
+    unit: str,
+    diagnoses: Mapping[int, Diagnosis],
+    sections: Mapping[str, list[str]],
+) -> str:
+    """``summary.md`` (an artifact) and the parent run's description: the description."""
+    settings, space = ctx.settings, ctx.space
+    shown = shown_metrics([o.metric for o in space.objectives])
+    cells = front_cells(
+        front, best, list(space.searched), unit, settings.measure.confidence, shown, diagnoses
+    )
+    confidence = settings.measure.confidence
+    summary = study_dir / "summary.md"
+    summary.write_text(summary_markdown(title, cells, best, unit, confidence, sections, None))
+    tracker.log_artifact(summary)
+    description = summary_markdown(title, cells, best, unit, confidence, sections)
+    tracker.describe(tracker.parent_id, description)
+    return description
+
+
+def _print_where(
+    ctx: Context, tracker: Tracker, study_dir: Path, study_name: str, floor: NoiseFloor
+) -> None:
+    """Where the files are, and how to compare the runs on MLflow (or copy them there later)."""
+    out = ctx.out
+    noise_png = ", noise.png" if floor.controls else ""
+    out.print(f"files: {study_dir}/best.yaml, pareto.csv, pareto.png, oracle.png{noise_png}")
+    if tracker.offline_reason or tracker.log_error:
+        out.print(
+            f"MLflow: {tracker.offline_reason or tracker.log_error}. {tracker.unlogged_trials} "
+            "trial(s) of this run are in the Optuna study only; when MLflow works again, copy "
+            f"them with: {sync_command()}",
+            markup=False,
+        )
+    else:
+        out.print(f"compare runs in the MLflow UI: [bold]{redact(tracker.ui_command())}[/]")
+        url = tracker.ui_url(study_name)
+        if url:
+            out.print(f"  the front, compared: {url}", markup=False)
+
+
+def _regime_lines(diagnoses: Mapping[int, Diagnosis], best: TrialRecord | None) -> list[str]:
+    """How many measured configurations were in each regime, and why the recommendation is in
+    its own."""
+    if not diagnoses:
+        return []
+    regimes = [d.regime for d in diagnoses.values()]
+    lines = [
+        "regimes: "
+        + ", ".join(f"{regimes.count(r)} {r}" for r in dict.fromkeys(sorted(regimes)))
+        + " (docs/method/why-fast.md)"
+    ]
+    if best is not None and best.number in diagnoses:
+        d = diagnoses[best.number]
+        lines.append(
+            f"  the recommendation #{best.number} is {d.regime}: {d.why}; MFU {d.mfu:.1%} "
+            f"({si(d.achieved_flops)}FLOP/s)"
+        )
+    return lines
+
+
+def _print_front(
+    ctx: Context,
+    front: list[TrialRecord],
+    best: TrialRecord | None,
+    unit: str,
+    diagnoses: Mapping[int, Diagnosis],
+) -> None:
+    out, processes = ctx.out, ctx.settings.revalidate.processes
+    if front:
+        title = "Pareto-optimal stable configurations" + (
+            f" (figures pooled from {processes} fresh processes each)"
+            if processes
+            else " (search-time figures)"
+        )
+        out.print(
+            pareto_table(
+                front,
+                best,
+                list(ctx.space.searched),
+                unit,
+                ctx.settings.measure.confidence,
+                shown_metrics([o.metric for o in ctx.space.objectives]),
+                title,
+                diagnoses,
+            )
+        )
+    else:
+        out.print(
+            "[yellow]no stable configuration yet[/]: nothing is on the front; "
+            "see the trial lines above"
+        )
+    if best is None and front:
+        out.print("[yellow]no Pareto configuration meets the slo[/]; best.yaml records none")

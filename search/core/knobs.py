@@ -1,0 +1,105 @@
+"""The knob registry: one entry for every generic knob, the ones any workload's step runs under.
+
+An entry says what the knob is (name, description), how a configuration's label abbreviates it,
+which tasks it applies to and whether it can change the numerics of a step (so the fidelity check
+compares it with the fp32 reference). The knob lists of the workloads, the space checks, the split
+of a configuration into knobs and workload settings, the fidelity check, serving and the labels of
+configurations all read it; adding a knob is one entry here plus the code that applies it (a
+``Knobs`` field and its use in the training step or serving, and its refusal on a device that
+cannot run it).
+
+Nothing here knows torch, a workload or a device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "GENERIC_KNOBS",
+    "KNOBS",
+    "Knob",
+    "NUMERIC_KNOBS",
+    "SHORT_LABELS",
+    "TASKS",
+    "knob_names",
+]
+
+TASKS = ("train", "serve")
+"""The workload tasks (``Workload.task``): a training step, or serving a batch of requests."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Knob:
+    """One generic knob: how a step executes, whatever the workload computes."""
+
+    name: str
+    """Its name in a space's ``params`` and a ``Knobs`` field."""
+    short: str | None
+    """The prefix a configuration's label puts before its value (``bs`` in ``bs32``); None: the
+    label shows the value in the generic way (``search.core.records.config_name``)."""
+    tasks: tuple[str, ...]
+    """The workload tasks it applies to (``TASKS``); a space searching it for another is refused."""
+    changes_numerics: bool
+    """Whether a value other than the plain step's can change the step's numerics, so that the
+    fidelity check must compare the configuration with the fp32 reference."""
+    description: str
+    """What it sets, in a sentence or two."""
+
+
+KNOBS: tuple[Knob, ...] = (
+    Knob(
+        name="batch_size",
+        short="bs",
+        tasks=("train", "serve"),
+        changes_numerics=False,
+        description="Samples per optimizer step (requests per served batch).",
+    ),
+    Knob(
+        name="micro_batch_size",
+        short="mb",
+        tasks=("train", "serve"),
+        changes_numerics=True,
+        description="Samples per forward/backward; gradients accumulate over the micro-batches "
+        "(requests per prefill and decode). None: ``batch_size``.",
+    ),
+    Knob(
+        name="precision",
+        short=None,
+        tasks=("train", "serve"),
+        changes_numerics=True,
+        description="fp32 | tf32 (CUDA only) | bf16 | fp16 (bf16/fp16 via autocast; fp16 training "
+        "adds a GradScaler).",
+    ),
+    Knob(
+        name="streams",
+        short="s",
+        tasks=("train", "serve"),
+        changes_numerics=True,
+        description="Lanes running micro-batches concurrently: a CUDA stream each on a GPU, a "
+        "thread each on a CPU.",
+    ),
+    Knob(
+        name="recompute",
+        short=None,
+        tasks=("train",),
+        changes_numerics=True,
+        description="Recompute the activations of ``workload.recompute_modules()`` in backward "
+        "instead of keeping them (serving has no backward pass).",
+    ),
+)
+"""Every generic knob, in the order a configuration lists them."""
+
+GENERIC_KNOBS: tuple[str, ...] = tuple(knob.name for knob in KNOBS)
+"""The names of every generic knob; any other name in a space is a setting of the workload."""
+
+NUMERIC_KNOBS: tuple[str, ...] = tuple(knob.name for knob in KNOBS if knob.changes_numerics)
+"""The knobs whose values the fidelity check compares with the plain fp32 step's."""
+
+SHORT_LABELS: dict[str, str] = {knob.name: knob.short for knob in KNOBS if knob.short is not None}
+"""The knobs a configuration's label abbreviates, with the prefix put before the value."""
+
+
+def knob_names(task: str) -> tuple[str, ...]:
+    """The names of the generic knobs that apply to ``task`` (``train`` or ``serve``)."""
+    return tuple(knob.name for knob in KNOBS if task in knob.tasks)

@@ -1,0 +1,143 @@
+"""A trial's faults: what an exception it raised means, and the memory limit that makes a trial
+over its budget an ``oom``.
+
+A fault's failure line starts with its kind (``search.core.records.FAULT_KINDS``): ``oom:``,
+``crash:`` or ``error:`` here; ``crash:`` and ``timeout:`` of a worker that died or hung come from
+``search.execution.isolation``.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable
+
+import torch
+
+from search.core.records import FAILED
+from search.execution.trial import TrialResult
+from search.measurement.environment import rss_bytes
+
+__all__ = ["MEMORY_POLL_S", "MemoryLimit", "OnExceeded", "classify", "over_memory_limit"]
+
+MEMORY_POLL_S = 0.02
+"""How often the CPU memory watchdog reads the worker's resident set (only with a memory limit)."""
+
+OnExceeded = Callable[[TrialResult], None]
+"""Called with the ``oom`` result when the resident set crosses the limit; it must end the
+process."""
+
+_CPU_OOM = re.compile(r"can't allocate memory|not enough memory|DefaultCPUAllocator", re.IGNORECASE)
+
+
+def classify(error: BaseException) -> str:
+    """The failure line of an exception raised by a trial: ``oom``, ``crash`` (the CUDA context is
+    lost: nothing after it in this process can be trusted) or ``error``."""
+    cause = _root_cause(error)
+    if isinstance(cause, (torch.OutOfMemoryError, MemoryError)) or (
+        isinstance(cause, RuntimeError) and _CPU_OOM.search(str(cause))
+    ):
+        return f"oom: {_first_line(cause)}"
+    if isinstance(cause, torch.AcceleratorError) or str(cause).startswith("CUDA error"):
+        return f"crash: {_first_line(cause)}"
+    return f"error: {type(cause).__name__}: {_first_line(cause)}"
+
+
+def _root_cause(error: BaseException) -> BaseException:
+    """The innermost cause: Hydra wraps a constructor's TypeError in an InstantiationException."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    return error
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+class MemoryLimit:
+    """Enforces ``limit_mb`` on what the trial adds above the current memory, until ``release``:
+    on CUDA through the allocator (a real ``OutOfMemoryError``), on a CPU through a watchdog thread
+    (only in a worker that can be ended, i.e. with ``on_exceeded``)."""
+
+    def __init__(
+        self,
+        device: torch.device,
+        limit_mb: float | None,
+        on_exceeded: OnExceeded | None,
+        started: float,
+    ):
+        if (
+            device.type == "cuda" and device.index is None
+        ):  # the allocator's fraction needs an index
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.device, self.watchdog, self.capped = device, None, False
+        if limit_mb is None:
+            return
+        if device.type == "cuda":
+            total = torch.cuda.get_device_properties(device).total_memory
+            fraction = (torch.cuda.memory_allocated(device) + limit_mb * 1e6) / total
+            torch.cuda.set_per_process_memory_fraction(min(fraction, 1.0), device)
+            self.capped = True
+        elif on_exceeded is not None:
+            self.watchdog = _MemoryWatchdog(limit_mb, on_exceeded, started)
+
+    def release(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.stop()
+            self.watchdog = None
+        if self.capped:
+            torch.cuda.set_per_process_memory_fraction(1.0, self.device)
+            self.capped = False
+
+
+class _MemoryWatchdog:
+    """Polls this process's resident set; over ``baseline + limit`` it hands ``on_exceeded`` an
+    ``oom`` result. Polling can miss a spike shorter than ``MEMORY_POLL_S``: the trial's peak is
+    checked against the limit again when it ends."""
+
+    def __init__(self, limit_mb: float, on_exceeded: OnExceeded, started: float):
+        self.limit_mb, self.on_exceeded, self.started = limit_mb, on_exceeded, started
+        self.baseline_bytes = rss_bytes() or 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="memory-watchdog", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(MEMORY_POLL_S):
+            used_mb = ((rss_bytes() or 0) - self.baseline_bytes) / 1e6
+            if used_mb > self.limit_mb:
+                self.on_exceeded(
+                    TrialResult(
+                        state=FAILED,
+                        peak_memory_mb=used_mb,
+                        duration_s=time.perf_counter() - self.started,
+                        failure=(
+                            f"oom: host memory {used_mb:.0f} MB is above "
+                            f"runner.memory_limit_mb = {self.limit_mb:g} MB"
+                        ),
+                    )
+                )
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def over_memory_limit(
+    peak_mb: float | None, limit_mb: float | None, unit: str, started: float
+) -> TrialResult | None:
+    """The ``oom`` result of a trial whose peak memory ended above ``limit_mb`` (None: within it, or
+    no limit); ``started`` is when the trial started (``time.perf_counter``)."""
+    if limit_mb is None or peak_mb is None or not peak_mb > limit_mb:
+        return None
+    return TrialResult(
+        state=FAILED,
+        peak_memory_mb=peak_mb,
+        unit=unit,
+        duration_s=time.perf_counter() - started,
+        failure=f"oom: peak memory {peak_mb:.0f} MB is above runner.memory_limit_mb = "
+        f"{limit_mb:g} MB",
+    )

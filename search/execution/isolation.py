@@ -1,0 +1,348 @@
+"""The isolated worker: each trial in a fresh process of its own, its stderr kept, its process
+group killed.
+
+``run_isolated`` runs each trial in a fresh process: peak memory is then the trial's own (a reused
+process keeps memory an earlier trial freed, and CPU figures read low or zero), global torch state
+cannot leak between trials, and a worker that dies takes only its trial with it: a ``crash`` with
+its signal or exit code and the tail of its stderr, or a ``timeout`` killed with every process it
+started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import faulthandler
+import functools
+import multiprocessing
+import multiprocessing.reduction
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+
+from search.core.records import FAILED
+from search.execution.trial import TrialRequest, TrialResult
+from search.execution.worker import run_trial
+
+__all__ = [
+    "STDERR_KEPT_BYTES",
+    "STDERR_TAIL_LINES",
+    "die_with_parent",
+    "run_isolated",
+    "worker_context",
+]
+
+STDERR_TAIL_LINES = 20
+"""How many lines of a worker's stderr a failed trial keeps (``TrialResult.stderr_tail``)."""
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+@functools.cache
+def worker_context() -> (
+    multiprocessing.context.ForkServerContext | multiprocessing.context.SpawnContext
+):
+    """How trial workers start: forked from a fork server that has imported this module (and with
+    it torch) once, so a fresh worker costs milliseconds, not the 2-3 s of importing torch again.
+    The server itself is started from a clean ``exec`` and runs no torch code (no threads, no CUDA),
+    so nothing of the study's own state reaches a worker, as with ``spawn``; ``spawn`` is used
+    where there is no fork server (not on POSIX)."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    # read when the server starts (the first worker)
+    context.set_forkserver_preload(["search.execution._fork_server"])
+    return context
+
+
+def run_isolated(request: TrialRequest) -> TrialResult:
+    """``run_trial`` in a fresh process (``worker_context``), in a process group of its own.
+
+    A worker that dies is a ``crash`` (with its signal or exit code and the tail of its stderr); one
+    still running after ``request.timeout_s`` is a ``timeout``, killed with every process it
+    started.
+    """
+    started = time.perf_counter()
+    context = worker_context()
+    receive, send = context.Pipe(duplex=False)
+    # The worker's stderr goes into a pipe of which only the end is kept: nothing is left behind on
+    # disk, even when the study is killed with kill -9, and a chatty workload cannot fill the disk
+    # or the memory.
+    stderr = _StderrTail()
+    worker = context.Process(
+        target=_worker, args=(request, send, _InheritedFd(stderr.write_fd)), daemon=True
+    )
+    reaped = False
+    try:
+        with _ctrl_c_after():
+            worker.start()
+        send.close()
+        stderr.close_writer()  # the worker has its own copy: EOF comes when it (and its kin) end
+        try:
+            result = receive.recv() if receive.poll(request.timeout_s) else None
+        except (EOFError, OSError, pickle.UnpicklingError):
+            # The worker died before it answered, or while it did: a message cut halfway reads as
+            # end of file, a reset connection or a broken pickle.
+            _kill_group(worker)  # what it started dies with it; its exit status is already fixed
+            worker.join()
+            reaped = True
+            return _crashed(worker, stderr, started)
+        return _answered(result, request, worker, stderr, started)
+    except BaseException:
+        if worker.pid is not None:
+            _kill_group(worker)
+        raise
+    finally:
+        receive.close()
+        send.close()
+        if worker.pid is not None and not reaped:
+            _reap(worker)  # leftovers of a finished trial (its own helper processes)
+        stderr.close()
+
+
+def _crashed(worker, stderr: _StderrTail, started: float) -> TrialResult:
+    """The ``crash`` of a worker that died before it answered, with the tail of its stderr."""
+    tail = stderr.text()
+    said = _headline(tail)
+    return TrialResult(
+        state=FAILED,
+        failure=f"crash: worker {_exit_text(worker.exitcode)}"
+        + (f"; stderr: {said}" if said else ""),
+        stderr_tail=tail,
+        duration_s=time.perf_counter() - started,
+    )
+
+
+def _answered(
+    result: TrialResult | None,
+    request: TrialRequest,
+    worker,
+    stderr: _StderrTail,
+    started: float,
+) -> TrialResult:
+    """The trial's result from the worker's answer: a ``timeout`` when none came in time, a
+    failure with the tail of the worker's stderr, anything else as it came."""
+    if result is None:
+        _kill_group(worker)
+        return TrialResult(
+            state=FAILED,
+            duration_s=time.perf_counter() - started,
+            stderr_tail=stderr.text(),
+            failure=f"timeout: still running after runner.timeout_s = {request.timeout_s:g} s; "
+            "killed with the processes it started",
+        )
+    if result.state != FAILED:
+        return result
+    worker.join(timeout=5)  # it exits once it has answered; then its stderr is complete
+    _kill_group(worker)
+    return replace(result, stderr_tail=stderr.text())
+
+
+def _reap(worker) -> None:
+    """Kill what is left of a worker's process group and wait for the worker to end."""
+    _kill_group(worker)
+    worker.join(timeout=5)
+    if worker.exitcode is None:
+        worker.kill()
+        worker.join()
+
+
+@contextlib.contextmanager
+def _ctrl_c_after() -> Iterator[None]:
+    """Hold a Ctrl-C that comes while the block runs, and raise it right after: a worker is never
+    half started, so the study always knows its pid and can end it (the worker ignores SIGINT; the
+    study ends it).
+
+    Python runs signal handlers in the main thread whichever thread the kernel gave the signal to,
+    so a handler that only notes the signal holds it even while other threads (heartbeats, the
+    memory watchdog, stderr readers) run; blocking SIGINT in this thread would not, since the
+    kernel hands a blocked signal to another thread. Outside the main thread nothing is held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if held:
+        if callable(previous):
+            previous(signal.SIGINT, None)
+        elif previous == signal.SIG_DFL:
+            raise KeyboardInterrupt
+
+
+STDERR_KEPT_BYTES = 64_000
+"""How much of a worker's stderr is kept (its end): enough for a traceback and a fault dump."""
+
+
+class _StderrTail:
+    """A pipe for a worker's stderr, read by a thread that keeps only the last
+    ``STDERR_KEPT_BYTES``: the worker may write without limit, and nothing grows."""
+
+    def __init__(self) -> None:
+        self._read_fd, self.write_fd = os.pipe()
+        self._kept = bytearray()
+        self._reader = threading.Thread(target=self._read, name="worker-stderr", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        """Read to the pipe's end, then close it: the reader owns the read end, so a pipe a
+        process the worker started still holds open is closed when that process ends, not
+        leaked."""
+        try:
+            while True:
+                try:
+                    chunk = os.read(self._read_fd, 65536)
+                except OSError:
+                    return
+                if not chunk:
+                    return
+                self._kept += chunk
+                if len(self._kept) > 2 * STDERR_KEPT_BYTES:
+                    del self._kept[:-STDERR_KEPT_BYTES]
+        finally:
+            os.close(self._read_fd)
+
+    def close_writer(self) -> None:
+        if self.write_fd >= 0:
+            os.close(self.write_fd)
+            self.write_fd = -1
+
+    def text(self, wait_s: float = 2.0) -> str:
+        """The last lines written, once the pipe is read to its end (waiting up to ``wait_s``)."""
+        self._reader.join(timeout=wait_s)
+        return _tail_lines(bytes(self._kept[-STDERR_KEPT_BYTES:]))
+
+    def close(self) -> None:
+        self.close_writer()
+        self._reader.join(timeout=1.0)
+        # A reader still alive: a process the worker started holds the pipe open; the reader
+        # (a daemon thread) closes its end when that process is gone.
+
+
+def _kill_group(worker) -> None:
+    """SIGKILL the worker's process group (the group keeps its id while any process in it lives).
+    A worker that exited may already be reaped by the fork server; Linux hands out pids in turn,
+    so its id is not reused by another process within the moments this takes."""
+    try:
+        os.killpg(worker.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):  # no group yet (not started, or before setpgid)
+        if worker.exitcode is None:
+            worker.kill()
+
+
+class _InheritedFd:
+    """A file descriptor handed to a worker the way multiprocessing hands it a pipe's end (through
+    the fork server, or kept open across ``spawn``)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __reduce__(self):
+        return _adopt_fd, (multiprocessing.reduction.DupFd(self.fd),)
+
+
+def _adopt_fd(duplicate) -> int:
+    return duplicate.detach()
+
+
+def _tail_lines(data: bytes) -> str:
+    """The last lines of a worker's stderr, without blank lines."""
+    text = data.decode("utf-8", errors="replace")
+    # faulthandler's list of loaded extension modules is one very long line that says nothing here
+    lines = [
+        line.rstrip()
+        for line in text.splitlines()
+        if line.strip() and not line.startswith("Extension modules:")
+    ]
+    tail = lines[-STDERR_TAIL_LINES:]
+    # faulthandler's dump of every thread can push its own first line, what killed the worker,
+    # out of the tail: keep it in front
+    fatal = next((line for line in lines if line.startswith("Fatal Python error")), None)
+    if fatal is not None and fatal not in tail:
+        tail = [fatal, *tail[1:]]
+    return "\n".join(tail)
+
+
+def _headline(tail: str) -> str:
+    """One line from a dead worker's stderr: a fatal error with the innermost frame (faulthandler's
+    dump), else the last line."""
+    lines = tail.splitlines()
+    fatal = next((i for i, line in enumerate(lines) if line.startswith("Fatal Python error")), None)
+    if fatal is None:
+        return lines[-1][:300] if lines else ""
+    current = next(
+        (i for i in range(fatal, len(lines)) if lines[i].startswith("Current thread")), fatal
+    )
+    frame = next((line.strip() for line in lines[current:] if line.strip().startswith("File ")), "")
+    return f"{lines[fatal]}" + (f" ({frame})" if frame else "")
+
+
+def die_with_parent() -> None:
+    """Linux: SIGKILL this process when its parent dies, even by ``kill -9``. A worker's parent is
+    the fork server (the study, with ``spawn``), and the server's is the study: a hung trial would
+    otherwise outlive the study and hold its device forever."""
+    parent_pid = os.getppid()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return  # not Linux: the worker ends when it next writes to the study
+    if os.getppid() != parent_pid or not _study_alive():
+        os._exit(1)  # the parent died before prctl took effect
+
+
+def _study_alive() -> bool:
+    """Whether the study process that asked for this worker still runs (true outside a worker).
+    Its pid, not ``parent_process().is_alive()``: that reads the pipe the fork server's child was
+    handed its task through, which is at its end once the task is read."""
+    study = multiprocessing.parent_process()
+    if study is None or study.pid is None:
+        return True
+    try:
+        os.kill(study.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, as another user's process
+        pass
+    return True
+
+
+def _worker(request: TrialRequest, send, stderr_fd: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    die_with_parent()
+    os.setpgid(0, 0)  # a group of its own: a timeout kills whatever the workload started, too
+    os.dup2(stderr_fd, 2)  # C and Python output alike
+    os.close(stderr_fd)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    faulthandler.enable()  # a segfault or abort leaves a Python traceback in that tail
+    lock = threading.Lock()
+    sent: list[bool] = []
+
+    def answer(result: TrialResult, then_exit: bool = False) -> None:
+        with lock:
+            if not sent:
+                send.send(result)
+                sent.append(True)
+            if then_exit:
+                os._exit(0)
+
+    answer(run_trial(request, on_memory_exceeded=lambda result: answer(result, then_exit=True)))
+    send.close()
+
+
+def _exit_text(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:  # a real-time signal has no name
+            name = str(-exitcode)
+        hint = " (often the kernel's out-of-memory killer)" if name == "SIGKILL" else ""
+        return f"killed by signal {name}{hint}"
+    return f"exited with code {exitcode}"

@@ -1,0 +1,78 @@
+"""The values a trial is asked with and answers with: a ``TrialRequest`` in, a ``TrialResult`` out.
+
+Both are plain and picklable: they cross the pipe between the study and the isolated worker
+(``search.execution.isolation``). Nothing here knows Optuna or MLflow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from search.analysis.racing import Race
+from search.measurement.protocol import Measurement, MeasureSettings
+
+__all__ = ["TrialRequest", "TrialResult"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialRequest:
+    """One configuration to measure: the workload, the knob values, the device and how."""
+
+    workload: Mapping[str, Any]
+    """The workload's ``_target_`` and settings."""
+    config: Mapping[str, Any]
+    """Knob values: generic knobs go to the step, every other knob to the workload's constructor."""
+    device: str
+    seed: int
+    measure: MeasureSettings
+    timeout_s: float | None = None
+    """Wall-clock limit of the isolated worker (start-up, build, warm-up, windows, fidelity
+    check)."""
+    memory_limit_mb: float | None = None
+    """Cap on the trial's peak memory (the ``peak_memory_mb`` figure): above it the trial is
+    ``oom``. CUDA: the allocator's per-process fraction; CPU: a watchdog on the resident set."""
+    fidelity: bool = True
+    """Whether to check the configuration's numerics against the fp32 reference after the
+    measurement (``search.execution.fidelity``). Off for re-measurements of a configuration
+    already checked (the control, confirmation runs): the check takes time and adds nothing."""
+    count: bool = True
+    """Whether to count the step's FLOPs and bytes after the measurement
+    (``search.analysis.diagnosis``); off where, as for ``fidelity``, it was counted already."""
+    race: Race | None = None
+    """The front this configuration races against (``search.analysis.racing``): its measurement
+    stops early, ``screened``, once it cannot reach it. None: measured to the full budget (repeat
+    runs, ``measure.race=false``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialResult:
+    """What one trial came to: its state and, once measured, its figures."""
+
+    state: str
+    """complete | failed | infeasible"""
+    measurement: Measurement | None = None
+    peak_memory_mb: float | None = None
+    """Peak memory the trial added (see ``MemoryProbe``), MB."""
+    failure: str = ""
+    """One line: why the trial failed or is infeasible."""
+    unit: str = "items"
+    duration_s: float = 0.0
+    telemetry: Mapping[str, float] = field(default_factory=dict)
+    """Device readings over the timed windows (see
+    ``search.execution.readings.telemetry_metrics``); empty where none exist."""
+    throttle_reasons: str = ""
+    """Clock-event reasons seen during the timed windows, comma-separated ('' when none)."""
+    fidelity: Mapping[str, float] = field(default_factory=dict)
+    """Relative errors against the fp32 single-lane reference (``fidelity_loss_rel_error``,
+    ``fidelity_grad_norm_rel_error``); empty for the reference configuration itself."""
+    stderr_tail: str = ""
+    """The last lines the isolated worker wrote to stderr (a traceback, a fault dump), for
+    faults."""
+    work: Mapping[str, float] = field(default_factory=dict)
+    """The step's counted work per item (``flops_per_item``, ``bytes_per_item``: see
+    ``search.analysis.diagnosis``), counted once after the timed windows; empty where it was not."""
+    items_per_request: int | None = None
+    """Items per request of a serving step (its generated tokens), for requests/s; None for a
+    training step."""

@@ -1,0 +1,272 @@
+"""The verdict of a re-tune: regression, moved, improved, same or ambiguous, from its comparisons
+with the baseline, and the one line CI logs show."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from search.retune.comparison import (
+    MIN_RUNS,
+    Comparison,
+    at_machine_speed,
+    compare,
+    runs_needed,
+    sensitivity,
+)
+from search.retune.environment import machine_lines, software_changes, what_changed
+from search.retune.figure import Figure
+from search.retune.tuned import Tuned
+
+__all__ = [
+    "AMBIGUOUS",
+    "EXIT_REGRESSION",
+    "IMPROVED",
+    "MOVED",
+    "REGRESSION",
+    "SAME",
+    "Conclusion",
+    "conclude",
+]
+
+REGRESSION, MOVED, IMPROVED, SAME, AMBIGUOUS = (
+    "regression",
+    "moved",
+    "improved",
+    "same",
+    "ambiguous",
+)
+EXIT_REGRESSION = 3
+
+
+@dataclass(kw_only=True)
+class Conclusion:
+    """A re-tune's verdicts against its baseline."""
+
+    verdict: str
+    line: str
+    """The one verdict line for CI logs."""
+    comparisons: list[Comparison] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    """What changed since the baseline (workload, environment fields, the machine's speed)."""
+    gate: Comparison | None = None
+    """The comparison the verdict rests on."""
+    hint: str = ""
+    """For an ambiguous verdict: how much the runs spread, and how many it would take to tell a
+    change of the threshold's size."""
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_REGRESSION if self.verdict == REGRESSION else 0
+
+
+def conclude(
+    base: Tuned,
+    today: Tuned,
+    old_today: Figure | None,
+    threshold: float,
+    confidence: float = 0.95,
+) -> Conclusion:
+    """The verdicts: the old recommendation today vs the baseline, today's best vs the baseline's,
+    the machine (the reference step), the best at the same machine speed, today's recommendation
+    vs the old one today; and the overall one. Every figure is a set of confirmation runs:
+    ``old_today`` is the old recommendation as today's confirmation measured it (in the same rounds
+    as today's recommendation, or the same runs when it is the same configuration).
+
+    The gate is today's best vs the baseline's; where both runs measured the reference step, the
+    same ratio at the same machine speed (each run divided by the reference step just before it,
+    to the power of the workload's ``sensitivity``) must agree with it, so that a slower machine
+    is not blamed on the model. Not when the software changed (``SOFTWARE_ENV``: torch, CUDA, the
+    driver, ...): the reference step runs on it too, and a slower torch is a regression, not a
+    slower machine. Regression: today's best is more than ``threshold`` below the baseline's and
+    surely below it (the interval lies under 1), and the estimate at the same machine speed more
+    than ``threshold`` below too; or nothing stable is left to recommend. Optimum moved: today's
+    recommendation is another configuration, more than ``threshold`` and surely faster than the
+    old one measured in the same rounds. Improved: as a regression, the other way. Same: the last
+    gate's interval lies within 1 ± ``threshold``. Ambiguous: none of these, or today's
+    recommendation could not be confirmed.
+    """
+    assert base.recommended is not None
+    old = base.recommended
+    best = today.recommended
+    changed = what_changed(base, today)
+    if best is None or len(best.runs) < MIN_RUNS:
+        return _unconfirmed(base, today, best, changed)
+    ratios = _ratios(best, old, old_today, threshold, confidence)
+    software = software_changes(base, today)
+    changed += machine_lines(ratios.machine, software, base, today, ratios.beta)
+    # The ratio as measured must be surely beyond 1 and beyond the threshold, and the estimate
+    # at the same machine speed beyond the threshold too, before the model is called slower or
+    # faster: the first alone would blame a slower machine on the model (this machine's speed
+    # moves by several percent from one hour to the next, and runs of one invocation share the
+    # moment); the second, surely, would lose the power the reference's own noise costs.
+    adjusted = ratios.adjusted
+    gates = [ratios.best] + ([adjusted] if adjusted is not None and not software else [])
+    verdict, gate = _decide(gates, ratios.moved, threshold)
+    hint = ""
+    if verdict == AMBIGUOUS:
+        samples = (
+            (at_machine_speed(best, ratios.beta), at_machine_speed(old, ratios.beta))
+            if gate is adjusted
+            else (list(best.runs), list(old.runs))
+        )
+        hint = runs_needed(*samples, threshold, confidence)
+    moved = ratios.moved if verdict == MOVED else None
+    return Conclusion(
+        verdict=verdict,
+        line=_verdict_line(verdict, base, today, gates, moved),
+        comparisons=ratios.listed,
+        changed=changed,
+        gate=gate,
+        hint=hint,
+    )
+
+
+def _unconfirmed(base: Tuned, today: Tuned, best: Figure | None, changed: list[str]) -> Conclusion:
+    """The conclusion when today's recommendation cannot be compared: nothing stable is left to
+    recommend (a regression), or too few of its confirmation runs completed (ambiguous)."""
+    if best is None:
+        line = f"retune: REGRESSION: no stable configuration to recommend today ({base.name})"
+        return Conclusion(
+            verdict=REGRESSION, line=f"{line}; {today.name}", comparisons=[], changed=changed
+        )
+    line = (
+        "retune: AMBIGUOUS: today's recommendation could not be confirmed in fresh runs "
+        f"({base.name}); {today.name}"
+    )
+    return Conclusion(verdict=AMBIGUOUS, line=line, comparisons=[], changed=changed)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Ratios:
+    """A re-tune's comparisons with its baseline, each of two sets of confirmation runs."""
+
+    listed: list[Comparison]
+    """All of them, in the order the report shows them."""
+    best: Comparison
+    """Today's best vs the baseline's: the first gate."""
+    machine: Comparison | None
+    """The reference step, today vs the baseline, where both measured it."""
+    adjusted: Comparison | None
+    """``best`` at the same machine speed, where both measured the reference step."""
+    beta: float
+    """The workload's ``sensitivity`` to the machine's speed (0 where it was not measured)."""
+    moved: Comparison | None
+    """Today's recommendation vs the old one, both today, where they differ."""
+
+
+def _ratios(
+    best: Figure, old: Figure, old_today: Figure | None, threshold: float, confidence: float
+) -> _Ratios:
+    """Today's comparisons with the baseline (see ``conclude``): the old recommendation today vs
+    the baseline, today's best vs the baseline's, the machine and the best at the same machine
+    speed, today's recommendation vs the old one today."""
+    comparisons = []
+    same_config = old_today is not None and old_today.config == best.config
+    if old_today is not None and not same_config and len(old_today.runs) >= MIN_RUNS:
+        comparisons.append(
+            compare(
+                "old recommendation, today vs baseline",
+                old_today.runs,
+                old.runs,
+                threshold,
+                confidence,
+            )
+        )
+    what = "best, today vs baseline" + (" (the same configuration)" if same_config else "")
+    best_vs = compare(what, best.runs, old.runs, threshold, confidence)
+    comparisons.append(best_vs)
+    machine, beta, adjusted = _at_machine_speed(best, old, threshold, confidence)
+    if machine is not None and adjusted is not None:
+        comparisons += [machine, adjusted]
+    moved_vs = None
+    if old_today is not None and not same_config and len(old_today.runs) >= MIN_RUNS:
+        moved_vs = compare(
+            "today's recommendation vs the old one, both today",
+            best.runs,
+            old_today.runs,
+            threshold,
+            confidence,
+        )
+        comparisons.append(moved_vs)
+    return _Ratios(
+        listed=comparisons,
+        best=best_vs,
+        machine=machine,
+        adjusted=adjusted,
+        beta=beta,
+        moved=moved_vs,
+    )
+
+
+def _at_machine_speed(
+    best: Figure, old: Figure, threshold: float, confidence: float
+) -> tuple[Comparison | None, float, Comparison | None]:
+    """The reference step today vs the baseline, the workload's ``sensitivity`` to it, and today's
+    best vs the baseline's at the same machine speed; (None, 0.0, None) where either side
+    measured the reference step in fewer than ``MIN_RUNS`` runs."""
+    if len(best.references) < MIN_RUNS or len(old.references) < MIN_RUNS:
+        return None, 0.0, None
+    machine = compare(
+        "machine: the reference step, today vs baseline",
+        best.references,
+        old.references,
+        threshold,
+        confidence,
+    )
+    beta = sensitivity(best, old)
+    adjusted = compare(
+        "best, today vs baseline, at the same machine speed",
+        at_machine_speed(best, beta),
+        at_machine_speed(old, beta),
+        threshold,
+        confidence,
+    )
+    return machine, beta, adjusted
+
+
+def _decide(
+    gates: Sequence[Comparison], moved_vs: Comparison | None, threshold: float
+) -> tuple[str, Comparison]:
+    """The overall verdict and the comparison it rests on (see ``conclude``): ``gates`` are
+    today's best vs the baseline's and, where it counts, the same at the same machine speed."""
+    best_vs, gate = gates[0], gates[-1]
+
+    def slower(c: Comparison) -> bool:
+        return c.ratio < 1 - threshold and c.high < 1
+
+    def faster(c: Comparison) -> bool:
+        return c.ratio > 1 + threshold and c.low > 1
+
+    def agrees(c: Comparison, direction: int) -> bool:
+        return c.ratio < 1 - threshold if direction < 0 else c.ratio > 1 + threshold
+
+    if slower(best_vs) and all(agrees(g, -1) for g in gates[1:]):
+        verdict = REGRESSION
+    elif moved_vs is not None and faster(moved_vs):
+        verdict, gate = MOVED, moved_vs
+    elif faster(best_vs) and all(agrees(g, +1) for g in gates[1:]):
+        verdict = IMPROVED
+    elif 1 - threshold <= gate.low and gate.high <= 1 + threshold:
+        verdict = SAME  # surely no material change (at the same machine speed, where measured)
+    else:
+        verdict = AMBIGUOUS  # a change beyond the threshold can be neither shown nor ruled out
+    return verdict, gate
+
+
+def _verdict_line(
+    verdict: str,
+    base: Tuned,
+    today: Tuned,
+    gates: Sequence[Comparison],
+    moved: Comparison | None = None,
+) -> str:
+    def shown(c: Comparison) -> str:
+        return f"{c.ratio:.3f}x [{c.low:.3f}, {c.high:.3f}]"
+
+    figures = f"best {shown(gates[0])} of baseline" + (
+        f", {shown(gates[1])} at the same machine speed" if len(gates) > 1 else ""
+    )
+    if moved is not None:
+        figures = f"today's recommendation {shown(moved)} of the old one, both today; {figures}"
+    return f"retune: {verdict.upper()}: {figures} ({base.name}); {today.name}"

@@ -1,0 +1,157 @@
+"""What a study keeps of the runs repeated on configurations measured before: the control runs that
+measure the machine's noise, the re-validations of candidates, and the noise floor judged from
+both."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import optuna
+
+from search.analysis.noise_floor import NoiseFloor, RunFigures
+from search.analysis.stability import assess_pooled
+from search.study.retried_writes import retried
+from search.study.revalidate import Pooled, Run
+
+if TYPE_CHECKING:
+    from search.config.settings import Settings
+
+__all__ = [
+    "CONTROL_PREFIX",
+    "REVALIDATED_PREFIX",
+    "REVALIDATION_RUN_PREFIX",
+    "judged_revalidations",
+    "noise_floor",
+    "save_control",
+    "save_revalidation",
+    "save_revalidation_run",
+    "study_controls",
+    "study_revalidations",
+    "unfinished_revalidations",
+]
+
+REVALIDATED_PREFIX = "revalidated:"
+"""Study user attr ``revalidated:<fingerprint>:<trial number>``: a candidate's pooled figures."""
+REVALIDATION_RUN_PREFIX = "revalidation_run:"
+"""Study user attr ``revalidation_run:<fingerprint>:<trial number>:<time>``: one re-validation
+run, kept as it ends, so that an interrupted re-validation resumes with the runs it had."""
+CONTROL_PREFIX = "control:"
+"""Study user attr ``control:<fingerprint>:<time>:<owner>``: one control run's figures."""
+
+
+def save_control(study: optuna.Study, fingerprint: str, run: RunFigures, who: str) -> None:
+    """Keep one control run's figures in the study."""
+    retried(
+        lambda: study.set_user_attr(
+            f"{CONTROL_PREFIX}{fingerprint}:{run.time_s:.3f}:{who}", run.as_dict()
+        ),
+        "store a control run in the study",
+    )
+
+
+def study_controls(study: optuna.Study, fingerprint: str) -> list[RunFigures]:
+    """The control runs of ``fingerprint``, oldest first."""
+    prefix = f"{CONTROL_PREFIX}{fingerprint}:"
+    runs = [RunFigures.from_dict(v) for k, v in study.user_attrs.items() if k.startswith(prefix)]
+    return sorted(runs, key=lambda r: r.time_s)
+
+
+def noise_floor(study: optuna.Study, fingerprint: str, settings: Settings) -> NoiseFloor:
+    """The machine's noise floor from the study's control runs and re-validation replicates."""
+    return _judged(study, fingerprint, settings)[0]
+
+
+def _judged(
+    study: optuna.Study, fingerprint: str, settings: Settings
+) -> tuple[NoiseFloor, dict[int, Pooled]]:
+    """The noise floor and the re-validated candidates judged against it.
+
+    Each candidate is judged against a floor without its own runs, so that an erratic candidate
+    cannot set its own yardstick; the floor that figures are reported with holds only the
+    replicates of candidates judged stable (a throttled or erratic one says nothing about the
+    machine).
+    """
+    controls = study_controls(study, fingerprint)
+    stored = study_revalidations(study, fingerprint)
+    groups = {n: p.runs for n, p in stored.items() if p.stable and len(p.runs) >= 2}
+    confidence = settings.measure.confidence
+    verdicts = {}
+    for number, runs in groups.items():
+        others = NoiseFloor.estimate(controls, [g for m, g in groups.items() if m != number])
+        verdicts[number] = assess_pooled(
+            stored[number].metrics, runs, others, settings.stable, confidence
+        )[1]
+    floor = NoiseFloor.estimate(controls, [g for n, g in groups.items() if verdicts[n].stable])
+    judged = {}
+    for number, pooled in stored.items():
+        if number not in verdicts:
+            judged[number] = pooled  # failed or throttled: its stored verdict stands
+            continue
+        metrics, _ = assess_pooled(pooled.metrics, pooled.runs, floor, settings.stable, confidence)
+        verdict = verdicts[number]
+        judged[number] = Pooled(metrics, verdict.stable, verdict.reason, pooled.runs)
+    return floor, judged
+
+
+def save_revalidation(study: optuna.Study, fingerprint: str, number: int, pooled: Pooled) -> None:
+    """Keep a candidate's re-validated figures in the study."""
+    figures = {
+        "metrics": dict(pooled.metrics),
+        "stable": pooled.stable,
+        "reason": pooled.reason,
+        "runs": [r.as_dict() for r in pooled.runs],
+    }
+    retried(
+        lambda: study.set_user_attr(f"{REVALIDATED_PREFIX}{fingerprint}:{number}", figures),
+        f"store the re-validation of trial #{number} in the study",
+    )
+
+
+def save_revalidation_run(study: optuna.Study, fingerprint: str, number: int, run: Run) -> None:
+    """Keep one re-validation run of trial ``number`` in the study as soon as it ends."""
+    retried(
+        lambda: study.set_user_attr(
+            f"{REVALIDATION_RUN_PREFIX}{fingerprint}:{number}:{run.time_s:.6f}", run.as_dict()
+        ),
+        f"store a re-validation run of trial #{number} in the study",
+    )
+
+
+def unfinished_revalidations(study: optuna.Study, fingerprint: str) -> dict[int, list[Run]]:
+    """The runs of re-validations that were interrupted (kept run by run, never pooled), by trial
+    number, oldest first."""
+    prefix = f"{REVALIDATION_RUN_PREFIX}{fingerprint}:"
+    pooled = study_revalidations(study, fingerprint)
+    runs: dict[int, list[Run]] = {}
+    for key, value in study.user_attrs.items():
+        if key.startswith(prefix):
+            number = int(key[len(prefix) :].split(":")[0])
+            if number not in pooled:
+                runs.setdefault(number, []).append(Run.from_dict(value))
+    return {n: sorted(r, key=lambda run: run.time_s) for n, r in runs.items()}
+
+
+def study_revalidations(study: optuna.Study, fingerprint: str) -> dict[int, Pooled]:
+    """Re-validated figures of ``fingerprint``'s trials as stored, by trial number. One stored by
+    a version before the noise floor (without its runs) counts as not re-validated: its verdict
+    was of another kind, and it is measured again."""
+    prefix = f"{REVALIDATED_PREFIX}{fingerprint}:"
+    return {
+        int(key[len(prefix) :]): Pooled(
+            v["metrics"],
+            v["stable"],
+            v["reason"],
+            tuple(RunFigures.from_dict(r) for r in v.get("runs", ())),
+        )
+        for key, v in study.user_attrs.items()
+        if key.startswith(prefix) and "runs" in v
+    }
+
+
+def judged_revalidations(
+    study: optuna.Study, fingerprint: str, settings: Settings
+) -> dict[int, Pooled]:
+    """Re-validated figures with the throughput interval of the mean of the fresh runs and the
+    verdict judged now (see ``_judged``); a failed or throttled candidate keeps its stored
+    verdict."""
+    return _judged(study, fingerprint, settings)[1]

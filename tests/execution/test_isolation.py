@@ -1,0 +1,255 @@
+"""Each trial in a fresh worker process: a worker that dies is a crash with its signal or exit code
+and the tail of its stderr, one that hangs is a timeout killed with its process group, and none
+outlives the study or loses a Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from trial_workloads import QUICK, Layers, Segfaults, Wide, faulty, request, target
+
+from search.core.records import COMPLETE, FAILED, fault_kind
+from search.execution.isolation import run_isolated
+from search.execution.trial import TrialRequest
+
+TESTS = Path(__file__).resolve().parents[1]
+"""tests/: the shared helpers, among them the failing workload faults.Faulty."""
+
+
+def test_isolated_worker_that_segfaults_is_a_crash_and_the_caller_survives():
+    result = run_isolated(request(target(Segfaults)))
+    assert result.state == FAILED and result.failure.startswith(
+        "crash: worker killed by signal SIGSEGV; stderr: "
+    )
+    # faulthandler's dump names the fault and the frame that caused it
+    assert "Segmentation fault" in result.failure and "in build_model" in result.failure
+    assert "Extension modules" not in result.stderr_tail and "build_model" in result.stderr_tail
+
+
+def test_worker_that_exits_is_a_crash_with_its_code_and_last_stderr_line():
+    result = run_isolated(faulty("exit"))
+    assert (
+        result.failure
+        == "crash: worker exited with code 3; stderr: faults: giving up with exit code 3"
+    )
+
+
+def test_worker_that_aborts_is_a_crash_with_the_signal():
+    result = run_isolated(faulty("abort"))
+    assert (
+        result.failure.startswith("crash: worker killed by signal SIGABRT")
+        and "Aborted" in result.failure
+    )
+
+
+def test_exception_keeps_its_traceback_in_the_stderr_tail():
+    result = run_isolated(faulty("error"))
+    assert result.failure == "error: ValueError: injected: the batch has the wrong shape"
+    assert "Traceback" in result.stderr_tail and "faults.py" in result.stderr_tail
+
+
+def test_a_worker_that_dies_halfway_through_its_answer_is_a_crash():
+    # The pipe reads "got end of file during message" (OSError), not EOFError.
+    result = run_isolated(faulty("cut"))
+    assert result.state == FAILED and result.failure.startswith("crash: worker exited with code 0")
+
+
+def test_a_worker_that_writes_without_end_keeps_only_the_end_of_its_stderr(tmp_path):
+    started = time.monotonic()
+    result = run_isolated(faulty("chatty"))
+    assert result.failure == "error: ValueError: injected: failed after a long log"
+    assert "Traceback" in result.stderr_tail and result.stderr_tail.endswith(
+        "ValueError: injected: failed after a long log"
+    )
+    assert len(result.stderr_tail) < 64_000
+    assert time.monotonic() - started < 60
+
+
+def test_hung_trial_is_a_timeout_and_its_process_group_dies_with_it(tmp_path):
+    pid_file = tmp_path / "child.pid"
+    started = time.monotonic()
+    result = run_isolated(faulty("hang", pid_file=str(pid_file), timeout_s=8))
+    assert 8 <= time.monotonic() - started < 20
+    assert result.state == FAILED and fault_kind(result.failure) == "timeout", result.failure
+    assert "runner.timeout_s = 8 s" in result.failure
+    _, child = map(int, pid_file.read_text().split())  # the hung workload's own child process
+    if not _ends(child):
+        os.kill(child, signal.SIGKILL)
+        pytest.fail("the workload's child process outlived the timeout")
+
+
+def _ends(pid: int, within_s: float = 5.0) -> bool:
+    for _ in range(int(within_s / 0.1)):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])  # the field after the state
+
+
+def test_a_worker_dies_with_its_study_process_even_under_kill_9(tmp_path):
+    pid_file = tmp_path / "pids"
+    script = (
+        "import sys; sys.path.insert(0, sys.argv[1])\n"
+        "from search.execution.isolation import run_isolated\n"
+        "from search.execution.trial import TrialRequest\n"
+        "from search.measurement.protocol import MeasureSettings\n"
+        "if __name__ == '__main__':\n"
+        "    run_isolated(TrialRequest(\n"
+        "        workload={'_target_': 'faults.Faulty', 'pid_file': sys.argv[2]},\n"
+        "        config={'batch_size': 4, 'fault': 'hang'}, device='cpu', seed=0,\n"
+        "        measure=MeasureSettings()))\n"
+    )
+    (tmp_path / "study.py").write_text(script)
+    study = subprocess.Popen(
+        [sys.executable, str(tmp_path / "study.py"), str(TESTS), str(pid_file)],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    for _ in range(300):
+        if pid_file.exists() and len(pid_file.read_text().split()) == 2:
+            break
+        time.sleep(0.1)
+    worker, child = map(int, pid_file.read_text().split())
+    # the fork server that started the worker (the study itself under spawn)
+    server = _parent_of(worker)
+    study.kill()
+    study.wait()
+    try:
+        assert _ends(worker), "the worker outlived the study process"
+        assert server == study.pid or _ends(server), "the fork server outlived the study process"
+    finally:
+        os.kill(child, signal.SIGKILL)  # the workload's own child is the workload's business
+
+
+def test_host_memory_above_the_limit_is_oom_and_stops_the_trial_early():
+    started = time.monotonic()
+    result = run_isolated(faulty("hostmem", memory_limit_mb=200))
+    assert result.state == FAILED and result.failure.startswith("oom: host memory "), result.failure
+    assert "above runner.memory_limit_mb = 200 MB" in result.failure
+    assert 200 < result.peak_memory_mb < 1000  # stopped within a few 50 MB steps, not at 20 GB
+    assert time.monotonic() - started < 30
+
+
+def test_isolated_trials_each_report_their_own_peak_memory():
+    peaks = [run_isolated(request(target(Layers))).peak_memory_mb for _ in range(2)]
+    assert all(p is not None and p >= 60 for p in peaks), peaks
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_isolated_cuda_trial_reports_allocator_peak():
+    req = TrialRequest(
+        workload=target(Wide), config={"batch_size": 4}, device="cuda", seed=0, measure=QUICK
+    )
+    result = run_isolated(req)
+    assert result.state == COMPLETE, result.failure
+    assert result.peak_memory_mb >= 60
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_memory_limit_is_a_real_allocator_oom():
+    # Wide holds about 67 MB of weights, gradients and AdamW state: a 20 MB cap cannot hold it
+    result = run_isolated(
+        TrialRequest(
+            workload=target(Wide),
+            config={"batch_size": 4},
+            device="cuda",
+            seed=0,
+            measure=QUICK,
+            memory_limit_mb=20,
+        )
+    )
+    assert result.state == FAILED and result.failure.startswith("oom: "), result.failure
+    assert "memory" in result.failure.lower()
+    roomy = run_isolated(
+        TrialRequest(
+            workload=target(Wide),
+            config={"batch_size": 4},
+            device="cuda",
+            seed=0,
+            measure=QUICK,
+            memory_limit_mb=2000,
+        )
+    )
+    assert roomy.state == COMPLETE, roomy.failure
+
+
+def test_a_worker_killed_by_a_real_time_signal_is_a_crash_not_a_traceback():
+    from search.execution.isolation import _exit_text
+
+    realtime = int(signal.SIGRTMIN) + 6  # no name in signal.Signals
+    assert _exit_text(-realtime) == f"killed by signal {realtime}"
+    assert _exit_text(-signal.SIGKILL).startswith("killed by signal SIGKILL")
+
+
+def test_ctrl_c_while_the_worker_starts_is_not_lost(monkeypatch):
+    from search.execution.isolation import worker_context
+
+    process_class = worker_context().Process
+    start = process_class.start
+
+    def start_during_ctrl_c(self):
+        # the user's Ctrl-C, in the moment the worker is started
+        os.kill(os.getpid(), signal.SIGINT)
+        return start(self)
+
+    monkeypatch.setattr(process_class, "start", start_during_ctrl_c)
+    # A shell starts background jobs with SIGINT ignored; Ctrl-C handling needs Python's handler.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        try:
+            run_isolated(faulty("hang", timeout_s=60))
+        finally:
+            signal.signal(signal.SIGINT, previous)
+    assert time.monotonic() - started < 30  # raised at once, not after the hang's timeout
+
+
+def test_ctrl_c_while_the_worker_starts_waits_for_the_start_even_with_other_threads(monkeypatch):
+    # Heartbeats and watchdogs run in other threads; the kernel hands a SIGINT that the main
+    # thread blocks to one of them, and Python then raises it in the main thread at once.
+    import threading
+
+    from search.execution.isolation import worker_context
+
+    process_class = worker_context().Process
+    start = process_class.start
+    started, pids = [], []
+
+    def start_during_ctrl_c(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):  # bytecodes at which an interrupt can land
+            pass
+        start(self)
+        started.append(True)
+        pids.append(self.pid)
+
+    monkeypatch.setattr(process_class, "start", start_during_ctrl_c)
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, daemon=True)
+    other.start()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_isolated(faulty("hang", timeout_s=60))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        stop.set()
+    assert started, "the Ctrl-C landed inside the worker's start: a worker the study cannot end"
+    time.sleep(0.5)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pids[0], 0)  # ended with the study's interrupt

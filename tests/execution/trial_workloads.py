@@ -1,0 +1,103 @@
+"""The workloads and requests the trial tests run: small models that fit, fail or overflow, and
+the fault-injecting ``faults.Faulty`` (tests/faults.py) asked for a fault."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import torch
+from torch import nn
+
+from search.execution.trial import TrialRequest
+from search.measurement.protocol import MeasureSettings
+from search.workloads import Workload
+
+QUICK = MeasureSettings(
+    warmup_steps=1, warmup_s=0.0, window_s=0.01, min_windows=2, max_windows=3, max_time_s=0.5
+)
+
+
+class Wide(Workload):
+    """A single 2048x2048 linear layer: weights, grads and two AdamW states hold about 67 MB."""
+
+    def build_model(self):
+        return nn.Linear(2048, 2048)
+
+    def make_batch(self, size, generator):
+        return torch.randn(size, 2048, generator=generator)
+
+    def loss(self, model, batch):
+        return model(batch).square().mean()
+
+
+class Layers(Wide):
+    """256 small layers (weights, grads and AdamW state: about 68 MB in chunks of 64 kB).
+
+    Chunks this small stay in the C allocator's heap after a trial frees them, so a process that
+    is reused reads the next trial's growth far too low (seen here: 156, then 32, then 17 MB).
+    """
+
+    def build_model(self):
+        return nn.Sequential(*[nn.Linear(128, 128) for _ in range(256)])
+
+    def make_batch(self, size, generator):
+        return torch.randn(size, 128, generator=generator)
+
+
+class NeedsWidth(Wide):
+    def __init__(self, width: int):
+        self.width = width
+
+
+class Overflows(Workload):
+    """Activations of about 1e5: beyond fp16's largest value (65504), fine in fp32."""
+
+    def build_model(self):
+        return nn.Linear(16, 16)
+
+    def make_batch(self, size, generator):
+        return torch.randn(size, 16, generator=generator)
+
+    def loss(self, model, batch):
+        return (model(batch) * 1e5).square().mean() * 1e-10
+
+
+class Raises(Wide):
+    def loss(self, model, batch):
+        raise RuntimeError("shape mismatch in the user's loss\nsecond line")
+
+
+class OutOfMemory(Wide):
+    def loss(self, model, batch):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+
+class Segfaults(Wide):
+    def build_model(self):
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def request(workload: dict, **knobs) -> TrialRequest:
+    return TrialRequest(
+        workload=workload, config={"batch_size": 4, **knobs}, device="cpu", seed=0, measure=QUICK
+    )
+
+
+def target(cls: type) -> dict:
+    return {"_target_": f"{__name__}.{cls.__name__}"}
+
+
+FAULTY = {"_target_": "faults.Faulty"}  # tests/faults.py; tests/ is on sys.path under pytest
+
+
+def faulty(fault: str, **kwargs) -> TrialRequest:
+    return TrialRequest(
+        workload=FAULTY | {k: v for k, v in kwargs.items() if k == "pid_file"},
+        config={"batch_size": 4, "fault": fault},
+        device="cpu",
+        seed=0,
+        measure=QUICK,
+        timeout_s=kwargs.get("timeout_s", 60),
+        memory_limit_mb=kwargs.get("memory_limit_mb"),
+    )
