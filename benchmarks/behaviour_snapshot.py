@@ -1,7 +1,8 @@
 """What a tiny study writes, with every number masked, so that two versions can be compared.
 
-    python benchmarks/behaviour_snapshot.py --repo . --out after.json
-    diff <(jq . before.json) <(jq . after.json)
+    python benchmarks/behaviour_snapshot.py --repo OLD_CHECKOUT --out before1.json   # a few times
+    python benchmarks/behaviour_snapshot.py --repo . --out after1.json               # as many
+    python benchmarks/behaviour_snapshot.py --compare before*.json -- after*.json
 
 Runs one tiny study (random sampler, fixed seed, racing off, lenient stability, so the sampled
 configurations do not depend on the timings) with ``python -m search`` from ``--repo``, then writes
@@ -12,7 +13,10 @@ what it left, numbers and identifiers replaced by ``#``:
 - each MLflow run's params (keys and values), metric keys and tags (keys and values);
 - the Optuna study's attributes and each trial's state, params and attribute keys.
 
-A refactoring that changes none of these leaves the two files identical.
+A refactoring that changes none of these leaves the two files identical, up to what the measured
+figures decide: which configurations make the front, whether the drift is significant. Those can
+differ between two runs of one version, so ``--compare`` reads several runs of each version and
+reports what one version ever wrote that the other never did; for a refactoring, nothing.
 """
 
 from __future__ import annotations
@@ -132,7 +136,45 @@ def snapshot(repo: Path, runs_dir: Path) -> dict[str, Any]:
     }
 
 
+def facts(snapshot: dict[str, Any]) -> set[str]:
+    """Every line, file, MLflow key and value, and Optuna attribute of one snapshot, as strings."""
+    found = {f"exit {snapshot['exit_code']}"}
+    found |= {f"stdout: {line}" for line in snapshot["stdout"]}
+    found |= {f"stderr: {line}" for line in snapshot["stderr"]}
+    found |= {f"file: {name}" for name in snapshot["files"]}
+    for run in snapshot["mlflow_runs"]:
+        found |= {f"mlflow param: {k}={v}" for k, v in run["params"].items()}
+        found |= {f"mlflow metric: {k}" for k in run["metrics"]}
+        found |= {f"mlflow tag: {k}={v}" for k, v in run["tags"].items()}
+    for name, study in snapshot["optuna"].items():
+        found |= {f"optuna study {name} attr: {k}" for k in study["user_attrs"]}
+        found |= {f"optuna study {name} system attr: {k}" for k in study["system_attrs"]}
+        for trial in study["trials"]:
+            found.add(f"optuna trial state: {trial['state']}")
+            found |= {f"optuna trial attr: {k}" for k in trial["user_attrs"]}
+            found |= {f"optuna trial system attr: {k}" for k in trial["system_attrs"]}
+            found |= {f"optuna trial param: {k}={v}" for k, v in trial["params"].items()}
+    return found
+
+
+def compare(before: list[Path], after: list[Path]) -> int:
+    """Print what one version ever wrote that the other never did; 0 when nothing."""
+    seen = [set().union(*(facts(json.loads(p.read_text())) for p in ps)) for ps in (before, after)]
+    only_before, only_after = sorted(seen[0] - seen[1]), sorted(seen[1] - seen[0])
+    print(
+        f"{len(seen[0])} facts in {len(before)} run(s) before, {len(seen[1])} in {len(after)} after"
+    )
+    for label, only in (("only before", only_before), ("only after", only_after)):
+        print(f"{label}: {len(only)}")
+        print("\n".join(f"  {fact[:200]}" for fact in only))
+    return 1 if only_before or only_after else 0
+
+
 def main() -> None:
+    if "--compare" in sys.argv:
+        rest = sys.argv[sys.argv.index("--compare") + 1 :]
+        split = rest.index("--")
+        sys.exit(compare([Path(p) for p in rest[:split]], [Path(p) for p in rest[split + 1 :]]))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repo", type=Path, default=Path("."), help="the version to run")
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
