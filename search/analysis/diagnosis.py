@@ -290,7 +290,7 @@ def device_peak(
 # -- the diagnosis --------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Diagnosis:
     """A configuration's figures against its device's peaks, and its regime."""
 
@@ -350,13 +350,13 @@ def diagnose(
     else:
         regime, why = roof, f"{where}, {achieved / attainable:.0%} of the attainable FLOP/s"
     return Diagnosis(
-        achieved,
-        achieved / peak_flops,
-        moved * metrics["throughput"] / peak.bytes_per_s,
-        intensity,
-        ridge,
-        regime,
-        why,
+        achieved_flops=achieved,
+        mfu=achieved / peak_flops,
+        bandwidth_util=moved * metrics["throughput"] / peak.bytes_per_s,
+        intensity=intensity,
+        ridge=ridge,
+        regime=regime,
+        why=why,
     )
 
 

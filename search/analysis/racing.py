@@ -47,7 +47,7 @@ def can_race(objectives: Sequence[str]) -> bool:
     )
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Race:
     """What a new configuration's measurement races against."""
 
@@ -80,10 +80,16 @@ def race_against(
     directions = [METRICS[name].direction for name in objectives]
     keep = pareto_mask(measured, directions)
     front = tuple(tuple(map(float, f)) for f, k in zip(measured, keep, strict=True) if k)
-    return Race(tuple(objectives), front, confidence, between_rel, level)
+    return Race(
+        objectives=tuple(objectives),
+        front=front,
+        confidence=confidence,
+        between_rel=between_rel,
+        level=level,
+    )
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Samples:
     """What a measurement has so far."""
 

@@ -27,7 +27,7 @@ from search.study.driver import StudyDriver, repeat_run
 __all__ = ["Context", "Spent", "sync_command"]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Spent:
     """Where an invocation's wall time went, s: what the time budget (docs/method/time.md) is
     judged on."""

@@ -48,7 +48,9 @@ def remeasure_baseline(ctx: Context, study: optuna.Study, base: Tuned) -> dict[s
         markup=False,
     )
     candidates = [
-        TrialRecord(-1 - i, f.config, COMPLETE, {}, True, unit=base.unit)
+        TrialRecord(
+            number=-1 - i, config=f.config, state=COMPLETE, metrics={}, stable=True, unit=base.unit
+        )
         for i, f in enumerate(figures)
     ]
 

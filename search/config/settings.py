@@ -43,7 +43,7 @@ SLO_EXPECTED = "a mapping of metric name to limit, e.g. +slo.latency_p95_ms=200"
 """What ``slo`` must be, as error messages say it."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class StudySettings:
     """The Optuna study a run adds its trials to, and when it stops."""
 
@@ -136,7 +136,7 @@ class RunnerSettings:
         )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class StableSettings:
     """When a measured configuration counts as stable (only stable ones are recommended): when its
     variability is not significantly and materially larger than the control's
@@ -236,7 +236,7 @@ class RevalidateSettings:
         )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RetuneSettings:
     """The nightly re-tune (``python -m search retune``) and the reference step of every run."""
 
@@ -312,7 +312,7 @@ class TrackingSettings:
     """MLflow experiment name that holds the study's runs."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Settings:
     """Everything a run is told: the composed ``conf/config.yaml`` with a space and overrides."""
 

@@ -50,7 +50,7 @@ POOL_MEAN_UPPER = "mean, upper bound"
 """The mean of the per-run values, with the upper end of a Student-t interval over them."""
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Metric:
     """One figure a space may optimise or limit."""
 
@@ -82,30 +82,44 @@ METRICS: dict[str, Metric] = {
     m.name: m
     for m in (
         Metric(
-            "throughput",
-            "items/s",
-            MAXIMIZE,
-            "throughput_ci_low",
-            "throughput",
-            ".3g",
-            POOL_PROCESS_MEANS,
+            name="throughput",
+            unit="items/s",
+            direction=MAXIMIZE,
+            ranked_on="throughput_ci_low",
+            label="throughput",
+            fmt=".3g",
+            pooling=POOL_PROCESS_MEANS,
         ),
         Metric(
-            "latency_p50_ms", "ms", MINIMIZE, "latency_p50_ms_ub", "p50", ".1f", POOL_STEPS, 0.50
+            name="latency_p50_ms",
+            unit="ms",
+            direction=MINIMIZE,
+            ranked_on="latency_p50_ms_ub",
+            label="p50",
+            fmt=".1f",
+            pooling=POOL_STEPS,
+            quantile=0.50,
         ),
         Metric(
-            "latency_p95_ms", "ms", MINIMIZE, "latency_p95_ms_ub", "p95", ".1f", POOL_STEPS, 0.95
+            name="latency_p95_ms",
+            unit="ms",
+            direction=MINIMIZE,
+            ranked_on="latency_p95_ms_ub",
+            label="p95",
+            fmt=".1f",
+            pooling=POOL_STEPS,
+            quantile=0.95,
         ),
         *(
             Metric(
-                f"{phase}_p{q}_ms",
-                "ms",
-                MINIMIZE,
-                f"{phase}_p{q}_ms_ub",
-                f"{phase} p{q}",
-                ".1f",
-                POOL_STEPS,
-                q / 100,
+                name=f"{phase}_p{q}_ms",
+                unit="ms",
+                direction=MINIMIZE,
+                ranked_on=f"{phase}_p{q}_ms_ub",
+                label=f"{phase} p{q}",
+                fmt=".1f",
+                pooling=POOL_STEPS,
+                quantile=q / 100,
                 samples=f"{phase}_ms",
                 tasks=("serve",),
             )
@@ -113,24 +127,32 @@ METRICS: dict[str, Metric] = {
             for q in (50, 95)
         ),
         Metric(
-            "requests_per_s",
-            "requests/s",
-            MAXIMIZE,
-            "requests_per_s_ci_low",
-            "req/s",
-            ".3g",
-            POOL_PROCESS_MEANS,
+            name="requests_per_s",
+            unit="requests/s",
+            direction=MAXIMIZE,
+            ranked_on="requests_per_s_ci_low",
+            label="req/s",
+            fmt=".3g",
+            pooling=POOL_PROCESS_MEANS,
             tasks=("serve",),
         ),
-        Metric("peak_memory_mb", "MB", MINIMIZE, "peak_memory_mb", "mem", ".1f", POOL_MAX),
         Metric(
-            "energy_per_item_j",
-            "J/item",
-            MINIMIZE,
-            "energy_per_item_j_ci_high",
-            "energy",
-            ".3g",
-            POOL_MEAN_UPPER,
+            name="peak_memory_mb",
+            unit="MB",
+            direction=MINIMIZE,
+            ranked_on="peak_memory_mb",
+            label="mem",
+            fmt=".1f",
+            pooling=POOL_MAX,
+        ),
+        Metric(
+            name="energy_per_item_j",
+            unit="J/item",
+            direction=MINIMIZE,
+            ranked_on="energy_per_item_j_ci_high",
+            label="energy",
+            fmt=".3g",
+            pooling=POOL_MEAN_UPPER,
         ),
     )
 }

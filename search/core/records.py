@@ -37,7 +37,7 @@ def fault_kind(failure: str) -> str:
     return kind if kind in FAULT_KINDS else ""
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class TrialRecord:
     """One measured configuration, as the study, the report and the tracker see it."""
 

@@ -76,7 +76,7 @@ TOLERANCES: dict[str, Tolerance] = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class FidelityReport:
     """How one configuration's pass compares with the fp32 reference.
 

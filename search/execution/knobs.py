@@ -66,7 +66,7 @@ def concurrently(pool: ThreadPoolExecutor, calls: Sequence[Callable[[], T]]) -> 
     return [future.result() for future in futures]
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Knobs:
     """The generic knobs of one training step; the defaults run the plain fp32 step."""
 

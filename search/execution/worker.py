@@ -188,7 +188,13 @@ def _screen(race: Race | None, probe: MemoryProbe, items_per_request: int | None
         return None
 
     def screen(throughputs, latencies_ms, phases) -> bool:
-        samples = Samples(throughputs, latencies_ms, phases, probe.peak_mb(), items_per_request)
+        samples = Samples(
+            window_throughputs=throughputs,
+            step_latencies_ms=latencies_ms,
+            phase_samples_ms=phases,
+            peak_memory_mb=probe.peak_mb(),
+            items_per_request=items_per_request,
+        )
         return out_of_reach(race, samples)
 
     return screen

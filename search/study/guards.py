@@ -86,7 +86,7 @@ def config_key(config: Mapping[str, Any]) -> str:
     return json.dumps(dict(config), sort_keys=True, default=str)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class KnownOutcomes:
     """Finished outcomes of this fingerprint to reuse, and out-of-memory trials to learn from."""
 
@@ -106,7 +106,7 @@ class KnownOutcomes:
         memory_limit_mb: float | None,
     ) -> KnownOutcomes:
         """What the study holds at the start; of repeated outcomes the latest is reused."""
-        known = cls(space, fingerprint, memory_limit_mb)
+        known = cls(space=space, fingerprint=fingerprint, memory_limit_mb=memory_limit_mb)
         for trial in own_trials(study, fingerprint, space):
             if known._reusable(trial):
                 known.reusable[config_key(trial.user_attrs["config"])] = trial

@@ -56,12 +56,12 @@ def measured_record(
     if unusable:
         state, failure, stable = FAILED, unusable, False
     record = TrialRecord(
-        number,
-        config,
-        state,
-        metrics,
-        stable,
-        failure,
+        number=number,
+        config=config,
+        state=state,
+        metrics=metrics,
+        stable=stable,
+        failure=failure,
         unit=result.unit,
         time_s=measured_at,
         reason=reason,

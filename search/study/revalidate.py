@@ -110,7 +110,7 @@ _POOL = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Run:
     """What one re-validation run measured, as kept in the study (so that an interrupted
     re-validation resumes with the runs it had): its figures, its step times (and the times
@@ -129,15 +129,22 @@ class Run:
         m = result.measurement
         if result.state != COMPLETE or m is None:
             state = FAILED if result.state == COMPLETE else result.state
-            return cls(state, result.failure or "no measurement", {}, (), "", time_s)
+            return cls(
+                state=state,
+                failure=result.failure or "no measurement",
+                metrics={},
+                steps_ms=(),
+                throttle_reasons="",
+                time_s=time_s,
+            )
         return cls(
-            COMPLETE,
-            "",
-            trial_metrics(result, confidence),
-            tuple(float(x) for x in m.step_latencies_ms),
-            result.throttle_reasons,
-            time_s,
-            {k: tuple(float(x) for x in v) for k, v in m.phase_samples_ms.items()},
+            state=COMPLETE,
+            failure="",
+            metrics=trial_metrics(result, confidence),
+            steps_ms=tuple(float(x) for x in m.step_latencies_ms),
+            throttle_reasons=result.throttle_reasons,
+            time_s=time_s,
+            phases_ms={k: tuple(float(x) for x in v) for k, v in m.phase_samples_ms.items()},
         )
 
     def as_dict(self) -> dict:

@@ -218,16 +218,16 @@ def record_of(
         )
         stable, reason = verdict.stable, verdict.reason
     return TrialRecord(
-        trial.number,
-        attrs["config"],
-        state,
-        metrics,
-        stable,
-        failure,
-        attrs.get("mlflow_run_id") or synced.get(f"{SYNCED_RUN_PREFIX}{trial.number}"),
-        attrs.get("unit", "items"),
-        time_s,
-        reason,
+        number=trial.number,
+        config=attrs["config"],
+        state=state,
+        metrics=metrics,
+        stable=stable,
+        failure=failure,
+        run_id=attrs.get("mlflow_run_id") or synced.get(f"{SYNCED_RUN_PREFIX}{trial.number}"),
+        unit=attrs.get("unit", "items"),
+        time_s=time_s,
+        reason=reason,
     )
 
 

@@ -104,7 +104,13 @@ def test_regimes_follow_the_roofline_and_the_batch_doubling():
 
 def record(number: int, batch: int, micro: int, throughput: float) -> TrialRecord:
     config = {"batch_size": batch, "micro_batch_size": micro, "precision": "fp32"}
-    return TrialRecord(number, config, COMPLETE, {"throughput": throughput}, True)
+    return TrialRecord(
+        number=number,
+        config=config,
+        state=COMPLETE,
+        metrics={"throughput": throughput},
+        stable=True,
+    )
 
 
 def test_the_pair_is_the_same_configuration_with_each_pass_twice_as_large():

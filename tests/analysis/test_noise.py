@@ -207,7 +207,9 @@ def test_max_cv_stays_an_optional_absolute_cap():
     machine = Machine(between_cv=0.0, drift=0.0, seed=8)
     floor = _controls(machine)
     _, run = machine.run(2000.0, step_cv=0.03, settings=LONG)
-    capped = StableSettings(0.01, 0.10, 0.01, 0.05, max_cv=run.cv / 2)
+    capped = StableSettings(
+        alpha=0.01, excess_cv=0.10, excess_stalls=0.01, excess_between_cv=0.05, max_cv=run.cv / 2
+    )
     assert judge(run, floor, STABLE).stable
     assert judge(run, floor, capped).reason.startswith("max_cv")
 
@@ -355,7 +357,9 @@ def test_without_a_control_only_the_absolute_checks_judge():
     # 10% stalls, 30% window CV
     run = RunFigures(time_s=0.0, throughput=100.0, cv=0.3, n_windows=10, n_steps=100, stalls=10)
     assert judge(run, NoiseFloor.estimate([]), STABLE).stable
-    capped = StableSettings(0.01, 0.10, 0.01, 0.05, max_cv=0.2)
+    capped = StableSettings(
+        alpha=0.01, excess_cv=0.10, excess_stalls=0.01, excess_between_cv=0.05, max_cv=0.2
+    )
     assert judge(run, NoiseFloor.estimate([]), capped).reason.startswith("max_cv")
 
 

@@ -19,11 +19,16 @@ LLM = ("throughput", "latency_p95_ms", "peak_memory_mb")
 
 
 def samples(throughputs, latency_ms=20.0, memory_mb=60.0):
-    return Samples(list(throughputs), [latency_ms] * 40, {}, memory_mb)
+    return Samples(
+        window_throughputs=list(throughputs),
+        step_latencies_ms=[latency_ms] * 40,
+        phase_samples_ms={},
+        peak_memory_mb=memory_mb,
+    )
 
 
 def test_a_front_better_in_every_objective_puts_a_configuration_out_of_reach():
-    race = Race(LLM, ((100.0, 10.0, 50.0),), 0.95)
+    race = Race(objectives=LLM, front=((100.0, 10.0, 50.0),), confidence=0.95)
     slow = samples([50.0, 51.0, 49.0, 50.5, 49.5])
     assert out_of_reach(race, slow)
     # less memory than the front: it can still be on the front, whatever its throughput
@@ -31,24 +36,48 @@ def test_a_front_better_in_every_objective_puts_a_configuration_out_of_reach():
     # an interval that reaches the front's lower bound is not out of reach
     assert not out_of_reach(race, samples([80.0, 120.0, 60.0, 110.0, 90.0]))
     # no front yet: nothing to race against
-    assert not out_of_reach(Race(LLM, (), 0.95), slow)
+    assert not out_of_reach(Race(objectives=LLM, front=(), confidence=0.95), slow)
 
 
 def test_the_between_run_spread_widens_the_best_case():
     tight = samples([95.0] * 5)
-    assert out_of_reach(Race(LLM, ((100.0, 10.0, 50.0),), 0.95), tight)
+    assert out_of_reach(Race(objectives=LLM, front=((100.0, 10.0, 50.0),), confidence=0.95), tight)
     # one run's mean may land 10% away from the level in a fresh process: 95 may be 104.5
-    assert not out_of_reach(Race(LLM, ((100.0, 10.0, 50.0),), 0.95, math.log(1.1)), tight)
+    assert not out_of_reach(
+        Race(
+            objectives=LLM, front=((100.0, 10.0, 50.0),), confidence=0.95, between_rel=math.log(1.1)
+        ),
+        tight,
+    )
 
 
 def test_the_best_case_of_a_latency_quantile_is_a_lower_bound_of_it():
-    race = Race(LLM, (), 0.95)
+    race = Race(objectives=LLM, front=(), confidence=0.95)
     latencies = list(np.linspace(10.0, 30.0, 40))
-    best = best_case(race, Samples([100.0, 101.0], latencies, {}, 60.0))
+    best = best_case(
+        race,
+        Samples(
+            window_throughputs=[100.0, 101.0],
+            step_latencies_ms=latencies,
+            phase_samples_ms={},
+            peak_memory_mb=60.0,
+        ),
+    )
     assert best[1] < np.percentile(latencies, 95) and best[1] in latencies
     assert best[2] == 60.0
     # without a memory reading there is no best case, so nothing is screened
-    assert best_case(race, Samples([100.0, 101.0], latencies, {}, None)) is None
+    assert (
+        best_case(
+            race,
+            Samples(
+                window_throughputs=[100.0, 101.0],
+                step_latencies_ms=latencies,
+                phase_samples_ms={},
+                peak_memory_mb=None,
+            ),
+        )
+        is None
+    )
 
 
 def test_a_quantile_lower_bound_covers_the_true_quantile():
@@ -151,7 +180,7 @@ def test_a_worker_stops_a_configuration_the_front_dominates(front, screened):
         device="cpu",
         seed=0,
         measure=LONG,
-        race=Race(LLM, front, 0.95),
+        race=Race(objectives=LLM, front=front, confidence=0.95),
         fidelity=False,
         count=False,
     )

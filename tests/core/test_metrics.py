@@ -53,7 +53,14 @@ def measured(metrics_extra=None) -> TrialRecord:
         "requests_per_s_ci_low": 37.5,
         **(metrics_extra or {}),
     }
-    return TrialRecord(3, {"batch_size": 8}, COMPLETE, metrics, True, unit="tokens")
+    return TrialRecord(
+        number=3,
+        config={"batch_size": 8},
+        state=COMPLETE,
+        metrics=metrics,
+        stable=True,
+        unit="tokens",
+    )
 
 
 @pytest.mark.parametrize("name", list(METRICS))

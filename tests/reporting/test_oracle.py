@@ -14,7 +14,13 @@ def record(number, precision, batch, low, stable=True, p95=10.0, state=COMPLETE)
         "latency_p95_ms": p95,
     }
     config = {"precision": precision, "batch_size": batch}
-    return TrialRecord(number, config, state, metrics if state == COMPLETE else {}, stable)
+    return TrialRecord(
+        number=number,
+        config=config,
+        state=state,
+        metrics=metrics if state == COMPLETE else {},
+        stable=stable,
+    )
 
 
 HISTORY = [

@@ -31,7 +31,13 @@ def _record(
         "latency_p95_ms_ub": p95,
     }
     return TrialRecord(
-        number, {"batch_size": number}, "complete", metrics, stable, unit="tokens", reason=reason
+        number=number,
+        config={"batch_size": number},
+        state="complete",
+        metrics=metrics,
+        stable=stable,
+        unit="tokens",
+        reason=reason,
     )
 
 

@@ -46,7 +46,9 @@ def test_quantile_upper_bound_is_the_maximum_when_samples_are_too_few():
 
 
 TIMES = (1.0, 2.0, 3.0)
-STABLE = StableSettings(0.01, 0.10, 0.01, 0.05, None)
+STABLE = StableSettings(
+    alpha=0.01, excess_cv=0.10, excess_stalls=0.01, excess_between_cv=0.05, max_cv=None
+)
 
 
 def test_pool_keeps_every_run_and_the_process_means():
@@ -122,7 +124,10 @@ def test_a_run_that_throttled_makes_the_candidate_unstable():
 
 
 def test_every_candidate_is_measured_k_times_in_an_interleaved_order():
-    candidates = [TrialRecord(n, {"batch_size": n}, COMPLETE, {}, True) for n in (1, 2, 3)]
+    candidates = [
+        TrialRecord(number=n, config={"batch_size": n}, state=COMPLETE, metrics={}, stable=True)
+        for n in (1, 2, 3)
+    ]
     order = []
     pooled = revalidate(
         candidates,
@@ -155,7 +160,14 @@ def test_an_interrupted_revalidation_keeps_its_runs_and_resumes_with_them():
 
     study = optuna.create_study(directions=["maximize"])
     candidates = [
-        TrialRecord(n, {"batch_size": n}, COMPLETE, {"throughput": 100.0}, True) for n in (1, 2)
+        TrialRecord(
+            number=n,
+            config={"batch_size": n},
+            state=COMPLETE,
+            metrics={"throughput": 100.0},
+            stable=True,
+        )
+        for n in (1, 2)
     ]
     measured = []
 

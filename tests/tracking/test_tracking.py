@@ -24,11 +24,11 @@ from search.tracking.connection import NETWORK_LIMITS, limit_network
 from search.tracking.tracker import Tracker
 
 RECORD = TrialRecord(
-    3,
-    {"batch_size": 8, "precision": "bf16"},
-    "complete",
-    {"throughput": 100.0, "throughput_ci_low": 90.0},
-    True,
+    number=3,
+    config={"batch_size": 8, "precision": "bf16"},
+    state="complete",
+    metrics={"throughput": 100.0, "throughput_ci_low": 90.0},
+    stable=True,
     unit="tokens",
 )
 
