@@ -1,9 +1,9 @@
 """What a fresh trial worker costs to start, by start method.
 
 Every trial runs in a fresh process (``search/execution/isolation.py``). This times, for each start
-method, the
-moment ``Process.start()`` is called until the new process has what a trial worker imports
-(``search.execution.worker``, and with it torch, numpy, scipy and Hydra) and answers through a pipe:
+method, the moment ``Process.start()`` is called until the new process has what a trial worker
+imports (``search.execution.worker``, and with it torch, numpy, scipy and Hydra) and answers through
+a pipe:
 
 * ``spawn``: a new interpreter that imports everything itself;
 * ``forkserver``: forked from a server that imported it once (what ``isolation.worker_context`` uses);

@@ -1,2 +1,2 @@
-"""Judging measurements: the machine's noise floor, stability, the Pareto front, racing, the
-regime."""
+"""Judging measurements: the machine's noise floor and its drift, stability, the Pareto front,
+racing, the regime."""

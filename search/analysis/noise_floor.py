@@ -89,8 +89,8 @@ class RunFigures:
     step_s: float = 0.0
     """Mean step time, s (0.0 where unknown: steps then count as equally long)."""
     device: str = ""
-    """Which device measured it, for control runs (``telemetry.device_label``: host, GPU index and
-    UUID); '' where unknown."""
+    """Which device measured it, for control runs (host, GPU index and UUID, as
+    ``search.measurement.environment.device_label`` names it); '' where unknown."""
 
     @property
     def steps_time_s(self) -> float:

@@ -157,8 +157,8 @@ def assess(
 ) -> tuple[dict[str, float], Verdict]:
     """One run's stored figures with its throughput interval spanning runs (and corrected for
     drift where the floor says so), and its stability verdict against the control; ``device``
-    (``telemetry.device_label``) picks the drift line and control runs of the device that
-    measured it."""
+    (``search.measurement.environment.device_label``) picks the drift line and control runs of the
+    device that measured it."""
     run = replace(RunFigures.of(metrics, time_s), device=device)
     # The run's own interval, as measured (not corrected for drift). A trial stored before the
     # noise floor has it under the spanning names.

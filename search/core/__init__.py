@@ -1,1 +1,1 @@
-"""The plain values every layer shares: errors, a trial's record, the metric registry."""
+"""The plain values every layer shares: errors, a trial's record, the metric and knob registries."""

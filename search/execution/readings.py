@@ -70,7 +70,8 @@ def telemetry_metrics(windows, items_per_window: int, confidence: float) -> dict
             out[key] = float(reduce(known))
     if any(hasattr(w, "throttled") for w in windows):
         out["throttled"] = float(any(getattr(w, "throttled", False) for w in windows))
-        # Holding the board's power limit is reported, not held against stability (gpu_telemetry).
+        # Holding the board's power limit is reported, not held against stability
+        # (search.measurement.nvml).
         out["power_capped"] = float(
             np.mean(["sw_power_cap" in getattr(w, "throttle_reasons", ()) for w in windows])
         )

@@ -1,4 +1,4 @@
-"""Run one trial: build the workload with its knobs on the device, measure it, classify faults.
+"""Run one trial: build the workload with its knobs on the device, measure it, type its faults.
 
 A trial's faults are data, not crashes: a knob the workload or device cannot run is ``infeasible``;
 otherwise a fault is ``failed`` with a one-line reason that starts with its kind (``FAULT_KINDS``):

@@ -1,8 +1,8 @@
 """What the device and host report: peak memory of a trial, and the environment of a run.
 
-NVML finds the device through ``gpu_telemetry.nvml_handle``, as the energy windows do, so these
-readings describe the GPU that runs the trials even under CUDA_VISIBLE_DEVICES. Every NVML query
-tolerates a missing driver or an unsupported query: the value is left out, never invented.
+NVML finds the device through ``search.measurement.nvml.nvml_handle``, as the energy windows do, so
+these readings describe the GPU that runs the trials even under CUDA_VISIBLE_DEVICES. Every NVML
+query tolerates a missing driver or an unsupported query: the value is left out, never invented.
 """
 
 from __future__ import annotations

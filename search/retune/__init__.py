@@ -1,4 +1,4 @@
-"""Nightly re-tuning: re-measure the last recommendation, search a little, give a verdict.
+"""Nightly re-tuning's parts: the reference step, confirmation, comparison, verdict and report.
 
 Did the model get slower, do the old best settings still hold, did the optimum move? Every tuning
 and re-tune ends by confirming its recommendation in fresh runs made after it was chosen, each

@@ -135,7 +135,8 @@ class StudyDriver:
         self.control, self.on_control = control, on_control
         self.warn = warn or (lambda line: None)
         self.where = where
-        """The device that measures, as figures name it (``telemetry.device_label``)."""
+        """The device that measures, as figures name it
+        (``search.measurement.environment.device_label``)."""
         self.shared_cpu = False
         """Whether another process of this machine was seen measuring on its CPU at once."""
         self.control_s = 0.0
@@ -144,7 +145,7 @@ class StudyDriver:
         """Time spent measuring the configurations of this invocation's trials, s."""
         self.control_runs = 0
         self.session = f"{owner()['host']}-{owner()['pid']}-{time.time():.0f}"
-        """This invocation, as its control runs name it (``search.analysis.noise_floor``
+        """This invocation, as its control runs name it (``search.analysis.drift.split_sessions``
         sessions)."""
 
     def run_control(self) -> TrialResult | None:

@@ -4,8 +4,8 @@ A trial's figures live in its user attributes (Optuna's values hold only what it
 
 - ``config``: the knob values; ``fingerprint``: workload, device and torch it was measured under;
 - ``state`` (``COMPLETE``, ``FAILED``, ``INFEASIBLE``) and ``failure`` (one line);
-- ``metrics``: every figure (``search.execution.figures.trial_metrics``); ``unit``: what throughput
-counts;
+- ``metrics``: every figure (``search.execution.figures.trial_metrics``); ``unit``: what
+  throughput counts;
 - ``memory_limit_mb``, ``stderr_tail`` (faults), ``owner`` (see liveness); ``mlflow_run_id`` on
   trials of older versions, which logged to MLflow before telling Optuna;
 - ``measured_at``: when its measurement ended (s since the epoch; the noise floor's clock);
@@ -15,8 +15,7 @@ A trial cannot change once told, so what is learned later is kept on the study: 
 trial, logged after it was told, by the run or by ``sync`` (``mlflow_run:<number>``), re-validated
 figures (``revalidated:<fingerprint>:<number>``), and the control runs that measure the machine's
 noise (``control:<fingerprint>:...``); those two are ``search.study.repeat_runs``'s. Writes are
-retried while the storage fails (``search.study.retried_writes``). Optuna is used here, by
-``search.study.driver`` and by ``search.study.liveness``.
+retried while the storage fails (``search.study.retried_writes``).
 """
 
 from __future__ import annotations
@@ -77,7 +76,7 @@ def store_measured(
     """Keep a measured trial's record in its user attrs and tell it: COMPLETE with ``values`` and
     ``constraints`` (``pareto.constraint_values``), else FAIL. ``stored_metrics``: the run's own
     figures, kept instead of the record's (which may span runs or be corrected for drift:
-    ``search.analysis.noise_floor.assess`` derives those again when read).
+    ``search.analysis.stability.assess`` derives those again when read).
 
     Writes are retried while the storage fails (``retried``); when every attempt fails, the
     measurement goes to ``runs_dir/unsaved.jsonl`` (``sync`` adds it to the study) and
@@ -200,7 +199,7 @@ def record_of(
     trial: FrozenTrial, floor: NoiseFloor, settings: Settings, synced: Mapping[str, Any]
 ) -> TrialRecord:
     """The record of a stored trial: its interval spanning runs and its stability judged now,
-    against ``floor``, from the stored figures (``search.analysis.noise_floor.assess``)."""
+    against ``floor``, from the stored figures (``search.analysis.stability.assess``)."""
     attrs = trial.user_attrs
     metrics, stable, reason, time_s = attrs["metrics"], False, "", _time_s(trial)
     state, failure = attrs["state"], attrs.get("failure", "")

@@ -123,9 +123,8 @@ class ServingWorkload(abc.ABC):
     One step serves one batch: the prompts are split into micro-batches, each prefilled and then
     decoded token by token on its lane (``search.execution.serving``). Time to first token is
     measured from the start of the step (every request of the batch arrives then) to the end of its
-    micro-batch's
-    prefill; time per output token over the rest of its generation. Throughput counts generated
-    tokens. Subclasses implement four methods.
+    micro-batch's prefill; time per output token over the rest of its generation. Throughput counts
+    generated tokens. Subclasses implement four methods.
     """
 
     task: str = "serve"

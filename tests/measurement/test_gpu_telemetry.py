@@ -69,7 +69,7 @@ class FakeDevice:
 
 
 class FakeNvml:
-    """Shaped like pynvml: the functions GpuMonitor and telemetry.py call, errors and constants."""
+    """Shaped like pynvml: the functions GpuMonitor and search.measurement call, errors and constants."""
 
     NVMLError = NVMLError
     NVMLError_NotSupported = NVMLError_NotSupported
@@ -444,7 +444,7 @@ def test_a_device_nvml_does_not_have_makes_the_monitor_unavailable():
 
 
 def nvml_readings_of(monkeypatch, *devices: FakeDevice) -> FakeNvml:
-    """telemetry.py imports pynvml itself: give it the stand-in, on an idle host and CPU."""
+    """search.measurement imports pynvml itself: give it the stand-in, on an idle host and CPU."""
     nvml = FakeNvml(*devices)
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
