@@ -194,7 +194,7 @@ def test_heavy_tailed_steps_ci_covers_the_true_throughput():
     # gives. Given the window's stall count K ~ Binomial(n, 0.02), S is Normal(10n + 40K, 1.5^2 n).
     # Windows vary by about 8%, so most runs take 20-30 windows. Over 2000 seeds this covers 94.0%;
     # a plain t-interval and stop rule covered 90.8%, at the edge, missing mostly runs that
-    # stopped early after seeing few stalls (see measure.py).
+    # stopped early after seeing few stalls (see search.measurement.statistics).
     p_stall, covered, truths = 0.02, [], {}
 
     def draw_ms(rng, now_s):
