@@ -356,12 +356,15 @@ def test_a_retune_says_same_regression_or_moved_and_exits_accordingly(tmp_path):
     assert 0.55 < float(verdict.split("best ")[1].split("x")[0]) < 0.9, verdict
     assert "changed: workload: fingerprint" in slower.stdout
 
-    # Still 1.5 times the work, but bf16 now does half of it: the optimum moves to bf16.
+    # 1.2 times the work, and bf16 now does half of it: the optimum moves to bf16, and today's
+    # best (0.6 units) is surely not slower than the baseline's (fp32 at 0.75). At equal work it
+    # was: autocast costs bf16 about 5% of this step, and the re-tune once read that, rightly, as
+    # REGRESSION (0.946x [0.802, 0.963]), which outranks MOVED.
     moved = search(
         "retune",
         *SPACE,
         "retune.n_trials=3",
-        "space.workload.factor=1.5",
+        "space.workload.factor=1.2",
         "space.workload.fast=bf16",
         runs_dir=runs_dir,
     )
