@@ -36,7 +36,7 @@ TINY_GPT = {
     "n_heads": 2,
 }
 """A workload mapping for tests that build a trial request themselves (a step of a few ms)."""
-KNOBS = {"batch_size", "micro_batch_size", "precision", "streams", "recompute"}
+KNOBS = {"batch_size", "micro_batch_size", "precision", "streams", "recompute", "compile"}
 CONTRACT_METRICS = {
     "throughput",
     "throughput_ci_low",

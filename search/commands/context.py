@@ -7,10 +7,12 @@ adds up the wall time those steps take, for the time budget (docs/method/time.md
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -114,7 +116,14 @@ class Context:
             measure=s.measure,
             timeout_s=s.runner.timeout_s,
             memory_limit_mb=s.runner.memory_limit_mb,
+            compile_cache_dir=str(self.compile_cache_dir()),
         )
+
+    def compile_cache_dir(self) -> Path:
+        """The compiler's cache of this device, under ``runs_dir``: every study on it shares it, and
+        another device (another GPU model, a CPU) keeps its own."""
+        device = f"{self.env.get('device_name', '')}-{self.device}"
+        return Path(self.settings.runs_dir) / "compile-cache" / re.sub(r"[^\w.-]+", "_", device)
 
 
 def sync_command() -> str:

@@ -14,6 +14,7 @@ from search.commands.revalidation import revalidate_front
 from search.config.compose import redact
 from search.core.records import COMPLETE, TrialRecord
 from search.reporting import results
+from search.reporting.compiled import compile_lines
 from search.reporting.oracle import oracle, oracle_lines, oracle_values, write_oracle_plot
 from search.reporting.report import (
     front_cells,
@@ -84,10 +85,16 @@ def finish(ctx: Context, driver: StudyDriver, outcome: StudyOutcome, tracker: Tr
     unit = history[0].unit if history else "items"
     _print_front(ctx, front, best, unit, diagnoses)
     regimes = _regime_lines(diagnoses, best)
-    for line in regimes:
+    compiling = compile_lines(final, best, done, floor)
+    for line in regimes + compiling:
         out.print(line, markup=False)
     oracle_text = _print_oracle(ctx, tracker, final, unit, study_dir)
-    sections = {"The machine's noise": noise, "Regimes": regimes, "Oracle": oracle_text}
+    sections = {
+        "The machine's noise": noise,
+        "Regimes": regimes,
+        "Compilation": compiling,
+        "Oracle": oracle_text,
+    }
     title = f"{outcome.study_name} on {ctx.env['device_name']}"
     description = _write_summary(
         ctx, tracker, study_dir, title, front, best, unit, diagnoses, sections

@@ -22,6 +22,7 @@ __all__ = [
     "NUMERIC_KNOBS",
     "SHORT_LABELS",
     "TASKS",
+    "UNLABELLED",
     "knob_names",
 ]
 
@@ -45,6 +46,9 @@ class Knob:
     fidelity check must compare the configuration with the fp32 reference."""
     description: str
     """What it sets, in a sentence or two."""
+    unlabelled: object = None
+    """A value a configuration's label leaves out (the plain step's, where showing it on every
+    label would be noise); None: every value is shown (a false flag never is)."""
 
 
 KNOBS: tuple[Knob, ...] = (
@@ -87,6 +91,16 @@ KNOBS: tuple[Knob, ...] = (
         description="Recompute the activations of ``workload.recompute_modules()`` in backward "
         "instead of keeping them (serving has no backward pass).",
     ),
+    Knob(
+        name="compile",
+        short="compile:",
+        tasks=("train", "serve"),
+        changes_numerics=True,
+        description="off | default | reduce-overhead (CUDA only) | max-autotune: "
+        "``torch.compile``'s mode for the step's function (the training loss, the serving "
+        "forward); compiled before the timed windows, its compile time kept apart.",
+        unlabelled="off",
+    ),
 )
 """Every generic knob, in the order a configuration lists them."""
 
@@ -98,6 +112,11 @@ NUMERIC_KNOBS: tuple[str, ...] = tuple(knob.name for knob in KNOBS if knob.chang
 
 SHORT_LABELS: dict[str, str] = {knob.name: knob.short for knob in KNOBS if knob.short is not None}
 """The knobs a configuration's label abbreviates, with the prefix put before the value."""
+
+UNLABELLED: dict[str, object] = {
+    knob.name: knob.unlabelled for knob in KNOBS if knob.unlabelled is not None
+}
+"""The knobs whose plain value a configuration's label leaves out, with that value."""
 
 
 def knob_names(task: str) -> tuple[str, ...]:

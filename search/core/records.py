@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from search.core.knobs import SHORT_LABELS
+from search.core.knobs import SHORT_LABELS, UNLABELLED
 
 __all__ = [
     "COMPLETE",
@@ -75,10 +75,13 @@ def config_name(config: Mapping[str, Any]) -> str:
     """A configuration in a few characters, as MLflow's runs list shows it: ``bs32·mb8·bf16·s2``.
 
     Generic sizes abbreviated (``bs``, ``mb``, ``s``), a string value alone (``bf16``), a true
-    flag by its name (``recompute``) and a false one left out, any other value as ``name=value``.
+    flag by its name (``recompute``) and a false one left out, a knob at its plain value left
+    out where the registry says so (``compile`` off), any other value as ``name=value``.
     """
     parts = []
     for name, value in config.items():
+        if name in UNLABELLED and value == UNLABELLED[name]:
+            continue
         if name in SHORT_LABELS:
             parts.append(f"{SHORT_LABELS[name]}{value}")
         elif isinstance(value, bool):

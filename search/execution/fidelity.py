@@ -1,10 +1,11 @@
 """Fidelity: a configuration that changes numerics must still compute the same step.
 
-Lower precision, concurrent lanes, recompute and caches change *how* a step is computed, not *what*
-it computes, unless the numerics break (fp16 overflow, bf16 cancellation, a cache read at the wrong
-position). For a training step ``check_fidelity`` runs one accumulation pass of a configuration and
-one of the fp32 reference on the same micro-batches and the same initial weights, and compares the
-loss and every parameter's gradient norm within the tolerance of the configuration's precision.
+Lower precision, concurrent lanes, recompute, compilation and caches change *how* a step is
+computed, not *what* it computes, unless the numerics break (fp16 overflow, bf16 cancellation, a
+cache read at the wrong position, a compiler that fuses wrongly). For a training step
+``check_fidelity`` runs one accumulation pass of a configuration and one of the fp32 reference on
+the same micro-batches and the same initial weights, and compares the loss and every parameter's
+gradient norm within the tolerance of the configuration's precision.
 For serving it generates the batch with the workload's reference (``ServingWorkload.reference``,
 e.g. without a cache) in fp32, then runs the configuration on the same prompts decoding the
 reference's tokens (teacher forcing), and compares the logits of every generated position.
@@ -312,8 +313,10 @@ def _rel_error(value: float, reference: float, floor: float = 0.0) -> float:
 
 def _describe(knobs: Knobs) -> str:
     """The precision, plus whatever else sets the configuration apart from the reference."""
-    extras = ([f"{knobs.streams} lanes"] if knobs.streams > 1 else []) + (
-        ["recompute"] if knobs.recompute else []
+    extras = (
+        ([f"{knobs.streams} lanes"] if knobs.streams > 1 else [])
+        + (["recompute"] if knobs.recompute else [])
+        + ([f"compile={knobs.compile}"] if knobs.compile != "off" else [])
     )
     return knobs.precision + (f" ({', '.join(extras)})" if extras else "")
 

@@ -1,8 +1,8 @@
 """Generic knobs: *how* any workload's training step executes.
 
 A ``Workload`` says what one step computes; ``Knobs`` choose how it runs (batch split, precision,
-concurrent lanes, activation recompute); ``TrainStep`` builds everything once and then runs one
-optimizer step per call, so that calling it measures only the step.
+concurrent lanes, activation recompute, compilation); ``TrainStep`` builds everything once and then
+runs one optimizer step per call, so that calling it measures only the step.
 
 Which knobs there are, for which tasks, is the registry ``search.core.knobs``; this module holds
 the code that applies them: a ``Knobs`` field each, the values a space may give it
@@ -27,6 +27,13 @@ from torch.utils.checkpoint import checkpoint
 
 from search.core.errors import KnobError
 from search.core.knobs import NUMERIC_KNOBS
+from search.execution.compiling import (
+    COMPILE_MODES,
+    CompileStats,
+    compile_unsupported,
+    compiled,
+    warm_up,
+)
 from search.workloads.base import Batch, ServingWorkload, Workload, is_counting
 
 __all__ = [
@@ -46,7 +53,7 @@ __all__ = [
 ]
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
-KNOB_CHOICES: dict[str, tuple[str, ...]] = {"precision": PRECISIONS}
+KNOB_CHOICES: dict[str, tuple[str, ...]] = {"precision": PRECISIONS, "compile": COMPILE_MODES}
 """The values a knob that is a choice of names may take, by knob name."""
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -83,6 +90,9 @@ class Knobs:
     recompute: bool = False
     """Recompute the activations of ``workload.recompute_modules()`` in backward instead of keeping
     them."""
+    compile: str = "off"
+    """off | default | reduce-overhead (CUDA only) | max-autotune: ``torch.compile``'s mode for the
+    step's function (``search.execution.compiling``)."""
 
     def __post_init__(self) -> None:
         if not (isinstance(self.batch_size, int) and self.batch_size >= 1):
@@ -96,6 +106,8 @@ class Knobs:
             )
         if self.precision not in PRECISIONS:
             raise KnobError(f"`precision` must be one of {PRECISIONS}, but got {self.precision!r}.")
+        if self.compile not in COMPILE_MODES:
+            raise KnobError(f"`compile` must be one of {COMPILE_MODES}, but got {self.compile!r}.")
         if not 1 <= self.streams <= self.n_micro_batches:
             raise KnobError(
                 f"`1 <= streams <= batch_size / micro_batch_size` must hold (every lane needs a "
@@ -165,6 +177,7 @@ def _precision_unsupported(value: object, device: torch.device) -> str | None:
 
 _DEVICE_REFUSALS: dict[str, Callable[[object, torch.device], str | None]] = {
     "precision": _precision_unsupported,
+    "compile": compile_unsupported,
 }
 """Why a device cannot run a knob's value (None: it can), for the knobs that depend on the
 device."""
@@ -214,6 +227,17 @@ class TrainStep:
         self._cuda_streams = [s for s in self._streams if s is not None]
         self._previous_matmul_precision = torch.get_float32_matmul_precision()
         self._pool = ThreadPoolExecutor(knobs.streams, thread_name_prefix="lane")
+        self._loss = compiled(workload.loss, knobs.compile)
+        self.compile_stats: CompileStats | None = None
+        """What compiling took (``compile`` on); None when the step runs eagerly."""
+        if knobs.compile != "off":
+            # One accumulation pass compiles forward and backward; its gradients are dropped by
+            # the next pass's zero_grad, and no optimizer step is taken, so weights stay as built.
+            try:
+                self.compile_stats = warm_up(self._accumulate, knobs.compile, device)
+            except BaseException:
+                self.close()  # no `with` block will: the constructor did not return
+                raise
 
     def __call__(self) -> None:
         """One full optimizer step. On CUDA it does not synchronize, so the caller can time it.
@@ -289,7 +313,9 @@ class TrainStep:
                     enabled=self._autocast_dtype is not None,
                     cache_enabled=self.knobs.streams == 1,
                 ):
-                    loss = self.workload.loss(self.model, batch) / self.knobs.n_micro_batches
+                    # Work is counted on the eager function: the counters see every operator.
+                    loss_fn = self.workload.loss if is_counting() else self._loss
+                    loss = loss_fn(self.model, batch) / self.knobs.n_micro_batches
                 scaled = loss if self._grad_scaler is None else self._grad_scaler.scale(loss)
                 scaled.backward()
                 losses.append(loss.detach())

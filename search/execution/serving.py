@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from search.core.knobs import GENERIC_KNOBS, knob_names
+from search.execution.compiling import CompileStats, compiled, warm_up
 from search.execution.knobs import (
     AUTOCAST_DTYPES,
     MATMUL_PRECISIONS,
@@ -34,7 +35,7 @@ from search.execution.knobs import (
     make_streams,
     refuse_unsupported,
 )
-from search.workloads.base import ServingWorkload
+from search.workloads.base import ServingWorkload, is_counting
 
 __all__ = ["Generated", "Mark", "PHASES", "ServeStep"]
 
@@ -95,6 +96,21 @@ class ServeStep:
         self._previous_matmul_precision = torch.get_float32_matmul_precision()
         self._pool = ThreadPoolExecutor(knobs.streams, thread_name_prefix="lane")
         self._marks: list[tuple[Mark, list[tuple[Mark, Mark]]]] = []
+        self._forward = compiled(workload.forward, knobs.compile)
+        self.compile_stats: CompileStats | None = None
+        """What compiling took (``compile`` on); None when the step runs eagerly."""
+        if knobs.compile != "off":
+            self._compile(knobs.compile)
+
+    def _compile(self, mode: str) -> None:
+        """Serve the batch once, untimed: prefill and every decoding length compile here (a new
+        length may recompile until the compiler makes it dynamic)."""
+        try:
+            self.compile_stats = warm_up(self, mode, self.device)
+        except BaseException:
+            self.close()  # no `with` block will: the constructor did not return
+            raise
+        self._marks.clear()
 
     def __call__(self) -> None:
         """Serve the batch once. On CUDA it does not synchronize, so the caller can time it."""
@@ -168,6 +184,8 @@ class ServeStep:
         mine = range(lane, self.knobs.n_micro_batches, self.knobs.streams)
         size = self.knobs.micro_samples
         forced_lane = None if forced is None else [forced[i * size : (i + 1) * size] for i in mine]
+        # Work is counted on the eager function: the counters see every operator.
+        forward = self.workload.forward if is_counting() else self._forward
         with (
             torch.cuda.stream(stream) if stream is not None else nullcontext(),
             torch.inference_mode(),
@@ -184,16 +202,14 @@ class ServeStep:
             kept: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []
             for i, prompts in enumerate(self._lane_prompts[lane]):
                 prompts = prompts.to(self.device, non_blocking=True)
-                logits, state = self.workload.forward(self.model, prompts, None)
+                logits, state = forward(self.model, prompts, None)
                 tokens.append(self._next(logits, forced_lane, i, 0))
                 firsts.append(self._mark())
                 states.append(state)
                 kept.append(([tokens[i]], [logits.float()]) if record else ([], []))
             for position in range(1, self.gen_len):
                 for i in range(len(states)):
-                    logits, states[i] = self.workload.forward(
-                        self.model, tokens[i][:, None], states[i]
-                    )
+                    logits, states[i] = forward(self.model, tokens[i][:, None], states[i])
                     tokens[i] = self._next(logits, forced_lane, i, position)
                     if record:
                         kept[i][0].append(tokens[i])

@@ -40,6 +40,9 @@ class TrialRequest:
     count: bool = True
     """Whether to count the step's FLOPs and bytes after the measurement
     (``search.analysis.diagnosis``); off where, as for ``fidelity``, it was counted already."""
+    compile_cache_dir: str | None = None
+    """Where the compiler keeps what it compiled (``compile`` on), so that a fresh process of the
+    same device reuses it; None: the compiler's own default."""
     race: Race | None = None
     """The front this configuration races against (``search.analysis.racing``): its measurement
     stops early, ``screened``, once it cannot reach it. None: measured to the full budget (repeat
@@ -76,3 +79,6 @@ class TrialResult:
     items_per_request: int | None = None
     """Items per request of a serving step (its generated tokens), for requests/s; None for a
     training step."""
+    compile: Mapping[str, float] = field(default_factory=dict)
+    """What compiling the step took (``compile_time_s``, graphs, breaks, recompiles, whether the
+    cache was warm: ``search.execution.compiling.CompileStats``); empty when it ran eagerly."""

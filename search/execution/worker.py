@@ -14,6 +14,7 @@ import time
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,6 +25,7 @@ from search.analysis.racing import Race, Samples, out_of_reach
 from search.core.errors import KnobError
 from search.core.knobs import GENERIC_KNOBS
 from search.core.records import COMPLETE, FAILED, INFEASIBLE
+from search.execution.compiling import read_stats, use_compile_cache
 from search.execution.faults import MemoryLimit, OnExceeded, classify, over_memory_limit
 from search.execution.fidelity import changes_numerics, check_fidelity
 from search.execution.knobs import Knobs, TrainStep
@@ -67,6 +69,8 @@ def run_trial(request: TrialRequest, on_memory_exceeded: OnExceeded | None = Non
             dict(request.workload), _convert_="all", _recursive_=False, **settings
         )
         unit = workload.unit
+        if request.compile_cache_dir and knobs.compile != "off":
+            use_compile_cache(Path(request.compile_cache_dir))
         _prime(device)
         probe = MemoryProbe(device)
         probe.start()
@@ -109,6 +113,8 @@ class _Measured:
     items_per_step: int
     items_per_request: int | None
     """Of a serving step; None for a training step."""
+    compile: dict[str, float]
+    """What compiling took (``CompileStats.metrics``); empty when the step ran eagerly."""
 
 
 def _measure(
@@ -126,6 +132,7 @@ def _measure(
             screen = _screen(request.race, probe, getattr(step, "items_per_request", None))
             measurement = measure(step, step.items_per_step, request.measure, timer, phases, screen)
             peak_mb = probe.peak_mb()
+            compiling = _compile_figures(step, measurement)
             # After the windows and the memory reading, as cheap as one more step or two
             work = _counted(step) if request.count else {}
     finally:
@@ -137,7 +144,16 @@ def _measure(
         windows=timer.windows,
         items_per_step=step.items_per_step,
         items_per_request=getattr(step, "items_per_request", None),
+        compile=compiling,
     )
+
+
+def _compile_figures(step: TrainStep | ServeStep, measurement: Measurement) -> dict[str, float]:
+    """What compiling the step took, read after the timed windows (their recompiles count) and
+    before the fidelity check compiles anew; empty when the step ran eagerly."""
+    if step.compile_stats is None:
+        return {}
+    return read_stats(step.compile_stats.first_pass_s).metrics(measurement.latency_mean_ms / 1e3)
 
 
 def _checked(
@@ -178,6 +194,7 @@ def _checked(
         fidelity=errors,
         work=measured.work,
         items_per_request=measured.items_per_request,
+        compile=measured.compile,
     )
 
 

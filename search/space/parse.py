@@ -173,7 +173,9 @@ def _parse_param(where: str, spec: Any) -> Param:
             )
         if len(set(map(repr, choices))) != len(choices):
             raise SpaceError(f"{where}: choices must be distinct, but got {list(choices)}")
-        return CategoricalParam(tuple(choices))
+        # One choice is nothing to search: the knob is fixed, as a plain value would be, so that
+        # a space can offer a knob (``compile``) whose other choices an override adds.
+        return FixedParam(choices[0]) if len(choices) == 1 else CategoricalParam(tuple(choices))
     return _parse_range(where, kind, spec)
 
 

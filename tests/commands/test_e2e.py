@@ -272,6 +272,39 @@ def test_small_space_is_exhausted_and_resumed_without_remeasuring(runs_dir):
     assert len(parents) == 2 and len(children) == 6
 
 
+def test_a_compile_the_platform_cannot_do_is_infeasible_and_the_study_completes(
+    runs_dir, monkeypatch
+):
+    # No C++ compiler, as every fresh worker sees it; batch 4 in one fp32 micro-batch, one lane,
+    # no recompute: the two configurations are compile off and default.
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    result = search(
+        "+space=llm",
+        "study.name=nocc",
+        "tracking.experiment=nocc",
+        "study.n_trials=2",
+        *TINY,
+        *LENIENT,
+        "space.params.batch_size.low=4",
+        "space.params.batch_size.high=4",
+        "space.params.micro_batch_size.low=4",
+        "space.params.precision.choices=[fp32]",
+        "space.params.streams.high=1",
+        "space.params.recompute.type=categorical",
+        "+space.params.recompute.choices=[false]",
+        "space.params.compile.choices=[off,default]",
+        runs_dir=runs_dir,  # its compiler cache is empty: no other test here compiles
+    )
+    study = optuna.load_study(study_name="nocc", storage=f"sqlite:///{runs_dir}/optuna.db")
+    by_mode = {t.user_attrs["config"]["compile"]: t.user_attrs for t in measured(study)}
+    assert by_mode["off"]["state"] == "complete"
+    assert by_mode["default"]["state"] == "infeasible"
+    assert by_mode["default"]["failure"].startswith("compile=default cannot compile this step: ")
+    assert "C++ compiler" in by_mode["default"]["failure"]
+    assert "this run: 2 measured (1 complete" in result.stdout  # and it ended well: exit 0
+    assert "Pareto-optimal stable configurations" in result.stdout
+
+
 def test_readme_user_workload_example(runs_dir):
     example = REPO / "examples" / "user_workload"
     result = search(

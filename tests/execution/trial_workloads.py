@@ -78,6 +78,46 @@ class Segfaults(Wide):
         os.kill(os.getpid(), signal.SIGSEGV)
 
 
+class Small(Workload):
+    """Two small layers: a compile of forward and backward takes seconds."""
+
+    def build_model(self):
+        return nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 1))
+
+    def make_batch(self, size, generator):
+        return torch.randn(size, 8, generator=generator), torch.randn(size, 1, generator=generator)
+
+    def loss(self, model, batch):
+        x, y = batch
+        return nn.functional.mse_loss(model(x), y)
+
+
+class MiscompiledSmall(Small):
+    """Computes another loss when compiled: what a compiler bug looks like from outside."""
+
+    def loss(self, model, batch):
+        scale = 1.5 if torch.compiler.is_compiling() else 1.0
+        return super().loss(model, batch) * scale
+
+
+class BreaksEverywhere(Small):
+    """Nine graph breaks in one step, one more than ``MAX_GRAPH_BREAKS``: a storm. They come before
+    any operator, so the compiler has a single small graph to make."""
+
+    def loss(self, model, batch):
+        # In a row, not in a loop: a break inside a loop makes dynamo run the whole frame eagerly.
+        torch._dynamo.graph_break()
+        torch._dynamo.graph_break()
+        torch._dynamo.graph_break()
+        torch._dynamo.graph_break()
+        torch._dynamo.graph_break()
+        torch._dynamo.graph_break()
+        torch._dynamo.graph_break()
+        torch._dynamo.graph_break()
+        torch._dynamo.graph_break()
+        return super().loss(model, batch)
+
+
 def request(workload: dict, **knobs) -> TrialRequest:
     return TrialRequest(
         workload=workload, config={"batch_size": 4, **knobs}, device="cpu", seed=0, measure=QUICK

@@ -1,0 +1,89 @@
+"""The ``compile`` knob: refused where the device cannot run it, compiled before the timed windows
+with its cost kept, and held to the eager step's numerics.
+
+The compiled workloads here are a few small layers, so a cold compile takes seconds; the compiler's
+cache (its default place) makes a second run of the suite faster still.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+import torch._dynamo
+from trial_workloads import BreaksEverywhere, MiscompiledSmall, Small, request, target
+
+from search.core.errors import KnobError
+from search.core.records import COMPLETE, INFEASIBLE, config_name
+from search.execution.fidelity import check_fidelity
+from search.execution.isolation import run_isolated
+from search.execution.knobs import Knobs, TrainStep, unsupported_reason
+from search.execution.worker import run_trial
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def fresh_compiler():
+    """Each test compiles from scratch in this process: dynamo's in-memory cache of compiled
+    frames would otherwise serve one test's graphs to the next (every trial is a fresh process)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def test_modes_that_need_cuda_are_refused_on_a_cpu_and_unknown_modes_everywhere():
+    reason = unsupported_reason("compile", "reduce-overhead", CPU)
+    assert reason is not None and "CUDA" in reason
+    for mode in ("off", "default", "max-autotune"):
+        assert unsupported_reason("compile", mode, CPU) is None
+    with pytest.raises(KnobError, match="compile"):
+        Knobs(batch_size=4, compile="fast")
+    result = run_trial(request(target(Small), compile="reduce-overhead"))
+    assert result.state == INFEASIBLE and "CUDA" in result.failure
+
+
+def test_a_label_leaves_compile_out_when_off_and_names_its_mode_otherwise():
+    assert config_name({"batch_size": 8, "compile": "off"}) == "bs8"
+    assert config_name({"batch_size": 8, "compile": "max-autotune"}) == "bs8·compile:max-autotune"
+
+
+def test_a_compiled_trial_computes_the_same_and_keeps_its_compile_time_apart():
+    result = run_trial(request(target(Small), micro_batch_size=2, compile="default"))
+    assert result.state == COMPLETE, result.failure
+    c = result.compile
+    # the first pass compiled (seconds) and ran once; the timed steps are milliseconds
+    assert c["compile_time_s"] > 20 * result.measurement.latency_mean_ms / 1e3
+    assert c["compile_graphs"] >= 1 and c["compile_graph_breaks"] == 0
+    assert c["compile_recompiles"] == 0  # every micro-batch has one shape
+    assert c["compile_cache_warm"] in (0.0, 1.0)
+    # compared with eager fp32 within fp32's tolerance, and the errors kept
+    assert result.fidelity["fidelity_loss_rel_error"] < 1e-5
+    assert run_trial(request(target(Small))).compile == {}  # eager: nothing to report
+
+
+def test_a_compiled_step_that_computes_something_else_is_rejected_by_fidelity():
+    report = check_fidelity(MiscompiledSmall(), Knobs(batch_size=4, compile="default"), CPU)
+    assert not report.ok and "compile=default" in report.reason and "loss" in report.reason
+    result = run_trial(request(target(MiscompiledSmall), compile="default"))
+    assert result.state == INFEASIBLE and result.failure.startswith("fidelity: ")
+    assert run_trial(request(target(MiscompiledSmall))).state == COMPLETE  # eager computes right
+
+
+def test_a_platform_that_cannot_compile_gives_an_infeasible_trial_with_its_reason(
+    monkeypatch, tmp_path
+):
+    # No C++ compiler, as the fresh worker process sees its environment (the compiler's settings
+    # read CXX when they are imported), and an empty cache, whose compiled kernels would need none.
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    asked = replace(request(target(Small), compile="default"), compile_cache_dir=str(tmp_path))
+    result = run_isolated(asked)
+    assert result.state == INFEASIBLE, result.failure
+    assert result.failure.startswith("compile=default cannot compile this step: ")
+    assert "C++ compiler" in result.failure and "\n" not in result.failure
+
+
+def test_a_graph_break_storm_is_refused_with_the_count():
+    with pytest.raises(KnobError, match=r"graph breaks in one step \(more than 8\)"):
+        TrainStep(BreaksEverywhere(), Knobs(batch_size=4, compile="default"), CPU)

@@ -1,0 +1,87 @@
+"""The summary's three lines on compilation: compile time, break-even against the same
+configuration uncompiled, and the variance between fresh processes against the machine's."""
+
+from __future__ import annotations
+
+from search.analysis.noise_floor import NoiseFloor, RunFigures
+from search.core.records import COMPLETE, TrialRecord
+from search.reporting.compiled import compile_lines
+from search.study.revalidate import Pooled
+
+CONFIG = {"batch_size": 8, "micro_batch_size": 2, "precision": "fp32"}
+
+
+def record(number, compile_mode, throughput, step_ms, compile_s=0.0, warm=0.0, stable=True):
+    metrics = {"throughput": throughput, "latency_mean_ms": step_ms}
+    if compile_mode != "off":
+        metrics |= {
+            "compile_time_s": compile_s,
+            "compile_cache_warm": warm,
+            "compile_graphs": 2.0,
+            "compile_graph_breaks": 0.0,
+            "compile_recompiles": 1.0,
+        }
+    return TrialRecord(
+        number=number,
+        config={**CONFIG, "compile": compile_mode},
+        state=COMPLETE,
+        metrics=metrics,
+        stable=stable,
+        reason="" if stable else "disagreement: CV of the fresh processes' means 9.0%",
+    )
+
+
+def floor(between_cv: float) -> NoiseFloor:
+    controls = tuple(
+        RunFigures(time_s=float(t), throughput=100.0, cv=0.01, n_windows=5, n_steps=5, stalls=0)
+        for t in range(3)
+    )
+    return NoiseFloor(
+        controls=controls,
+        between_cv=between_cv,
+        between_df=20,
+        drift=0.0,
+        drift_p=1.0,
+        corrected=False,
+    )
+
+
+def pooled(*throughputs: float) -> Pooled:
+    runs = tuple(
+        RunFigures(time_s=0.0, throughput=t, cv=0.01, n_windows=5, n_steps=5, stalls=0)
+        for t in throughputs
+    )
+    return Pooled(metrics={}, stable=True, reason="", runs=runs)
+
+
+def test_no_compiled_configuration_gives_no_lines():
+    assert compile_lines([record(0, "off", 100.0, 80.0)], None, {}, floor(0.01)) == []
+
+
+def test_the_three_lines_name_compile_time_break_even_and_variance():
+    eager = record(0, "off", 100.0, 80.0)
+    fast = record(1, "default", 125.0, 64.0, compile_s=32.0, stable=False)
+    again = record(2, "max-autotune", 110.0, 72.0, compile_s=3.0, warm=1.0)
+    done = {0: pooled(100.0, 101.0, 99.0), 1: pooled(125.0, 110.0, 140.0)}
+    lines = compile_lines([eager, fast, again], fast, done, floor(0.012))
+    assert len(lines) == 3
+    time_line, break_even, variance = lines
+    assert time_line.startswith("compile time: #1 bs8·mb2·fp32·compile:default compiled in 32.0 s")
+    assert "cold cache" in time_line and "1 recompile(s)" in time_line
+    assert "1 cold (median 32.0 s), 1 warm (median 3.0 s)" in time_line
+    # 80 ms -> 64 ms a step: 32 s are paid back after 32 / 0.016 = 2000 steps, 128 s of running
+    assert break_even == (
+        "break-even: 1.25x the throughput of #0 (the same uncompiled); its 32.0 s compile time "
+        "is paid back after 2,000 steps (128 s of running it)"
+    )
+    assert "CV 12.0% over 3 processes (#1) compiled" in variance
+    assert "CV 1.0% over 3 processes (#0) uncompiled" in variance
+    assert "the machine's 1.2%" in variance and "#1 is unstable (disagreement:" in variance
+
+
+def test_a_compiled_configuration_no_faster_never_pays_back_and_a_missing_twin_is_said():
+    slower = record(1, "default", 90.0, 90.0, compile_s=20.0)
+    lines = compile_lines([record(0, "off", 100.0, 80.0), slower], None, {}, floor(0.01))
+    assert "never paid back" in lines[1] and "not re-validated (#1)" in lines[2]
+    alone = compile_lines([slower], None, {}, floor(0.01))
+    assert alone[1].startswith("break-even: unknown, #1 was not measured uncompiled")
