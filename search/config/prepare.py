@@ -60,6 +60,7 @@ def load_space(
             + "; loosen them or widen the ranges"
         )
     _check_generic_knobs(space)
+    _check_fixed_knobs_run_here(space, device)
     _check_workload(space)
     _check_workload_settings(space, slo or {})
     _check_metrics_apply(space, slo or {})
@@ -91,6 +92,18 @@ def _check_generic_knobs(space: SearchSpace) -> None:
             raise ConfigError(
                 f"space '{space.name}': params.{name} must be {expected}, "
                 f"but got {bad or 'a float range'}"
+            )
+
+
+def _check_fixed_knobs_run_here(space: SearchSpace, device: torch.device) -> None:
+    """A generic knob fixed at a value this device cannot run is refused (a searched one only
+    loses that choice, with a note)."""
+    for name, value in space.fixed.items():
+        reason = unsupported_reason(name, value, device) if name in GENERIC_KNOBS else None
+        if reason:
+            raise ConfigError(
+                f"space '{space.name}': params.{name}={value} cannot run on {device.type}: "
+                f"{reason}; pick another {name}"
             )
 
 

@@ -42,7 +42,7 @@ __all__ = [
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
 """``off`` runs eagerly; the others are ``torch.compile``'s modes."""
 
-_CUDA_ONLY = {"reduce-overhead": "it replays CUDA graphs, which need a CUDA device"}
+_CUDA_ONLY = {"reduce-overhead": "replays CUDA graphs, which need a CUDA device"}
 """The modes a CPU cannot run, and why."""
 
 MAX_GRAPH_BREAKS = 8
@@ -80,7 +80,7 @@ def _count_recompiles() -> None:
 def compile_unsupported(mode: object, device: torch.device) -> str | None:
     """Why ``device`` cannot run ``compile=mode`` (None: it can)."""
     if device.type != "cuda" and mode in _CUDA_ONLY:
-        return f"{mode} needs a CUDA device: {_CUDA_ONLY[str(mode)]}"
+        return f"{mode} {_CUDA_ONLY[str(mode)]}"
     return None
 
 

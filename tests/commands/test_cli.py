@@ -24,6 +24,14 @@ BAD_INPUT = {
         ["+space=llm_serve", "+space.params.recompute={type: bool}"],
         "knob recompute does not apply to workload search.workloads.GPTServe (task serve",
     ),
+    "a compile mode the device cannot run, and nothing else": (
+        ["+space=llm", "device=cpu", "space.params.compile.choices=[reduce-overhead]"],
+        "params.compile=reduce-overhead cannot run on cpu: reduce-overhead replays CUDA graphs",
+    ),
+    "a compile mode that does not exist": (
+        ["+space=llm", "space.params.compile.choices=[off,fast]"],
+        "params.compile must be one of off, default, reduce-overhead, max-autotune",
+    ),
     "serving objective on a training space": (
         ["+space=llm", "+space.objectives.ttft_p95_ms=minimize"],
         "objective ttft_p95_ms is measured only for serve workloads",
