@@ -114,11 +114,24 @@ def trial_line(
             f"{m['n_windows']:.0f} windows, {m['n_steps']:.0f} steps) "
             f"cv {m['throughput_cv']:.1%}, {figures}, {verdict}"
             + (f", mfu {diagnosis.mfu:.1%} {diagnosis.regime}" if diagnosis is not None else "")
+            + _compiled_text(m)
         )
     else:
         body = f"{record.state.upper()}: {record.failure}"
     eta_s = elapsed_s / done * (total - done)
     return f"{head}{body} | front {front_size} | {_clock(elapsed_s)} elapsed, ETA {_clock(eta_s)}"
+
+
+def _compiled_text(m: Mapping[str, float]) -> str:
+    """A compiled trial's compile time (cold or warm cache) and its error against eager fp32,
+    which the fidelity check passed ('' for an eager trial)."""
+    if "compile_time_s" not in m:
+        return ""
+    cache = "warm" if m["compile_cache_warm"] else "cold"
+    text = f", compiled in {m['compile_time_s']:.1f} s ({cache})"
+    errors = ("fidelity_loss_rel_error", "fidelity_logits_rel_error")
+    error = next((m[k] for k in errors if k in m), None)
+    return text + (f", fidelity ok ({error:.1g} off eager fp32)" if error is not None else "")
 
 
 def summary_lines(

@@ -12,7 +12,16 @@ CONFIG = {"batch_size": 8, "micro_batch_size": 2, "precision": "fp32"}
 
 
 def record(number, compile_mode, throughput, step_ms, compile_s=0.0, warm=0.0, stable=True):
-    metrics = {"throughput": throughput, "latency_mean_ms": step_ms}
+    metrics = {
+        "throughput": throughput,
+        "throughput_ci_low": 0.96 * throughput,
+        "throughput_ci_high": 1.04 * throughput,
+        "throughput_cv": 0.01,
+        "n_windows": 5.0,
+        "n_steps": 20.0,
+        "latency_mean_ms": step_ms,
+        "fidelity_loss_rel_error": 2e-7,
+    }
     if compile_mode != "off":
         metrics |= {
             "compile_time_s": compile_s,
@@ -85,3 +94,13 @@ def test_a_compiled_configuration_no_faster_never_pays_back_and_a_missing_twin_i
     assert "never paid back" in lines[1] and "not re-validated (#1)" in lines[2]
     alone = compile_lines([slower], None, {}, floor(0.01))
     assert alone[1].startswith("break-even: unknown, #1 was not measured uncompiled")
+
+
+def test_a_compiled_trial_line_shows_its_compile_time_cache_and_fidelity():
+    from search.reporting.report import trial_line
+
+    fast = record(1, "default", 125.0, 64.0, compile_s=32.0)
+    line = trial_line(fast, 1, 2, 1, 10.0, ["compile"], 0.95, [])
+    assert "compiled in 32.0 s (cold), fidelity ok (2e-07 off eager fp32)" in line
+    eager = trial_line(record(0, "off", 100.0, 80.0), 1, 2, 1, 10.0, ["compile"], 0.95, [])
+    assert "compiled" not in eager
