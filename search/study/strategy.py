@@ -13,7 +13,9 @@ of memory, breaks a constraint or is being measured by another process:
    lane, no recompute, and the largest micro-batch that fits, found by bisection over the OOM
    wall: the largest first, then halfway between the largest that fitted and the smallest that
    did not. With no micro-batch fitting at a batch, the next smaller batch.
-2. **The other 16-bit precision** (fp16 for bf16, and back) at the best so far, once.
+2. **The other 16-bit precision** (fp16 for bf16, and back) at the best so far, once; then
+   **each compiler mode** the space searches (``compile``), once, at the best so far: the rest of
+   the order then starts from a compiled configuration where compiling paid.
 3. **Recompute where it lets a larger micro-batch fit**: just above the wall, with recompute.
 4. **The best inner configuration of each batch size**, from the largest down (the throughput-
    latency front): at the largest batch, micro-batch sweeps from the largest that fits down, on
@@ -83,14 +85,15 @@ def _order(book: Book) -> Iterator[Move]:
         yield first
         return  # the opening is sequential: each step needs the one before it
     yield from _precision_peer(book)
+    yield from _compiler(book)
     yield from _recompute_past_the_wall(book)
     yield from _batches(book)
     yield from _local_search(book)
 
 
 def _opening_base(book: Book) -> dict[str, Any]:
-    """Every searched discrete knob at the expert's value: one lane, no recompute, the lowest
-    precision that computes the same, a workload's own knobs at their first value."""
+    """Every searched discrete knob at the expert's value: one lane, no recompute, no compiler,
+    the lowest precision that computes the same, a workload's own knobs at their first value."""
     base: dict[str, Any] = {}
     for knob in book.discrete:
         values = book.ladder(knob)
@@ -98,6 +101,8 @@ def _opening_base(book: Book) -> dict[str, Any]:
             base[knob] = book.precision()
         elif knob == "recompute" and False in values:
             base[knob] = False
+        elif knob == "compile" and "off" in values:
+            base[knob] = "off"
         else:
             base[knob] = values[0]
     return {**base, **book.space.fixed, **_floats(book.space)}
@@ -174,6 +179,17 @@ def _precision_peer(book: Book) -> Iterator[Move]:
             {**best.config, "precision": peer},
             f"{peer}: as few bits as {best.config['precision']}; which is faster here?",
         )
+
+
+def _compiler(book: Book) -> Iterator[Move]:
+    """Each compile mode the space searches, once, at the fastest configuration so far."""
+    best = book.best()
+    if best is None or "compile" not in book.discrete:
+        return
+    for mode in book.ladder("compile"):
+        tried = any(s.config.get("compile") == mode for s in book.outcomes.values())
+        if mode != "off" and not tried:
+            yield Move({**best.config, "compile": mode}, f"the compiler: {mode} at the best so far")
 
 
 def _recompute_past_the_wall(book: Book) -> Iterator[Move]:

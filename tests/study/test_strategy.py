@@ -126,6 +126,26 @@ def test_a_precision_that_fails_fidelity_is_passed_over():
     assert [c["precision"] for c, _ in made] == ["bf16", "fp16", "tf32"]
 
 
+def test_the_compiler_opens_off_and_each_mode_is_tried_once_at_the_best_so_far():
+    compile_modes = {"type": "categorical", "choices": ["default", "off", "max-autotune"]}
+    space = llm_like(batch=(8, 8), micro=(1, 8), precisions=("bf16",), compile=compile_modes)
+
+    def speed(c):  # compiling pays: default 1.5x, max-autotune 1.2x
+        gain = {"off": 1.0, "default": 1.5, "max-autotune": 1.2}[c["compile"]]
+        return gain * 1000.0 * c["micro_batch_size"] / (c["micro_batch_size"] + 4)
+
+    made = drive(space, walled(4, speed), budget=8)
+    first, *rest = made
+    assert first[0]["compile"] == "off" and "first guess" in first[1]
+    compiled = [(c, why) for c, why in made if c["compile"] != "off"]
+    assert [c["compile"] for c, _ in compiled[:2]] == ["default", "max-autotune"]
+    assert all("the compiler" in why for _, why in compiled[:2])
+    # both at the best so far: the first guess's wall, micro-batch 4
+    assert all(c["micro_batch_size"] == 4 for c, _ in compiled[:2])
+    # what follows starts from the compiled best
+    assert rest[-1][0]["compile"] == "default"
+
+
 def test_nothing_is_measured_twice_and_nothing_certain_to_run_out():
     space = llm_like(batch=(4, 32), micro=(1, 32))
     oracle = walled(8)
