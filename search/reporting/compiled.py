@@ -1,8 +1,8 @@
 """What compiling cost and bought: compile time, break-even and variance, one line each.
 
 The compiled configuration reported is the recommendation where it is compiled, else the fastest
-stable compiled one. It is compared with its twin, the same configuration uncompiled, where the
-study measured both:
+stable compiled one; of those, the first whose twin, the same configuration uncompiled, the study
+measured too, so that they can be compared:
 
 - **compile time**: its own (cold: the compiler's cache had none of its graphs; warm: all came
   from the cache of an earlier process), and the median of every compiled trial, cold and warm;
@@ -36,11 +36,14 @@ def compile_lines(
     compiled = [r for r in final if r.state == COMPLETE and _mode(r) != "off"]
     if not compiled:
         return []
-    if best is not None and _mode(best) != "off":
-        shown = best
-    else:
-        stable = [r for r in compiled if r.stable] or compiled
-        shown = max(stable, key=lambda r: r.metrics.get("throughput", 0.0))
+    # The recommendation first, then the stable ones fastest first; the first of them whose
+    # uncompiled twin was measured, so that the break-even can be given.
+    ranked = sorted(
+        [r for r in compiled if r.stable] or compiled,
+        key=lambda r: -r.metrics.get("throughput", 0.0),
+    )
+    candidates = ([best] if best is not None and _mode(best) != "off" else []) + ranked
+    shown = next((r for r in candidates if uncompiled_twin(r, final)), candidates[0])
     twin = uncompiled_twin(shown, final)
     return [
         _time_line(shown, compiled),

@@ -104,3 +104,17 @@ def test_a_compiled_trial_line_shows_its_compile_time_cache_and_fidelity():
     assert "compiled in 32.0 s (cold), fidelity ok (2e-07 off eager fp32)" in line
     eager = trial_line(record(0, "off", 100.0, 80.0), 1, 2, 1, 10.0, ["compile"], 0.95, [])
     assert "compiled" not in eager
+
+
+def test_the_configuration_shown_is_one_whose_uncompiled_twin_was_measured():
+    eager = record(0, "off", 100.0, 80.0)
+    with_twin = record(1, "default", 125.0, 64.0, compile_s=32.0)
+    faster_alone = TrialRecord(
+        number=2,
+        config={**CONFIG, "micro_batch_size": 4, "compile": "default"},
+        state=COMPLETE,
+        metrics={**with_twin.metrics, "throughput": 140.0},
+        stable=True,
+    )
+    lines = compile_lines([eager, with_twin, faster_alone], faster_alone, {}, floor(0.01))
+    assert lines[0].startswith("compile time: #1 ") and "of #0 (the same uncompiled)" in lines[1]
