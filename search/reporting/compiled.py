@@ -86,8 +86,8 @@ def _time_line(shown: TrialRecord, compiled: Sequence[TrialRecord]) -> str:
 def _break_even_line(shown: TrialRecord, twin: TrialRecord | None) -> str:
     if twin is None:
         return (
-            f"break-even: unknown, #{shown.number} was not measured uncompiled (search "
-            "compile with off among its choices to see it)"
+            "break-even: unknown, no compiled configuration was measured uncompiled too "
+            "(compile=off among the choices lets the search measure both)"
         )
     speedup = shown.metrics["throughput"] / twin.metrics["throughput"]
     step_s, twin_step_s = (r.metrics["latency_mean_ms"] / 1e3 for r in (shown, twin))
