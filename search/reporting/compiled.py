@@ -43,8 +43,8 @@ def compile_lines(
         key=lambda r: -r.metrics.get("throughput", 0.0),
     )
     candidates = ([best] if best is not None and _mode(best) != "off" else []) + ranked
-    shown = next((r for r in candidates if uncompiled_twin(r, final)), candidates[0])
-    twin = uncompiled_twin(shown, final)
+    paired = ((r, uncompiled_twin(r, final)) for r in candidates)
+    shown, twin = next(((r, t) for r, t in paired if t is not None), (candidates[0], None))
     return [
         _time_line(shown, compiled),
         _break_even_line(shown, twin),
