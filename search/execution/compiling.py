@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import TypeVar
 
 import torch
-from torch._dynamo.utils import counters
 
 from search.core.errors import KnobError
 
@@ -50,6 +49,14 @@ MAX_GRAPH_BREAKS = 8
 graphs, so what is measured is the break overhead rather than the compiler; refused."""
 
 F = TypeVar("F", bound=Callable)
+
+
+def _counters():
+    """The compiler's counters, imported when first read: importing ``torch._dynamo`` takes about
+    1.3 s, which every command and trial process would otherwise pay, compiled or not."""
+    from torch._dynamo.utils import counters
+
+    return counters
 
 
 class _RecompileCounter(logging.Handler):
@@ -133,6 +140,7 @@ class CompileStats:
 
 def read_stats(first_pass_s: float) -> CompileStats:
     """The compiler's counters as they stand, since the last ``warm_up`` cleared them."""
+    counters = _counters()
     breaks = sum(counters["graph_break"].values())
     return CompileStats(
         first_pass_s=first_pass_s,
@@ -147,7 +155,7 @@ def read_stats(first_pass_s: float) -> CompileStats:
 def warm_up(run_once: Callable[[], object], mode: str, device: torch.device) -> CompileStats:
     """Run ``run_once`` (one pass of a step compiled with ``mode``) untimed, and say what compiling
     took. Raises ``KnobError`` where the compiler fails or the graphs break into a storm."""
-    counters.clear()  # this process's counts start here: one step compiles per process
+    _counters().clear()  # this process's counts start here: one step compiles per process
     _count_recompiles()
     started = time.perf_counter()
     try:
@@ -160,7 +168,8 @@ def warm_up(run_once: Callable[[], object], mode: str, device: torch.device) -> 
         raise KnobError(f"compile={mode} cannot compile this step: {_first_line(e)}") from e
     stats = read_stats(time.perf_counter() - started)
     if stats.graph_breaks > MAX_GRAPH_BREAKS:
-        reasons = sorted(counters["graph_break"], key=counters["graph_break"].__getitem__)
+        breaks = _counters()["graph_break"]
+        reasons = sorted(breaks, key=breaks.__getitem__)
         raise KnobError(
             f"compile={mode}: {stats.graph_breaks} graph breaks in one step (more than "
             f"{MAX_GRAPH_BREAKS}), so it runs mostly eagerly; the most frequent: "

@@ -24,7 +24,6 @@ import pytest
 from mlflow.tracking import MlflowClient
 from servers import MlflowServer, Postgres, postgres_bin  # tests/ is on sys.path
 
-from search import launch
 from search.study.liveness import DB_CONNECTIONS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -333,8 +332,10 @@ def test_one_worker_per_gpu_then_one_summary_on_a_cpu_stand_in(tmp_path):
 
 
 def _recipe_args(tmp_path: Path) -> list[str]:
+    # The summary re-validates (asserted below) but confirms nothing: its 4 confirmation runs, each
+    # after a run of the reference step, were a third of the recipe's time (20 of 58 s with Ray).
     return [
-        *[a for a in FAST if a not in launch.WORKER],
+        *[a for a in FAST if a != "revalidate.processes=0"],
         "--config-dir",
         str(SPACE_DIR),
         "study.n_trials=2",

@@ -287,6 +287,14 @@ SPACE = [
     "revalidate.processes=2",
     "revalidate.max_candidates=2",
     "retune.remeasure=0",
+    # A regression or improvement is a change of more than 10%, not the default 5%: the sleeping
+    # workload's speed moves between invocations with the host's load (its wake-ups wait for a
+    # core), which the compute-bound reference step does not follow. With a core kept busy by
+    # another process an unchanged model once read 0.936x [0.786, 0.996] of its baseline 30 s
+    # earlier, the reference step 1.010x [0.859, 1.303], so at 5% the verdict rested on the
+    # machine's speed staying the same for half a minute. The verdicts' logic is the same at any
+    # threshold; the changes made below are 18% and more.
+    "retune.threshold=0.1",
     "retune.processes=4",
     "retune.confirm=4",
     "retune.reference=false",  # but in the first two runs: it costs time
@@ -380,7 +388,7 @@ def test_a_retune_says_same_regression_or_moved_and_exits_accordingly(tmp_path):
     with (study_dir / "history.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert [r["verdict"] for r in rows][2:] == [REGRESSION, MOVED]
-    assert rows[0]["verdict"] == "-" and rows[1]["verdict"] in (SAME, AMBIGUOUS)
+    assert rows[0]["verdict"] == "-" and rows[1]["verdict"] in (SAME, AMBIGUOUS, IMPROVED)
     assert json.loads(rows[-1]["config"])["precision"] == "bf16"
     assert json.loads(rows[0]["config"])["precision"] == "fp32"
     assert (study_dir / "history.png").stat().st_size > 0
