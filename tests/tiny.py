@@ -20,6 +20,9 @@ TINY = [
     "revalidate.processes=0",
     # no confirmation runs after the study (16 fresh runs): tests/retune/test_retune.py covers them
     "retune.confirm=0",
+    # no control runs (3 fresh processes, about 9 s an invocation): test_llm_study_end_to_end in
+    # tests/commands/test_e2e.py and tests/study/test_study.py measure the machine's noise
+    "noise.budget=0",
 ]
 LENIENT = [
     "stable.excess_cv=10",

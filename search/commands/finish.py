@@ -14,7 +14,7 @@ from search.commands.revalidation import revalidate_front
 from search.config.compose import redact
 from search.core.records import COMPLETE, TrialRecord
 from search.reporting import results
-from search.reporting.compiled import compile_lines
+from search.reporting.compiled import compile_lines, revalidated_twins
 from search.reporting.oracle import oracle, oracle_lines, oracle_values, write_oracle_plot
 from search.reporting.report import (
     front_cells,
@@ -112,9 +112,18 @@ def _print_revalidated(
     """How many re-validated configurations stayed on the front, and which left it."""
     out = ctx.out
     dropped = results.left_the_front(history, front, done)
+    twins = sorted(revalidated_twins(history, done) - {r.number for r in front})
+    judged = len(done) - len(twins)
     out.print(
-        f"re-validation: {len(done) - len(dropped)} of {len(done)} re-validated "
-        "configuration(s) on the front" + (f"; not on it: {', '.join(dropped)}" if dropped else "")
+        f"re-validation: {judged - len(dropped)} of {judged} re-validated "
+        "configuration(s) on the front"
+        + (f"; not on it: {', '.join(dropped)}" if dropped else "")
+        + (
+            f"; re-validated for the compile comparison: {', '.join(f'#{n}' for n in twins)} "
+            "(uncompiled)"
+            if twins
+            else ""
+        )
     )
 
 

@@ -23,7 +23,13 @@ from search.analysis.noise_floor import NoiseFloor
 from search.core.records import COMPLETE, TrialRecord, config_name
 from search.study.revalidate import Pooled
 
-__all__ = ["compile_lines", "uncompiled_twin"]
+__all__ = [
+    "compile_lines",
+    "is_compiled",
+    "revalidated_twins",
+    "twins_to_revalidate",
+    "uncompiled_twin",
+]
 
 
 def compile_lines(
@@ -33,7 +39,7 @@ def compile_lines(
     floor: NoiseFloor,
 ) -> list[str]:
     """The three lines about compilation; none where no compiled configuration completed."""
-    compiled = [r for r in final if r.state == COMPLETE and _mode(r) != "off"]
+    compiled = [r for r in final if r.state == COMPLETE and is_compiled(r)]
     if not compiled:
         return []
     # The recommendation first, then the stable ones fastest first; the first of them whose
@@ -42,7 +48,7 @@ def compile_lines(
         [r for r in compiled if r.stable] or compiled,
         key=lambda r: -r.metrics.get("throughput", 0.0),
     )
-    candidates = ([best] if best is not None and _mode(best) != "off" else []) + ranked
+    candidates = ([best] if best is not None and is_compiled(best) else []) + ranked
     paired = ((r, uncompiled_twin(r, final)) for r in candidates)
     shown, twin = next(((r, t) for r, t in paired if t is not None), (candidates[0], None))
     return [
@@ -60,6 +66,35 @@ def uncompiled_twin(record: TrialRecord, records: Sequence[TrialRecord]) -> Tria
         (r for r in records if r.state == COMPLETE and dict(r.config) == wanted),
         None,
     )
+
+
+def is_compiled(record: TrialRecord) -> bool:
+    return _mode(record) != "off"
+
+
+def twins_to_revalidate(
+    candidates: Sequence[TrialRecord], records: Sequence[TrialRecord], done: Mapping[int, Pooled]
+) -> list[TrialRecord]:
+    """The uncompiled twins of the compiled ``candidates`` that the study measured and that are
+    neither candidates nor re-validated: re-validated beside them, the summary compares the two
+    spreads between fresh processes."""
+    taken = {c.number for c in candidates} | set(done)
+    twins: dict[int, TrialRecord] = {}
+    for candidate in filter(is_compiled, candidates):
+        twin = uncompiled_twin(candidate, records)
+        if twin is not None and twin.number not in taken:
+            twins[twin.number] = twin
+    return list(twins.values())
+
+
+def revalidated_twins(records: Sequence[TrialRecord], done: Mapping[int, Pooled]) -> set[int]:
+    """The re-validated trials that are the uncompiled twin of a re-validated compiled one."""
+    return {
+        twin.number
+        for r in records
+        if r.number in done and is_compiled(r)
+        if (twin := uncompiled_twin(r, records)) is not None and twin.number in done
+    }
 
 
 def _mode(record: TrialRecord) -> str:

@@ -20,6 +20,7 @@ from search.analysis.noise_floor import MIN_BETWEEN_DF, NoiseFloor, by_device
 from search.config.settings import Settings
 from search.core.metrics import ranked_on
 from search.core.records import COMPLETE, TrialRecord
+from search.reporting.compiled import revalidated_twins, twins_to_revalidate
 from search.reporting.report import throughput_text, write_best, write_csv, write_plot
 from search.space.search_space import SearchSpace
 from search.study.revalidate import Pooled
@@ -100,7 +101,9 @@ def final_front(
     merged = with_revalidation(history, done)
     if settings.revalidate.processes == 0:
         return stable_front(merged, space)
-    validated = [r for r in merged if r.number in done]
+    # An uncompiled twin re-validated for the compile comparison only is no candidate of its own.
+    twins = revalidated_twins(merged, done) - {r.number for r in stable_front(merged, space)}
+    validated = [r for r in merged if r.number in done and r.number not in twins]
     if validated:
         return stable_front(validated, space)
     front = stable_front(merged, space)
@@ -115,16 +118,20 @@ def next_candidates(
 ) -> list[TrialRecord]:
     """What re-validation measures next: the candidates (``revalidation_candidates``) of the
     stable front with re-validated figures in place, less those re-validated already. A candidate
-    that failed re-validation is off that front, so what it dominated can take its place."""
+    that failed re-validation is off that front, so what it dominated can take its place. After
+    them, the uncompiled twin of each compiled candidate where the study measured it, so that the
+    compiled speed's spread between fresh processes can be set against the eager one's."""
     front = stable_front(with_revalidation(history, done), space)
-    return [c for c in revalidation_candidates(front, settings) if c.number not in done]
+    todo = [c for c in revalidation_candidates(front, settings) if c.number not in done]
+    return todo + twins_to_revalidate(todo, history, done)
 
 
 def left_the_front(
     history: Sequence[TrialRecord], front: Sequence[TrialRecord], done: Mapping[int, Pooled]
 ) -> list[str]:
-    """``#N (why)`` for each re-validated trial that is not on the front."""
-    kept = {r.number for r in front}
+    """``#N (why)`` for each re-validated trial that is not on the front (an uncompiled twin
+    re-validated for the compile comparison only was never a candidate: not listed)."""
+    kept = {r.number for r in front} | revalidated_twins(history, done)
     return [
         f"#{r.number} ({done[r.number].reason or 'dominated after re-validation'})"
         for r in history

@@ -70,6 +70,7 @@ def test_llm_study_end_to_end(runs_dir):
         "study.n_trials=3",
         *LENIENT,
         *TINY,
+        "noise.budget=0.05",  # the control runs, which TINY leaves out
         "revalidate.processes=2",
         "revalidate.max_candidates=2",
         runs_dir=runs_dir,

@@ -118,3 +118,50 @@ def test_the_configuration_shown_is_one_whose_uncompiled_twin_was_measured():
     )
     lines = compile_lines([eager, with_twin, faster_alone], faster_alone, {}, floor(0.01))
     assert lines[0].startswith("compile time: #1 ") and "of #0 (the same uncompiled)" in lines[1]
+
+
+def test_re_validation_adds_the_uncompiled_twin_of_each_compiled_candidate_once():
+    from search.reporting.compiled import twins_to_revalidate
+
+    eager = record(0, "off", 100.0, 80.0)
+    fast = record(1, "default", 125.0, 64.0)
+    tuned = record(2, "max-autotune", 120.0, 66.0)
+    other = record(3, "off", 90.0, 85.0)
+    history = [eager, fast, tuned, other]
+    # both compiled candidates have #0 as their twin; an eager candidate has none
+    assert [t.number for t in twins_to_revalidate([fast, tuned, other], history, {})] == [0]
+    assert twins_to_revalidate([fast], history, {0: pooled(100.0, 99.0)}) == []  # done already
+    assert twins_to_revalidate([fast, eager], history, {}) == []  # a candidate itself
+    assert twins_to_revalidate([other], history, {}) == []
+
+
+def test_a_twin_re_validated_for_the_comparison_is_no_candidate_and_did_not_leave_the_front():
+    from dataclasses import replace
+
+    from search.config.compose import compose_config, load_settings
+    from search.reporting.results import final_front, left_the_front, next_candidates
+    from search.space.parse import parse_space
+
+    space = parse_space(
+        "s",
+        {
+            "workload": {"_target_": "x"},
+            "params": {"compile": {"type": "categorical", "choices": ["off", "default"]}},
+            "objectives": {"throughput": "maximize", "latency_p95_ms": "minimize"},
+        },
+    )
+    settings = load_settings(
+        compose_config(["+space=llm", "device=cpu", "revalidate.max_candidates=1"])
+    )
+    # (throughput, p95 ms): the twin #0 (100, 60) is dominated by #2 (110, 55), not by #1 (125, 64)
+    eager, fast = record(0, "off", 100.0, 60.0), record(1, "default", 125.0, 64.0)
+    lean = replace(record(2, "off", 110.0, 55.0), config={**CONFIG, "batch_size": 4})
+    for r in (eager, fast, lean):
+        r.metrics["latency_p95_ms"] = r.metrics["latency_p95_ms_ub"] = r.metrics["latency_mean_ms"]
+    history = [eager, fast, lean]
+    assert [r.number for r in next_candidates(history, {}, settings, space)] == [1, 0]
+    done = {0: Pooled({}, True, ""), 1: Pooled({}, True, "")}
+    # among the re-validated alone the twin would be Pareto-optimal, but it was no candidate: #2,
+    # not re-validated, dominates it
+    assert [r.number for r in final_front(history, done, settings, space)] == [1]
+    assert left_the_front(history, [fast], done) == []
