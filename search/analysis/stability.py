@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 from scipy import stats
@@ -20,7 +20,7 @@ from scipy import stats
 from search.analysis.noise_floor import STALL_FACTOR, NoiseFloor, RunFigures
 from search.core.records import with_requests
 
-__all__ = ["StableSettings", "Verdict", "assess", "assess_pooled", "judge"]
+__all__ = ["StableSettings", "Verdict", "assess", "assess_pooled", "assess_second", "judge"]
 
 
 class StableSettings(Protocol):
@@ -212,3 +212,32 @@ def assess_pooled(
     )
     out = {**metrics, "throughput": mean, "throughput_ci_low": low, "throughput_ci_high": high}
     return with_requests(out), judge(together, floor, settings, replicates=runs)
+
+
+def assess_second(
+    metrics: Mapping[str, float],
+    verdict: Verdict,
+    first: RunFigures,
+    second: Mapping[str, Any],
+    floor: NoiseFloor,
+    settings: StableSettings,
+    confidence: float,
+) -> tuple[dict[str, float], Verdict]:
+    """A compiled trial judged on its two fresh processes: ``metrics`` and ``verdict`` are its
+    first run's (``assess``), ``first`` that run's figures, ``second`` what its second process
+    measured as the trial keeps it (``state``, ``failure``, ``time_s``, ``metrics``). Throughput is
+    then the mean of the two with the interval of a mean of two runs (``assess_pooled``), with the
+    warm compile time and the spread of the two; the verdict is unstable also where the two
+    disagree more than the machine's runs do, or where the second did not complete."""
+    if second["state"] != "complete":
+        why = f"the second fresh process: {second['state']}: {second['failure']}"
+        return {**metrics, "compile_processes": 1.0}, Verdict(False, why)
+    again = replace(RunFigures.of(second["metrics"], second["time_s"]), device=first.device)
+    pooled, together = assess_pooled(metrics, [first, again], floor, settings, confidence)
+    throughputs = np.array([first.throughput, again.throughput])
+    pooled |= {
+        "compile_processes": 2.0,
+        "compile_time_warm_s": second["metrics"].get("compile_time_s", math.nan),
+        "compile_between_process_cv": float(np.std(throughputs, ddof=1) / np.mean(throughputs)),
+    }
+    return pooled, verdict if not verdict.stable else together

@@ -5,11 +5,13 @@ stable compiled one; of those, the first whose twin, the same configuration unco
 measured too, so that they can be compared:
 
 - **compile time**: its own (cold: the compiler's cache had none of its graphs; warm: all came
-  from the cache of an earlier process), and the median of every compiled trial, cold and warm;
+  from the cache of an earlier process), and the median of every compiled trial, cold and warm
+  (each compiled trial's second process is a warm one);
 - **break-even**: the speed-up over the twin, and the steps after which the compile time is paid
   back: ``compile_time_s / (twin's step time - its step time)``;
-- **variance**: the spread of its throughput between fresh processes (re-validation) against the
-  twin's and the machine's (the noise floor), and its stability verdict against the control.
+- **variance**: the spread of its throughput between fresh processes (re-validation, else its
+  trial's two) against the twin's and the machine's (the noise floor), and its stability verdict
+  against the control.
 """
 
 from __future__ import annotations
@@ -105,6 +107,10 @@ def _time_line(shown: TrialRecord, compiled: Sequence[TrialRecord]) -> str:
     m = shown.metrics
     cold = [r.metrics["compile_time_s"] for r in compiled if not r.metrics["compile_cache_warm"]]
     warm = [r.metrics["compile_time_s"] for r in compiled if r.metrics["compile_cache_warm"]]
+    # every compiled trial's second process starts from the cache its first one filled
+    warm += [
+        r.metrics["compile_time_warm_s"] for r in compiled if "compile_time_warm_s" in r.metrics
+    ]
     spread = ", ".join(
         f"{len(times)} {kind} (median {statistics.median(times):.1f} s)"
         for kind, times in (("cold", cold), ("warm", warm))
@@ -152,9 +158,13 @@ def _variance_line(
 
 
 def _between(record: TrialRecord, done: Mapping[int, Pooled]) -> str:
-    """The CV of ``record``'s throughput between its fresh processes, with their count."""
+    """The CV of ``record``'s throughput between its fresh processes, with their count: those of
+    re-validation, else a compiled trial's own two."""
     pooled = done.get(record.number)
     runs = pooled.runs if pooled is not None else ()
+    if len(runs) < 2 and "compile_between_process_cv" in record.metrics:
+        cv = record.metrics["compile_between_process_cv"]
+        return f"CV {cv:.1%} over 2 processes (#{record.number}, its trial)"
     if len(runs) < 2:
         return f"not re-validated (#{record.number})"
     throughputs = np.array([run.throughput for run in runs])

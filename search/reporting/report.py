@@ -123,12 +123,18 @@ def trial_line(
 
 
 def _compiled_text(m: Mapping[str, float]) -> str:
-    """A compiled trial's compile time (cold or warm cache) and its error against eager fp32,
-    which the fidelity check passed ('' for an eager trial)."""
+    """A compiled trial's compile time (cold or warm cache), in its second process too with the
+    spread of the two processes' throughputs, and its error against eager fp32, which the
+    fidelity check passed ('' for an eager trial)."""
     if "compile_time_s" not in m:
         return ""
     cache = "warm" if m["compile_cache_warm"] else "cold"
     text = f", compiled in {m['compile_time_s']:.1f} s ({cache})"
+    if "compile_between_process_cv" in m:
+        text += (
+            f", {m['compile_time_warm_s']:.1f} s in a second process, the two "
+            f"{m['compile_between_process_cv']:.1%} apart (CV)"
+        )
     errors = ("fidelity_loss_rel_error", "fidelity_logits_rel_error")
     error = next((m[k] for k in errors if k in m), None)
     return text + (f", fidelity ok ({error:.1g} off eager fp32)" if error is not None else "")

@@ -41,7 +41,7 @@ from search.space.search_space import SearchSpace
 from search.study.guards import KnownOutcomes, Proposal, Verdict, guards
 from search.study.guided import HANDED_OVER, WHY, GuidedSampler, seen_of
 from search.study.liveness import Heartbeat, Recovery, measuring_here, owner
-from search.study.measured import measured_record
+from search.study.measured import again_if_compiled, measured_record, second_process
 from search.study.outcome import StudyOutcome
 from search.study.repeat_runs import noise_floor, save_control
 from search.study.samplers import GUIDED, SAMPLERS, optuna_names, suggest
@@ -311,6 +311,8 @@ class StudyDriver:
             trial.set_user_attr("measured_on", self.where)
         started = time.monotonic()
         result = run_isolated(request)
+        again = again_if_compiled(request, result, run_isolated)
+        second = second_process(again, request.measure.confidence) if again else None
         self.new_s += time.monotonic() - started
         record, values, stored = measured_record(
             trial.number,
@@ -321,8 +323,9 @@ class StudyDriver:
             floor=self.floor,
             where=self.where,
             why=self._why(trial),
+            second=second,
         )
-        frozen = self._store(trial, record, values, stored, result)
+        frozen = self._store(trial, record, values, stored, result, second)
         if frozen is None:
             return False
         run_id = self.log_trial(record, result)
@@ -341,6 +344,7 @@ class StudyDriver:
         values: list[float | None],
         stored: dict[str, float],
         result: TrialResult,
+        second: Mapping[str, Any] | None,
     ) -> FrozenTrial | None:
         """Keep ``record`` on ``trial`` and tell it; None when another process had already failed
         it as stale."""
@@ -355,6 +359,7 @@ class StudyDriver:
                 stored_metrics=stored if record.state == COMPLETE else None,
                 runs_dir=Path(self.settings.runs_dir),
                 constraints=self._constraints(record.stable),
+                second_process=second,
             )
         except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
             if not self.study._storage.get_trial(trial._trial_id).state.is_finished():

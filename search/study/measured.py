@@ -1,26 +1,56 @@
 """A trial just measured, as a record: its figures judged against the noise floor now, and the
 figures Optuna ranks it on (a complete trial whose ranked figures are missing or not finite counts
-as failed)."""
+as failed). A compiled configuration is measured in a second fresh process too (``again``), and
+judged on both."""
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from search.analysis.noise_floor import NoiseFloor
-from search.analysis.stability import assess
+from search.analysis.noise_floor import NoiseFloor, RunFigures
+from search.analysis.stability import assess, assess_second
 from search.config.compose import redact
 from search.core.metrics import objective_values
-from search.core.records import COMPLETE, FAILED, TrialRecord
+from search.core.records import COMPLETE, FAILED, SCREENED, TrialRecord
 from search.execution.figures import trial_metrics
-from search.execution.trial import TrialResult
+from search.execution.trial import TrialRequest, TrialResult
 
 if TYPE_CHECKING:
     from search.config.settings import Settings
 
-__all__ = ["measured_record"]
+__all__ = ["again_if_compiled", "measured_record", "second_process"]
+
+
+def again_if_compiled(
+    request: TrialRequest, result: TrialResult, run: Callable[[TrialRequest], TrialResult]
+) -> TrialResult | None:
+    """A compiled configuration measured again by ``run`` in a second fresh process, on the
+    compiler's cache the first one filled; None for an eager one, or one that did not complete or
+    was screened. Compiled code's speed varies from process to process more than eager code's
+    (the compiler's choices differ between runs), so every compiled trial is judged on two
+    processes, and its compile time is known warm as well as cold."""
+    m = result.measurement
+    if str(request.config.get("compile", "off")) == "off" or result.state != COMPLETE:
+        return None
+    if m is None or m.stop_reason == SCREENED:
+        return None
+    return run(replace(request, race=None, seed=request.seed + 1, fidelity=False, count=False))
+
+
+def second_process(again: TrialResult, confidence: float) -> dict[str, Any]:
+    """What a compiled trial's second process measured, as the trial keeps it (the attr
+    ``second_process``, from which ``assess_second`` judges the trial again when it is read)."""
+    complete = again.state == COMPLETE and again.measurement is not None
+    return {
+        "state": COMPLETE if complete else again.state,
+        "failure": redact(again.failure) if not complete else "",
+        "time_s": time.time(),
+        "metrics": trial_metrics(again, confidence) if complete else {},
+    }
 
 
 def measured_record(
@@ -33,10 +63,12 @@ def measured_record(
     floor: Callable[[], NoiseFloor],
     where: str,
     why: str,
+    second: Mapping[str, Any] | None = None,
 ) -> tuple[TrialRecord, list[float | None], dict[str, float]]:
     """The record of trial ``number``, measured just now on device ``where`` and judged against
-    ``floor()`` (read only for a complete run); the figures Optuna ranks it on, one per
-    objective; the run's own figures, as the trial keeps them."""
+    ``floor()`` (read only for a complete run), on its ``second_process`` too where it had one;
+    the figures Optuna ranks it on, one per objective; the first run's own figures, as the trial
+    keeps them."""
     measured_at = time.time()
     stored = trial_metrics(result, settings.measure.confidence)
     metrics, stable, reason = stored, False, ""
@@ -49,6 +81,17 @@ def measured_record(
             settings.measure.confidence,
             where,
         )
+        if second is not None:
+            first = replace(RunFigures.of(stored, measured_at), device=where)
+            metrics, verdict = assess_second(
+                metrics,
+                verdict,
+                first,
+                second,
+                floor(),
+                settings.stable,
+                settings.measure.confidence,
+            )
         stable, reason = verdict.stable, verdict.reason
     values = objective_values(metrics, objectives)
     state, failure = result.state, redact(result.failure)

@@ -21,14 +21,15 @@ retried while the storage fails (``search.study.retried_writes``).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from search.analysis.noise_floor import NoiseFloor
-from search.analysis.stability import assess
+from search.analysis.noise_floor import NoiseFloor, RunFigures
+from search.analysis.stability import assess, assess_second
 from search.config.compose import redact
 from search.core.errors import StoreError
 from search.core.records import COMPLETE, FAILED, TrialRecord
@@ -72,11 +73,13 @@ def store_measured(
     stored_metrics: Mapping[str, float] | None = None,
     runs_dir: Path | None = None,
     constraints: Mapping[str, float] | None = None,
+    second_process: Mapping[str, Any] | None = None,
 ) -> FrozenTrial:
     """Keep a measured trial's record in its user attrs and tell it: COMPLETE with ``values`` and
     ``constraints`` (``pareto.constraint_values``), else FAIL. ``stored_metrics``: the run's own
     figures, kept instead of the record's (which may span runs or be corrected for drift:
-    ``search.analysis.stability.assess`` derives those again when read).
+    ``search.analysis.stability.assess`` derives those again when read); ``second_process``: what
+    a compiled trial's second process measured (``search.study.measured.second_process``).
 
     Writes are retried while the storage fails (``retried``); when every attempt fails, the
     measurement goes to ``runs_dir/unsaved.jsonl`` (``sync`` adds it to the study) and
@@ -91,6 +94,8 @@ def store_measured(
         "memory_limit_mb": memory_limit_mb,
         "measured_at": record.time_s,
     }
+    if second_process is not None:
+        attrs["second_process"] = dict(second_process)
     if record.state == FAILED and stderr_tail:
         attrs["stderr_tail"] = stderr_tail[-4000:]
     told = [float(v) for v in values if v is not None] if record.state == COMPLETE else None
@@ -207,14 +212,16 @@ def record_of(
     if over:
         state, failure = FAILED, over
     elif state == COMPLETE:
-        metrics, verdict = assess(
-            metrics,
-            time_s,
-            floor,
-            settings.stable,
-            settings.measure.confidence,
-            str(attrs.get("measured_on", "")),
-        )
+        where = str(attrs.get("measured_on", ""))
+        confidence = settings.measure.confidence
+        stored = metrics
+        metrics, verdict = assess(stored, time_s, floor, settings.stable, confidence, where)
+        if "second_process" in attrs:  # a compiled trial: judged on its two processes
+            first = replace(RunFigures.of(stored, time_s), device=where)
+            second = attrs["second_process"]
+            metrics, verdict = assess_second(
+                metrics, verdict, first, second, floor, settings.stable, confidence
+            )
         stable, reason = verdict.stable, verdict.reason
     return TrialRecord(
         number=trial.number,

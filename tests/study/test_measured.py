@@ -1,0 +1,153 @@
+"""A trial just measured as a record: a compiled configuration is measured in a second fresh
+process too, and judged on both."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from tiny import TINY_GPT, measurement
+
+from search.analysis.noise_floor import NoiseFloor, RunFigures
+from search.config.compose import compose_config, load_settings
+from search.config.settings import MeasureSettings
+from search.core.records import COMPLETE, SCREENED
+from search.execution.trial import TrialRequest, TrialResult
+from search.study.measured import again_if_compiled, measured_record, second_process
+
+SETTINGS = load_settings(compose_config(["+space=llm", "device=cpu"]))
+CONFIG = {"batch_size": 8, "micro_batch_size": 8, "precision": "fp32", "compile": "default"}
+
+
+def request(compile_mode: str = "default") -> TrialRequest:
+    return TrialRequest(
+        workload=TINY_GPT,
+        config={**CONFIG, "compile": compile_mode},
+        device="cpu",
+        seed=7,
+        measure=MeasureSettings(),
+    )
+
+
+def result(throughput: float, compile_s: float = 20.0, stop: str = "max_windows") -> TrialResult:
+    m = replace(measurement(throughput), stop_reason=stop)
+    return TrialResult(
+        state=COMPLETE,
+        measurement=m,
+        peak_memory_mb=100.0,
+        compile={"compile_time_s": compile_s, "compile_cache_warm": 0.0},
+    )
+
+
+def floor(between_cv: float) -> NoiseFloor:
+    controls = tuple(
+        RunFigures(time_s=float(t), throughput=100.0, cv=0.01, n_windows=5, n_steps=5, stalls=0)
+        for t in range(3)
+    )
+    return NoiseFloor(
+        controls=controls,
+        between_cv=between_cv,
+        between_df=20,
+        drift=0.0,
+        drift_p=1.0,
+        corrected=False,
+    )
+
+
+def test_only_a_compiled_trial_that_completed_unscreened_runs_again_warm_without_fidelity():
+    asked: list[TrialRequest] = []
+
+    def run(r: TrialRequest) -> TrialResult:
+        asked.append(r)
+        return result(101.0, compile_s=2.0)
+
+    assert again_if_compiled(request("off"), result(100.0), run) is None
+    assert again_if_compiled(request(), result(100.0, stop=SCREENED), run) is None
+    assert again_if_compiled(request(), TrialResult(state="failed", failure="crash"), run) is None
+    assert asked == []
+    again = again_if_compiled(request(), result(100.0), run)
+    assert again is not None and len(asked) == 1
+    (second,) = asked
+    assert second.config == request().config and second.seed == 8
+    assert not second.fidelity and not second.count and second.race is None
+
+
+def record(first: TrialResult, again: TrialResult | None, between_cv: float = 0.02):
+    rec, _, stored = measured_record(
+        3,
+        CONFIG,
+        first,
+        settings=SETTINGS,
+        objectives=["throughput"],
+        floor=lambda: floor(between_cv),
+        where="",
+        why="",
+        second=second_process(again, 0.95) if again is not None else None,
+    )
+    return rec, stored
+
+
+def test_two_processes_that_agree_give_the_mean_the_warm_compile_time_and_their_spread():
+    rec, stored = record(result(100.0), result(104.0, compile_s=2.5))
+    m = rec.metrics
+    assert rec.stable and rec.state == COMPLETE
+    assert m["throughput"] == pytest.approx(102.0)
+    assert m["compile_time_s"] == 20.0 and m["compile_time_warm_s"] == 2.5
+    assert m["compile_processes"] == 2.0
+    assert m["compile_between_process_cv"] == pytest.approx(2.828 / 102.0, rel=1e-3)
+    assert stored["throughput"] == 100.0  # the trial keeps the first run's own figures
+
+
+def test_two_processes_that_disagree_beyond_the_machine_make_a_compiled_trial_unstable():
+    rec, _ = record(result(100.0), result(160.0), between_cv=0.01)
+    assert not rec.stable and rec.reason.startswith("disagreement: ")
+    alone, _ = record(result(100.0), None, between_cv=0.01)
+    assert alone.stable and "compile_processes" not in alone.metrics
+
+
+def test_a_second_process_that_fails_makes_the_compiled_trial_unstable_with_its_failure():
+    failed = TrialResult(state="failed", failure="crash: worker exited with code -11")
+    rec, _ = record(result(100.0), failed)
+    assert not rec.stable and rec.state == COMPLETE
+    assert rec.reason == "the second fresh process: failed: crash: worker exited with code -11"
+    assert rec.metrics["compile_processes"] == 1.0
+
+
+def test_a_compiled_trial_read_back_from_the_study_is_judged_on_its_two_processes_again(tmp_path):
+    import optuna
+
+    from search.study.trial_store import record_of, store_measured
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db", direction="maximize")
+    judged = []
+    for first, again in (
+        (result(100.0), result(104.0, compile_s=2.5)),
+        (result(100.0), result(160.0)),
+    ):
+        rec, values, stored = measured_record(
+            len(judged),
+            CONFIG,
+            first,
+            settings=SETTINGS,
+            objectives=["throughput"],
+            floor=lambda: floor(0.01),
+            where="",
+            why="",
+            second=second_process(again, 0.95),
+        )
+        trial = study.ask()
+        frozen = store_measured(
+            trial,
+            rec,
+            values,
+            fingerprint="f",
+            memory_limit_mb=None,
+            stored_metrics=stored,
+            second_process=second_process(again, 0.95),
+        )
+        judged.append((rec, record_of(frozen, floor(0.01), SETTINGS, {})))
+    for measured, read in judged:
+        assert read.stable == measured.stable and read.reason == measured.reason
+        assert read.metrics["throughput"] == pytest.approx(measured.metrics["throughput"])
+        assert read.metrics["compile_time_warm_s"] == measured.metrics["compile_time_warm_s"]
+    assert judged[0][1].stable and not judged[1][1].stable
