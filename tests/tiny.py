@@ -1,6 +1,7 @@
 """Shared by the tests: overrides for a GPT small enough that a trial takes about a second on a
 2-core CPU, the knobs and metrics the MLflow contract promises, and a measurement with given figures."""
 
+from search.analysis.noise_floor import NoiseFloor, RunFigures
 from search.measurement.protocol import Measurement
 
 TINY = [
@@ -77,4 +78,20 @@ def measurement(
         window_throughputs=(throughput,) * 5,
         step_latencies_ms=tuple(latencies),
         phase_samples_ms=dict(phases or {}),
+    )
+
+
+def noise_floor(between_cv: float) -> NoiseFloor:
+    """A machine whose fresh runs spread by ``between_cv`` (20 df), from 3 steady control runs."""
+    controls = tuple(
+        RunFigures(time_s=float(t), throughput=100.0, cv=0.01, n_windows=5, n_steps=5, stalls=0)
+        for t in range(3)
+    )
+    return NoiseFloor(
+        controls=controls,
+        between_cv=between_cv,
+        between_df=20,
+        drift=0.0,
+        drift_p=1.0,
+        corrected=False,
     )

@@ -20,7 +20,7 @@ from scipy import stats
 from search.analysis.noise_floor import STALL_FACTOR, NoiseFloor, RunFigures
 from search.core.records import with_requests
 
-__all__ = ["StableSettings", "Verdict", "assess", "assess_pooled", "assess_second", "judge"]
+__all__ = ["StableSettings", "Verdict", "assess", "assess_pooled", "judge"]
 
 
 class StableSettings(Protocol):
@@ -154,11 +154,13 @@ def assess(
     settings: StableSettings,
     confidence: float,
     device: str = "",
+    second: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, float], Verdict]:
     """One run's stored figures with its throughput interval spanning runs (and corrected for
     drift where the floor says so), and its stability verdict against the control; ``device``
     (``search.measurement.environment.device_label``) picks the drift line and control runs of the
-    device that measured it."""
+    device that measured it. With ``second``, what a compiled trial's second process measured,
+    both runs are judged together (``_with_second``)."""
     run = replace(RunFigures.of(metrics, time_s), device=device)
     # The run's own interval, as measured (not corrected for drift). A trial stored before the
     # noise floor has it under the spanning names.
@@ -185,6 +187,8 @@ def assess(
     if floor.level(time_s, device)[0] != 1.0:
         out["throughput_uncorrected"] = run.throughput
     verdict = judge(run, floor, settings, throttled=bool(metrics.get("throttled", 0.0)))
+    if second is not None:
+        return _with_second(with_requests(out), verdict, run, second, floor, settings, confidence)
     return with_requests(out), verdict
 
 
@@ -214,7 +218,7 @@ def assess_pooled(
     return with_requests(out), judge(together, floor, settings, replicates=runs)
 
 
-def assess_second(
+def _with_second(
     metrics: Mapping[str, float],
     verdict: Verdict,
     first: RunFigures,

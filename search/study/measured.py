@@ -11,8 +11,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from search.analysis.noise_floor import NoiseFloor, RunFigures
-from search.analysis.stability import assess, assess_second
+from search.analysis.noise_floor import NoiseFloor
+from search.analysis.stability import assess
 from search.config.compose import redact
 from search.core.metrics import objective_values
 from search.core.records import COMPLETE, FAILED, SCREENED, TrialRecord
@@ -43,7 +43,7 @@ def again_if_compiled(
 
 def second_process(again: TrialResult, confidence: float) -> dict[str, Any]:
     """What a compiled trial's second process measured, as the trial keeps it (the attr
-    ``second_process``, from which ``assess_second`` judges the trial again when it is read)."""
+    ``second_process``, from which ``assess`` judges the trial again when it is read)."""
     complete = again.state == COMPLETE and again.measurement is not None
     return {
         "state": COMPLETE if complete else again.state,
@@ -80,18 +80,8 @@ def measured_record(
             settings.stable,
             settings.measure.confidence,
             where,
+            second,
         )
-        if second is not None:
-            first = replace(RunFigures.of(stored, measured_at), device=where)
-            metrics, verdict = assess_second(
-                metrics,
-                verdict,
-                first,
-                second,
-                floor(),
-                settings.stable,
-                settings.measure.confidence,
-            )
         stable, reason = verdict.stable, verdict.reason
     values = objective_values(metrics, objectives)
     state, failure = result.state, redact(result.failure)

@@ -21,15 +21,14 @@ retried while the storage fails (``search.study.retried_writes``).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from search.analysis.noise_floor import NoiseFloor, RunFigures
-from search.analysis.stability import assess, assess_second
+from search.analysis.noise_floor import NoiseFloor
+from search.analysis.stability import assess
 from search.config.compose import redact
 from search.core.errors import StoreError
 from search.core.records import COMPLETE, FAILED, TrialRecord
@@ -212,16 +211,15 @@ def record_of(
     if over:
         state, failure = FAILED, over
     elif state == COMPLETE:
-        where = str(attrs.get("measured_on", ""))
-        confidence = settings.measure.confidence
-        stored = metrics
-        metrics, verdict = assess(stored, time_s, floor, settings.stable, confidence, where)
-        if "second_process" in attrs:  # a compiled trial: judged on its two processes
-            first = replace(RunFigures.of(stored, time_s), device=where)
-            second = attrs["second_process"]
-            metrics, verdict = assess_second(
-                metrics, verdict, first, second, floor, settings.stable, confidence
-            )
+        metrics, verdict = assess(
+            metrics,
+            time_s,
+            floor,
+            settings.stable,
+            settings.measure.confidence,
+            str(attrs.get("measured_on", "")),
+            attrs.get("second_process"),  # a compiled trial: judged on its two processes
+        )
         stable, reason = verdict.stable, verdict.reason
     return TrialRecord(
         number=trial.number,

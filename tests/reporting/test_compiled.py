@@ -3,7 +3,9 @@ configuration uncompiled, and the variance between fresh processes against the m
 
 from __future__ import annotations
 
-from search.analysis.noise_floor import NoiseFloor, RunFigures
+from tiny import noise_floor  # tests/ is on sys.path
+
+from search.analysis.noise_floor import RunFigures
 from search.core.records import COMPLETE, TrialRecord
 from search.reporting.compiled import compile_lines
 from search.study.revalidate import Pooled
@@ -40,19 +42,7 @@ def record(number, compile_mode, throughput, step_ms, compile_s=0.0, warm=0.0, s
     )
 
 
-def floor(between_cv: float) -> NoiseFloor:
-    controls = tuple(
-        RunFigures(time_s=float(t), throughput=100.0, cv=0.01, n_windows=5, n_steps=5, stalls=0)
-        for t in range(3)
-    )
-    return NoiseFloor(
-        controls=controls,
-        between_cv=between_cv,
-        between_df=20,
-        drift=0.0,
-        drift_p=1.0,
-        corrected=False,
-    )
+floor = noise_floor
 
 
 def pooled(*throughputs: float) -> Pooled:

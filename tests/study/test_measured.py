@@ -6,9 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from tiny import TINY_GPT, measurement
+from tiny import TINY_GPT, measurement, noise_floor
 
-from search.analysis.noise_floor import NoiseFloor, RunFigures
 from search.config.compose import compose_config, load_settings
 from search.config.settings import MeasureSettings
 from search.core.records import COMPLETE, SCREENED
@@ -39,19 +38,7 @@ def result(throughput: float, compile_s: float = 20.0, stop: str = "max_windows"
     )
 
 
-def floor(between_cv: float) -> NoiseFloor:
-    controls = tuple(
-        RunFigures(time_s=float(t), throughput=100.0, cv=0.01, n_windows=5, n_steps=5, stalls=0)
-        for t in range(3)
-    )
-    return NoiseFloor(
-        controls=controls,
-        between_cv=between_cv,
-        between_df=20,
-        drift=0.0,
-        drift_p=1.0,
-        corrected=False,
-    )
+floor = noise_floor
 
 
 def test_only_a_compiled_trial_that_completed_unscreened_runs_again_warm_without_fidelity():
