@@ -2,12 +2,14 @@
 
 Every trial runs in a fresh process (``search/execution/isolation.py``). This times, for each start
 method, the moment ``Process.start()`` is called until the new process has what a trial worker
-imports (``search.execution.worker``, and with it torch, numpy, scipy and Hydra) and answers through
-a pipe:
+imports (``search.execution.worker``, and with it torch, numpy, scipy and Hydra), has built a torch
+optimizer (the first one imports ``torch._dynamo``, as every trial's does) and answers through a
+pipe:
 
 * ``spawn``: a new interpreter that imports everything itself;
-* ``forkserver``: forked from a server that imported it once (what ``isolation.worker_context`` uses);
-  the server's own start, paid once per study process, is reported apart.
+* ``forkserver``: forked from a server that imported it once (``search.execution._fork_server``, as
+  ``isolation.worker_context`` starts it); the server's own start, paid once per study process, is
+  reported apart.
 
 A worker reused across trials would cost nothing to start, but reads CPU peak memory far too low
 (see docs/method/measuring.md), so it is not an option here.
@@ -24,8 +26,11 @@ import time
 
 
 def _child(connection) -> None:
+    import torch
+
     import search.execution.worker  # noqa: F401  (what every trial worker imports)
 
+    torch.optim.AdamW(torch.nn.Linear(2, 2).parameters())  # as every trial builds one
     connection.send(time.perf_counter())
     connection.close()
 
@@ -48,7 +53,7 @@ def main() -> None:
     for method in ("spawn", "forkserver"):
         context = multiprocessing.get_context(method)
         if method == "forkserver":
-            context.set_forkserver_preload(["search.execution.worker"])
+            context.set_forkserver_preload(["search.execution._fork_server"])
             print(
                 f"forkserver: the server's own start (once per study process): {_start_once(context):.2f} s"
             )

@@ -1,6 +1,6 @@
 """One worker per GPU of a Ray cluster, all on one study, then one summary.
 
-    ray start --head --num-gpus=8                   # or an existing cluster (RAY_ADDRESS)
+    RAY_worker_niceness=0 ray start --head --num-gpus=8   # or an existing cluster (RAY_ADDRESS)
     python examples/cluster/ray_launch.py -- +space=llm study.n_trials=6 \\
         study.storage=postgresql://user@db/tuning tracking.uri=http://mlflow:5000
 
@@ -13,12 +13,16 @@ Ray with the task's process.
 
 Assumes: the project in the Python of every node, a PostgreSQL study and an MLflow server that
 every node reaches (sqlite and a local folder do on one machine). Ray sets OMP_NUM_THREADS to a
-task's CPUs: give the workers the CPUs a trial should use (--cpus-per-worker).
+task's CPUs: give the workers the CPUs a trial should use (--cpus-per-worker). Ray runs its
+tasks at niceness 15 unless the node was started with RAY_worker_niceness=0, and the trials'
+processes inherit it: they then yield the CPU to every other process of the node, so their timings
+say more about the node's load than about the configuration. Each task says so where it happens.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import ray
@@ -28,6 +32,13 @@ from search import launch
 
 @ray.remote
 def _run(overrides: list[str], summary: bool, name: str) -> int:
+    niceness = os.nice(0)
+    if niceness > 0:  # an unprivileged process cannot lower it again
+        print(
+            f"note: {name} runs at niceness {niceness} (Ray's default for tasks): its trials yield "
+            "the CPU to every other process of the node; start the nodes with "
+            "RAY_worker_niceness=0 ray start ..."
+        )
     return launch.run(overrides, summary=summary, name=name)
 
 
