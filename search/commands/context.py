@@ -39,6 +39,8 @@ class Spent:
     """Measuring the configurations of this invocation's trials."""
     new_trials: int = 0
     control_s: float = 0.0
+    baseline_s: float = 0.0
+    """Re-measuring the baseline's recommendation and front (a re-tune)."""
     revalidation_s: float = 0.0
     confirmation_s: float = 0.0
 
@@ -51,10 +53,12 @@ class Spent:
         total = time.monotonic() - self.started_s
         parts = [
             f"control runs {self.control_s:.0f} s",
+            *([f"the baseline re-measured {self.baseline_s:.0f} s"] if self.baseline_s else []),
             f"re-validation {self.revalidation_s:.0f} s",
             f"confirmation {self.confirmation_s:.0f} s",
         ]
-        other = total - self.new_s - self.control_s - self.revalidation_s - self.confirmation_s
+        other = total - self.new_s - self.control_s - self.baseline_s
+        other -= self.revalidation_s + self.confirmation_s
         return (
             f"time: {self.new_s / total:.0%} of {total:.0f} s measured {self.new_trials} new "
             f"configuration(s) ({self.new_s:.0f} s); {', '.join(parts)}, the rest {other:.0f} s "
@@ -68,6 +72,7 @@ class Spent:
             "time_control_s": self.control_s,
             "time_revalidation_s": self.revalidation_s,
             "time_confirmation_s": self.confirmation_s,
+            **({"time_baseline_s": self.baseline_s} if self.baseline_s else {}),
         }
 
 

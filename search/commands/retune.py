@@ -3,6 +3,7 @@ and its re-measured runs adopted as the re-validation of the trials that measure
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -67,6 +68,7 @@ def remeasure_baseline(ctx: Context, study: optuna.Study, base: Tuned) -> dict[s
         knobs = knobs_text(candidate.config, list(ctx.space.searched))
         out.print(f"  [remeasure {i}/{n}] {knobs}: {figure}", markup=False)
 
+    started = time.monotonic()
     pooled = revalidate(
         candidates,
         processes,
@@ -75,6 +77,7 @@ def remeasure_baseline(ctx: Context, study: optuna.Study, base: Tuned) -> dict[s
         settings.measure.confidence,
         progress,
     )
+    ctx.spent.baseline_s += time.monotonic() - started
     return {config_key(c.config): pooled[c.number] for c in candidates}
 
 
