@@ -4,6 +4,15 @@
 from search.analysis.noise_floor import NoiseFloor, RunFigures
 from search.measurement.protocol import Measurement
 
+TRIALS_ONLY = [
+    "revalidate.processes=0",
+    # no confirmation runs after the study (16 fresh runs): tests/retune/test_retune.py covers them
+    "retune.confirm=0",
+    # no control runs (3 fresh processes, about 9 s an invocation): test_llm_study_end_to_end in
+    # tests/commands/test_e2e.py and tests/study/test_study.py measure the machine's noise
+    "noise.budget=0",
+]
+"""No fresh processes but the trials': an invocation's other runs are the same for every study."""
 TINY = [
     "device=cpu",
     "preset=cpu",
@@ -18,17 +27,8 @@ TINY = [
     "measure.window_s=0.05",
     "measure.min_windows=3",
     "measure.max_time_s=1",
+    *TRIALS_ONLY,
 ]
-TRIALS_ONLY = [
-    "revalidate.processes=0",
-    # no confirmation runs after the study (16 fresh runs): tests/retune/test_retune.py covers them
-    "retune.confirm=0",
-    # no control runs (3 fresh processes, about 9 s an invocation): test_llm_study_end_to_end in
-    # tests/commands/test_e2e.py and tests/study/test_study.py measure the machine's noise
-    "noise.budget=0",
-]
-"""No fresh processes but the trials': an invocation's other runs are the same for every study."""
-TINY += TRIALS_ONLY
 LENIENT = [
     "stable.excess_cv=10",
     "stable.excess_stalls=1",
