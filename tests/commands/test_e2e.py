@@ -6,10 +6,12 @@ costs seconds) and keep apart by study and experiment name.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -340,6 +342,20 @@ def test_readme_user_workload_example(runs_dir):
         assert child.data.tags["state"] == "complete", child.data.tags.get("failure")
 
 
+def wait_for_running_trial(db: Path, number: int, timeout_s: float = 120.0) -> None:
+    """Until the study in ``db`` has trial ``number`` (or a later one) RUNNING, read as another
+    process reads it: the study's own Optuna storage, in SQLite."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if db.exists():
+            with contextlib.closing(sqlite3.connect(db, timeout=10)) as connection:
+                query = "SELECT 1 FROM trials WHERE number >= ? AND state = 'RUNNING'"
+                if connection.execute(query, (number,)).fetchone():
+                    return
+        time.sleep(0.05)
+    raise AssertionError(f"trial {number} was not running in {db} after {timeout_s:.0f} s")
+
+
 def test_ctrl_c_marks_the_trial_failed_and_the_parent_killed(runs_dir):
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
     args = [
@@ -366,7 +382,11 @@ def test_ctrl_c_marks_the_trial_failed_and_the_parent_killed(runs_dir):
     for line in proc.stdout:
         if line.startswith("[1/50]"):
             break
-    time.sleep(1.5)  # well inside the second trial
+    # Inside the second trial, however long the study takes to start it on a loaded machine (a
+    # fixed 1.5 s after the first trial's line was once too short under a busy core: the Ctrl-C
+    # came between trials, so no trial was in progress to be marked).
+    wait_for_running_trial(runs_dir / "optuna.db", number=1)
+    time.sleep(0.5)
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, out + err
