@@ -57,8 +57,8 @@ class Spent:
             f"re-validation {self.revalidation_s:.0f} s",
             f"confirmation {self.confirmation_s:.0f} s",
         ]
-        spent = (self.new_s, self.control_s, self.baseline_s, self.revalidation_s)
-        other = total - sum(spent) - self.confirmation_s
+        named = (self.control_s, self.baseline_s, self.revalidation_s, self.confirmation_s)
+        other = total - self.new_s - sum(named)
         return (
             f"time: {self.new_s / total:.0%} of {total:.0f} s measured {self.new_trials} new "
             f"configuration(s) ({self.new_s:.0f} s); {', '.join(parts)}, the rest {other:.0f} s "

@@ -6,12 +6,10 @@ costs seconds) and keep apart by study and experiment name.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -342,18 +340,15 @@ def test_readme_user_workload_example(runs_dir):
         assert child.data.tags["state"] == "complete", child.data.tags.get("failure")
 
 
-def wait_for_running_trial(db: Path, number: int, timeout_s: float = 120.0) -> None:
-    """Until the study in ``db`` has trial ``number`` (or a later one) RUNNING, read as another
-    process reads it: the study's own Optuna storage, in SQLite."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if db.exists():
-            with contextlib.closing(sqlite3.connect(db, timeout=10)) as connection:
-                query = "SELECT 1 FROM trials WHERE number >= ? AND state = 'RUNNING'"
-                if connection.execute(query, (number,)).fetchone():
-                    return
+def wait_for_running_trial(runs_dir: Path, study_name: str, number: int) -> None:
+    """Until trial ``number`` (or a later one) of the study is RUNNING in its storage, as another
+    process reads it (at most 2 minutes)."""
+    study = optuna.load_study(study_name=study_name, storage=f"sqlite:///{runs_dir}/optuna.db")
+    deadline = time.monotonic() + 120
+    running = (optuna.trial.TrialState.RUNNING,)
+    while not any(t.number >= number for t in study.get_trials(deepcopy=False, states=running)):
+        assert time.monotonic() < deadline, f"trial {number} of {study_name} never ran"
         time.sleep(0.05)
-    raise AssertionError(f"trial {number} was not running in {db} after {timeout_s:.0f} s")
 
 
 def test_ctrl_c_marks_the_trial_failed_and_the_parent_killed(runs_dir):
@@ -385,7 +380,7 @@ def test_ctrl_c_marks_the_trial_failed_and_the_parent_killed(runs_dir):
     # Inside the second trial, however long the study takes to start it on a loaded machine (a
     # fixed 1.5 s after the first trial's line was once too short under a busy core: the Ctrl-C
     # came between trials, so no trial was in progress to be marked).
-    wait_for_running_trial(runs_dir / "optuna.db", number=1)
+    wait_for_running_trial(runs_dir, "interrupted", number=1)
     time.sleep(0.5)
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=120)
@@ -524,7 +519,7 @@ def test_kill_9_loses_no_completed_trial_and_the_same_command_recovers(runs_dir,
     for line in proc.stdout:
         if line.startswith("[2/50]"):
             break
-    wait_for_running_trial(runs_dir / "optuna.db", number=2)  # however loaded the machine is
+    wait_for_running_trial(runs_dir, "killed", number=2)  # however loaded the machine is
     time.sleep(0.5)
     proc.kill()
     proc.wait(timeout=30)
