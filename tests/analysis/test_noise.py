@@ -16,9 +16,7 @@ from search.analysis.stability import assess, judge
 from search.config.compose import ConfigError
 from search.config.prepare import control_config
 from search.config.settings import StableSettings
-from search.core.metrics import latency_quantiles
-from search.measurement.protocol import MeasureSettings, measure
-from search.measurement.timers import CpuTimer
+from search.measurement.protocol import MeasureSettings
 from search.space.parse import parse_space
 
 STABLE = StableSettings(
@@ -224,42 +222,56 @@ def _real_step(n: int):
     return step
 
 
-def _real_run(n: int) -> RunFigures:
-    settings = MeasureSettings(
-        warmup_steps=3,
-        warmup_s=0.05,
-        window_s=0.1,
-        min_windows=8,
-        max_windows=8,
-        target_rel_ci=0.01,
-        max_time_s=5.0,
-    )
-    m = measure(_real_step(n), 64, settings, CpuTimer())
+def _interleaved_runs(sizes: tuple[int, ...], windows: int = 8, window_s: float = 0.1):
+    """One run's figures per step size, their steps timed in turn (one step of each per round),
+    so that whatever the machine does meanwhile (a neighbour's burst, the scheduler moving the load
+    onto this core) falls on every run alike: measured one after another, a run and its controls
+    saw conditions seconds apart, and in CI those changed within seconds (a run had stalls at 25x
+    the rate its controls had just before)."""
+    steps = [_real_step(n) for n in sizes]
+    for step in steps * 3:  # warm-up
+        step()
+    window_steps_ms: list[list[list[float]]] = [[] for _ in sizes]
+    for _ in range(windows):
+        for times in window_steps_ms:
+            times.append([])
+        end_s = time.perf_counter() + window_s
+        while time.perf_counter() < end_s:
+            for step, times in zip(steps, window_steps_ms, strict=True):
+                start_s = time.perf_counter()
+                step()
+                times[-1].append((time.perf_counter() - start_s) * 1e3)
+    return [_figures(w) for w in window_steps_ms]
+
+
+def _figures(window_steps_ms: list[list[float]], items: int = 64) -> RunFigures:
+    """What ``search.execution.figures.trial_metrics`` stores of a run with these windows."""
+    throughput = np.array([items * len(w) / (sum(w) / 1e3) for w in window_steps_ms])
+    steps_ms = [t for w in window_steps_ms for t in w]
     metrics = {
-        "throughput": m.throughput,
-        "throughput_cv": m.throughput_cv,
-        "n_windows": m.n_windows,
-        "n_steps": m.n_steps,
-        "stall_steps": stall_steps(m.step_latencies_ms),
-        "latency_mean_ms": m.latency_mean_ms,
-        **latency_quantiles({"steps": m.step_latencies_ms}, 0.95),
+        "throughput": float(throughput.mean()),
+        "throughput_cv": float(throughput.std(ddof=1) / throughput.mean()),
+        "n_windows": len(window_steps_ms),
+        "n_steps": len(steps_ms),
+        "stall_steps": stall_steps(steps_ms),
+        "latency_mean_ms": float(np.mean(steps_ms)),
     }
     return RunFigures.of(metrics, time.time())
 
 
 @pytest.mark.alone
 def test_steady_real_steps_are_stable_while_another_process_loads_a_core():
-    """Real matrix products timed on this CPU while a background process spins on one core; the
-    control is measured alongside (before and after), under the same load. 3 repetitions, all
-    stable."""
+    """Real matrix products timed on this CPU while a background process spins on one core: a
+    configuration (128x128) against two control runs (96x96, shorter steps), all three measured
+    at once, step by step in turn. 5 repetitions, all stable."""
     load = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one core is taken: a step on two threads would wait for it
     try:
         time.sleep(0.3)
         for _ in range(5):
-            floor = NoiseFloor.estimate([_real_run(96) for _ in range(2)])
-            verdict = judge(_real_run(128), floor, STABLE)
+            *controls, run = _interleaved_runs((96, 96, 128))
+            verdict = judge(run, NoiseFloor.estimate(controls), STABLE)
             assert verdict.stable, verdict
     finally:
         torch.set_num_threads(threads)
