@@ -250,6 +250,6 @@ def test_ctrl_c_while_the_worker_starts_waits_for_the_start_even_with_other_thre
         signal.signal(signal.SIGINT, previous)
         stop.set()
     assert started, "the Ctrl-C landed inside the worker's start: a worker the study cannot end"
-    time.sleep(0.5)
-    with pytest.raises(ProcessLookupError):
-        os.kill(pids[0], 0)  # ended with the study's interrupt
+    # SIGKILLed with the study's interrupt; its parent, the fork server, reaps it when the
+    # scheduler next runs that process, which a loaded machine may put off past any fixed wait
+    assert _ends(pids[0]), "the worker outlived the study's interrupt"
