@@ -340,6 +340,17 @@ def test_readme_user_workload_example(runs_dir):
         assert child.data.tags["state"] == "complete", child.data.tags.get("failure")
 
 
+WHOLE_BUDGET = [
+    "measure.max_time_s=3",
+    "measure.target_rel_ci=1e-9",  # a target no interval meets
+    "measure.max_windows=10000",
+    "measure.race=false",  # and no trial stops early for being out of the front's reach
+]
+"""Every trial measures for its whole 3 s, so that a signal half a second after a trial is seen
+running lands inside it: a tiny trial otherwise ends in well under a second (under a busy core, the
+Ctrl-C test's signal once came after its trial had ended, and no trial was left to mark)."""
+
+
 def wait_for_running_trial(runs_dir: Path, study_name: str, number: int) -> None:
     """Until trial ``number`` (or a later one) of the study is RUNNING in its storage, as another
     process reads it (at most 2 minutes)."""
@@ -359,7 +370,7 @@ def test_ctrl_c_marks_the_trial_failed_and_the_parent_killed(runs_dir):
         "study.name=interrupted",
         "tracking.experiment=interrupted",
         *TINY,
-        "measure.max_time_s=3",
+        *WHOLE_BUDGET,
         f"runs_dir={runs_dir}",
     ]
     # A new session, so that the signal goes to the study and its worker as a terminal's Ctrl-C would.
@@ -496,16 +507,12 @@ def _running(runs_dir: Path, study_name: str, experiment: str):
 
 def test_kill_9_loses_no_completed_trial_and_the_same_command_recovers(runs_dir, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp_path)}
-    # Every trial measures for its whole 3 s budget (a target no interval meets), so that the kill
-    # half a second after the third trial is seen running lands inside it.
     args = [
         "+space=llm",
         "study.name=killed",
         "tracking.experiment=killed",
         *TINY,
-        "measure.max_time_s=3",
-        "measure.target_rel_ci=1e-9",
-        "measure.max_windows=10000",
+        *WHOLE_BUDGET,
         "study.sampler=random",
     ]
     proc = subprocess.Popen(
