@@ -19,7 +19,14 @@ from search.core.records import FAILED
 from search.execution.trial import TrialResult
 from search.measurement.environment import rss_bytes
 
-__all__ = ["MEMORY_POLL_S", "MemoryLimit", "OnExceeded", "classify", "over_memory_limit"]
+__all__ = [
+    "MEMORY_POLL_S",
+    "MemoryLimit",
+    "OnExceeded",
+    "classify",
+    "is_out_of_memory",
+    "over_memory_limit",
+]
 
 MEMORY_POLL_S = 0.02
 """How often the CPU memory watchdog reads the worker's resident set (only with a memory limit)."""
@@ -35,13 +42,18 @@ def classify(error: BaseException) -> str:
     """The failure line of an exception raised by a trial: ``oom``, ``crash`` (the CUDA context is
     lost: nothing after it in this process can be trusted) or ``error``."""
     cause = _root_cause(error)
-    if isinstance(cause, (torch.OutOfMemoryError, MemoryError)) or (
-        isinstance(cause, RuntimeError) and _CPU_OOM.search(str(cause))
-    ):
+    if is_out_of_memory(cause):
         return f"oom: {_first_line(cause)}"
     if isinstance(cause, torch.AcceleratorError) or str(cause).startswith("CUDA error"):
         return f"crash: {_first_line(cause)}"
     return f"error: {type(cause).__name__}: {_first_line(cause)}"
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` says the device ran out of memory (CUDA's allocator, or the host's)."""
+    return isinstance(error, (torch.OutOfMemoryError, MemoryError)) or (
+        isinstance(error, RuntimeError) and bool(_CPU_OOM.search(str(error)))
+    )
 
 
 def _root_cause(error: BaseException) -> BaseException:

@@ -5,7 +5,9 @@ computed, not *what* it computes, unless the numerics break (fp16 overflow, bf16
 cache read at the wrong position, a compiler that fuses wrongly). For a training step
 ``check_fidelity`` runs one accumulation pass of a configuration and one of the fp32 reference on
 the same micro-batches and the same initial weights, and compares the loss and every parameter's
-gradient norm within the tolerance of the configuration's precision.
+gradient norm within the tolerance of the configuration's precision. Where fp32 runs out of memory
+on a micro-batch that the configuration's precision fits, the reference runs the same samples in
+smaller pieces (``search.execution.pieces``): its OOM is never the configuration's.
 For serving it generates the batch with the workload's reference (``ServingWorkload.reference``,
 e.g. without a cache) in fp32, then runs the configuration on the same prompts decoding the
 reference's tokens (teacher forcing), and compares the logits of every generated position.
@@ -15,14 +17,18 @@ Non-finite values always fail.
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
+from search.execution.faults import is_out_of_memory
 from search.execution.knobs import Knobs, TrainStep
-from search.execution.serving import ServeStep
+from search.execution.pieces import ServingPieces, TrainingPieces, piece_sizes
+from search.execution.serving import Generated, ServeStep
 from search.workloads.base import ServingWorkload, Workload
 
 __all__ = [
@@ -119,23 +125,39 @@ def check_fidelity(
     """
     if isinstance(workload, ServingWorkload):
         return check_serving_fidelity(workload, knobs, device, seed)
-    if not knobs.numerics_apart_from(reference_knobs(knobs)):  # the reference itself
-        loss, grad_norms = _fp32_pass(workload, knobs, device, seed)
-        return _compare(knobs, loss, grad_norms, loss, grad_norms)
-    # first: a KnobError costs no reference
-    loss, grad_norms = _one_pass(workload, knobs, device, seed)
-    return _compare(knobs, loss, grad_norms, *_fp32_pass(workload, knobs, device, seed))
+    try:
+        if not knobs.numerics_apart_from(reference_knobs(knobs)):  # the reference itself
+            loss, grad_norms = _fp32_pass(workload, knobs, device, seed)
+            return _compare(knobs, loss, grad_norms, loss, grad_norms)
+        # first: a KnobError costs no reference
+        loss, grad_norms = _one_pass(workload, knobs, device, seed)
+        return _compare(knobs, loss, grad_norms, *_fp32_pass(workload, knobs, device, seed))
+    except ReferenceOutOfMemory as error:
+        return _unchecked(str(error))
 
 
-def reference_knobs(knobs: Knobs) -> Knobs:
+def _unchecked(why: str) -> FidelityReport:
+    """The report of a check that could not compute its reference: not the configuration's OOM."""
+    return FidelityReport(
+        ok=False,
+        reason=f"{why}, so this configuration cannot be checked here",
+        loss=math.nan,
+        reference_loss=math.nan,
+        loss_rel_error=math.nan,
+        grad_norm_rel_error=math.nan,
+    )
+
+
+def reference_knobs(knobs: Knobs, piece: int | None = None) -> Knobs:
     """The reference of ``knobs``: every knob at its default (fp32, single lane, no recompute, ...)
-    but the batch and its micro-batches.
+    but the batch and its micro-batches, run in passes of ``piece`` samples (None: a micro-batch).
 
-    It keeps the configuration's micro-batch size because ``TrainStep`` draws micro-batches one
-    after another from the seeded generator, which equals one whole-batch draw only when the
-    workload's ``make_batch`` happens to split that way.
+    It keeps the configuration's micro-batches because ``TrainStep`` draws them one after another
+    from the seeded generator, which equals one whole-batch draw only when the workload's
+    ``make_batch`` happens to split that way; smaller pieces are cut from those same draws
+    (``search.execution.pieces``).
     """
-    return Knobs(batch_size=knobs.batch_size, micro_batch_size=knobs.micro_samples)
+    return Knobs(batch_size=knobs.batch_size, micro_batch_size=piece or knobs.micro_samples)
 
 
 def changes_numerics(workload: Workload | ServingWorkload, knobs: Knobs) -> bool:
@@ -150,8 +172,44 @@ def changes_numerics(workload: Workload | ServingWorkload, knobs: Knobs) -> bool
 def _fp32_pass(
     workload: Workload, knobs: Knobs, device: torch.device, seed: int
 ) -> tuple[float, dict[str, float]]:
-    """The reference: one pass of ``reference_knobs(knobs)``."""
-    return _one_pass(workload, reference_knobs(knobs), device, seed)
+    """The reference: one pass of ``reference_knobs(knobs)`` on the configuration's samples, in
+    smaller pieces of each micro-batch where fp32 runs out of memory (``search.execution.pieces``).
+    """
+    return _fitting(
+        lambda piece: _one_pass(
+            TrainingPieces(workload, knobs, seed, piece),
+            reference_knobs(knobs, piece),
+            device,
+            seed,
+        ),
+        knobs,
+        device,
+    )
+
+
+T = TypeVar("T")
+
+
+class ReferenceOutOfMemory(Exception):
+    """The fp32 reference ran out of memory even one sample per pass."""
+
+
+def _fitting(run: Callable[[int], T], knobs: Knobs, device: torch.device) -> T:
+    """``run(piece)`` with the largest piece of the micro-batch that fits in memory: an OOM of the
+    reference is never the configuration's (bf16 activations take half of fp32's)."""
+    for piece in piece_sizes(knobs.micro_samples):
+        try:
+            return run(piece)
+        except Exception as error:
+            if not is_out_of_memory(error):
+                raise
+        # Outside the handler: the traceback, and the tensors its frames hold, are gone.
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    raise ReferenceOutOfMemory(
+        f"the fp32 reference ran out of memory on {device} even one sample per pass"
+    )
 
 
 def _one_pass(
@@ -362,14 +420,30 @@ class ServingFidelityReport:
         }
 
 
+def _reference_generation(
+    workload: ServingWorkload, knobs: Knobs, device: torch.device, seed: int, piece: int
+) -> Generated:
+    """The reference's generation of ``knobs``'s requests, ``piece`` requests per micro-batch."""
+    pieces = ServingPieces(workload, knobs, seed, piece)
+    plain = reference_knobs(knobs, piece)
+    with _seeded_rng(device, seed), ServeStep(pieces, plain, device, seed) as reference:
+        return reference.generate()
+
+
 def check_serving_fidelity(
     workload: ServingWorkload, knobs: Knobs, device: torch.device, seed: int = 0
 ) -> ServingFidelityReport:
     """Generate with the reference in fp32, then run ``knobs`` on the same prompts decoding the
     same tokens; compare logits position by position within ``SERVING_TOLERANCES``."""
-    plain = reference_knobs(knobs)
-    with _seeded_rng(device, seed), ServeStep(workload.reference(), plain, device, seed) as ref:
-        expected = ref.generate()
+    try:
+        expected = _fitting(
+            lambda piece: _reference_generation(workload, knobs, device, seed, piece),
+            knobs,
+            device,
+        )
+    except ReferenceOutOfMemory as unfit:
+        why = f"{unfit}, so this configuration cannot be checked here"
+        return ServingFidelityReport(False, why, math.nan, math.nan)
     with _seeded_rng(device, seed), ServeStep(workload, knobs, device, seed) as step:
         got = step.generate(forced=expected.tokens)
     assert got.logits is not None and expected.logits is not None

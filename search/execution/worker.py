@@ -94,9 +94,14 @@ def run_trial(request: TrialRequest, on_memory_exceeded: OnExceeded | None = Non
     finally:
         if limit is not None:
             limit.release()
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        _free(device)
+
+
+def _free(device: torch.device) -> None:
+    """Hand what this process no longer holds back to the device (and the allocator's cache)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,6 +181,7 @@ def _checked(
     errors: dict[str, float] = {}
     state, failure = COMPLETE, ""
     if request.fidelity:
+        _free(device)  # the measured step's memory, before the check builds two models
         report = check_fidelity(workload, knobs, device, seed=request.seed)
         if changes_numerics(workload, knobs):
             errors = report.errors

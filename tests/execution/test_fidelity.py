@@ -5,12 +5,23 @@ import pytest
 import torch
 from torch import nn
 
-from search.execution.fidelity import TOLERANCES, FidelityReport, check_fidelity
+from trial_workloads import MemoryWall
+
+from search.execution.fidelity import (
+    TOLERANCES,
+    FidelityReport,
+    _one_pass,
+    _reference_generation,
+    check_fidelity,
+    reference_knobs,
+)
 from search.execution.knobs import PRECISIONS, KnobError, Knobs, TrainStep
-from search.workloads import GPT, Workload
+from search.execution.pieces import TrainingPieces, piece_sizes
+from search.workloads import GPT, GPTServe, Workload
 
 CPU = torch.device("cpu")
 TINY = dict(vocab_size=64, seq_len=16, d_model=32, n_layers=2, n_heads=2)
+SERVE_TINY = dict(vocab_size=97, prompt_len=12, gen_len=5, d_model=32, n_layers=2, n_heads=4)
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
@@ -327,3 +338,58 @@ def test_cuda_fp16_overflow_fails():
         Amplified(), Knobs(batch_size=8, precision="fp16"), torch.device("cuda")
     )
     assert not report.ok and report.reason.startswith("non-finite loss under fp16")
+
+
+# -- the reference in pieces (a memory wall that fp32 meets first) ------------------------------
+
+
+def test_piece_sizes_divide_the_micro_batch_largest_first():
+    assert list(piece_sizes(8)) == [8, 4, 2, 1]
+    assert list(piece_sizes(12)) == [12, 6, 3, 1]
+    assert list(piece_sizes(1)) == [1]
+
+
+@pytest.mark.parametrize("piece", [2, 1])
+def test_the_reference_in_pieces_computes_the_same_step_on_the_same_samples(piece):
+    workload, knobs = Regression(), Knobs(batch_size=8, micro_batch_size=4, precision="bf16")
+    whole = _one_pass(workload, reference_knobs(knobs), CPU, 0)
+    pieces = _one_pass(
+        TrainingPieces(workload, knobs, 0, piece), reference_knobs(knobs, piece), CPU, 0
+    )
+    assert pieces[0] == pytest.approx(whole[0], rel=1e-6)
+    assert pieces[1].keys() == whole[1].keys()
+    for name, norm in whole[1].items():
+        assert pieces[1][name] == pytest.approx(norm, rel=1e-5), name
+    other_seed = _one_pass(
+        TrainingPieces(workload, knobs, 1, piece), reference_knobs(knobs, piece), CPU, 0
+    )
+    assert other_seed[0] != pytest.approx(whole[0], rel=1e-3)  # the pieces are that seed's samples
+
+
+def test_bf16_at_its_wall_is_checked_against_an_fp32_reference_run_in_pieces():
+    knobs = Knobs(batch_size=16, micro_batch_size=8, precision="bf16")
+    report = check_fidelity(MemoryWall(), knobs, CPU)
+    assert report.ok, report.reason
+    # the same reference as on a device where fp32 fits the whole micro-batch
+    roomy = type("Roomy", (MemoryWall,), {"BUDGET_BYTES": 10**9})()
+    assert report.reference_loss == pytest.approx(
+        check_fidelity(roomy, knobs, CPU).reference_loss, rel=1e-6
+    )
+
+
+def test_a_reference_that_fits_not_even_one_sample_leaves_the_configuration_unchecked_not_oom():
+    tight = type("Tight", (MemoryWall,), {"BUDGET_BYTES": MemoryWall.WIDTH * 2})()
+    report = check_fidelity(tight, Knobs(batch_size=4, micro_batch_size=1, precision="bf16"), CPU)
+    assert not report.ok
+    assert "ran out of memory on cpu even one sample per pass" in report.reason
+    assert "cannot be checked" in report.reason
+
+
+def test_the_serving_reference_in_pieces_generates_the_same_tokens():
+    workload = GPTServe(**SERVE_TINY, kv_cache=True)
+    knobs = Knobs(batch_size=4, micro_batch_size=4, precision="bf16")
+    whole = _reference_generation(workload, knobs, CPU, 1, 4)
+    for piece in (2, 1):
+        pieces = _reference_generation(workload, knobs, CPU, 1, piece)
+        assert torch.equal(pieces.tokens, whole.tokens)
+        torch.testing.assert_close(pieces.logits, whole.logits, rtol=1e-5, atol=1e-5)

@@ -11,6 +11,7 @@ from tiny import TINY_GPT
 from trial_workloads import (
     QUICK,
     Layers,
+    MemoryWall,
     NeedsWidth,
     OutOfMemory,
     Overflows,
@@ -71,6 +72,22 @@ def test_fidelity_errors_are_reported_for_configurations_that_change_numerics():
 def test_out_of_memory_is_a_failed_trial_marked_oom():
     result = run_trial(request(target(OutOfMemory)))
     assert result.state == FAILED and result.failure.startswith("oom: CUDA out of memory")
+
+
+def test_bf16_at_its_own_wall_completes_though_fp32_does_not_fit_that_micro_batch():
+    # bf16 fits a micro-batch of 8 on this simulated device, fp32 only one of 4: the fidelity
+    # check's fp32 reference must not turn bf16's wall into fp32's.
+    bf16 = run_trial(
+        request(target(MemoryWall), batch_size=16, micro_batch_size=8, precision="bf16")
+    )
+    assert bf16.state == COMPLETE, bf16.failure
+    assert 0 < bf16.fidelity["fidelity_grad_norm_rel_error"] < 0.031
+    fp32 = run_trial(request(target(MemoryWall), batch_size=16, micro_batch_size=8))
+    assert fp32.state == FAILED and fp32.failure.startswith("oom: CUDA out of memory")
+    past = run_trial(
+        request(target(MemoryWall), batch_size=16, micro_batch_size=16, precision="bf16")
+    )
+    assert past.state == FAILED and past.failure.startswith("oom: CUDA out of memory")
 
 
 def test_peak_above_the_limit_is_oom_even_where_no_watchdog_saw_it():

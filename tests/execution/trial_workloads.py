@@ -73,6 +73,32 @@ class OutOfMemory(Wide):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
 
+class MemoryWall(Workload):
+    """A simulated device whose activations take ``bytes per element x samples x width``: with
+    its budget, bf16 fits a micro-batch of 8 and fp32 (4 bytes, twice bf16's) only one of 4. The
+    step raises CUDA's own out-of-memory error past the budget, as a real device would."""
+
+    WIDTH, BUDGET_BYTES = 64, 8 * 64 * 2
+
+    def build_model(self):
+        return nn.Sequential(nn.Linear(self.WIDTH, self.WIDTH), nn.GELU(), nn.Linear(self.WIDTH, 1))
+
+    def make_batch(self, size, generator):
+        x = torch.randn(size, self.WIDTH, generator=generator)
+        return x, torch.randn(size, 1, generator=generator)
+
+    def loss(self, model, batch):
+        x, y = batch
+        autocast = torch.is_autocast_enabled(x.device.type)
+        dtype = torch.get_autocast_dtype(x.device.type) if autocast else x.dtype
+        needed = x.shape[0] * self.WIDTH * dtype.itemsize
+        if needed > self.BUDGET_BYTES:
+            raise torch.OutOfMemoryError(
+                f"CUDA out of memory. Tried to allocate {needed} bytes of {self.BUDGET_BYTES}"
+            )
+        return nn.functional.mse_loss(model(x), y)
+
+
 class Segfaults(Wide):
     def build_model(self):
         os.kill(os.getpid(), signal.SIGSEGV)
