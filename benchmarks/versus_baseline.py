@@ -56,7 +56,9 @@ def baseline_candidates(space) -> list[dict[str, Any]]:
         if "micro_batch_size" in params
         else [batch]
     )
-    fixed = {"precision": "bf16", "recompute": False, "streams": 1}
+    recompute = params.get("recompute")
+    off = [v for v in (recompute.values() or []) if v in (False, "none")] if recompute else []
+    fixed = {"precision": "bf16", "recompute": off[0] if off else False, "streams": 1}
     base = {}
     for name, param in params.items():
         if name in fixed:

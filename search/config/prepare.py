@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.util
 import inspect
 import json
 import random
@@ -24,6 +25,7 @@ from search.core.errors import SpaceError
 from search.core.knobs import GENERIC_KNOBS
 from search.core.metrics import METRICS
 from search.execution.knobs import unsupported_reason, value_rule
+from search.execution.recompute import RECOMPUTE_NONE, recompute_setting
 from search.measurement.energy import energy_unavailable_reason
 from search.space.params import FloatParam, IntParam, Param
 from search.space.parse import parse_space
@@ -95,6 +97,22 @@ def _check_generic_knobs(space: SearchSpace) -> None:
             )
 
 
+def _check_recompute(space: SearchSpace, cls: type) -> None:
+    """A recompute setting the workload cannot name is refused: blocks need
+    ``recompute_modules``, a part's name needs ``recompute_parts``."""
+    param = space.params.get("recompute")
+    settings = {recompute_setting(v) for v in (param.values() or [])} if param else set()
+    blocks = {s for s in settings if s == "all" or s.startswith("every-")}
+    parts = settings - blocks - {RECOMPUTE_NONE}
+    for names, method in ((blocks, "recompute_modules"), (parts, "recompute_parts")):
+        if names and getattr(cls, method, None) is getattr(Workload, method):
+            raise ConfigError(
+                f"space '{space.name}': workload {space.workload['_target_']} cannot recompute "
+                f"{', '.join(sorted(names))}: implement {method}(model) to name what to "
+                "recompute, or leave those settings out of recompute"
+            )
+
+
 def _check_fixed_knobs_run_here(space: SearchSpace, device: torch.device) -> None:
     """A generic knob fixed at a value this device cannot run is refused (a searched one only
     loses that choice, with a note)."""
@@ -130,6 +148,12 @@ def _check_workload(space: SearchSpace) -> None:
     """The workload has its task's methods, takes every knob that is not a generic one, and every
     generic knob the space searches applies to its task."""
     target, cls = space.workload["_target_"], workload_class(space)
+    for module, install in getattr(cls, "requires", {}).items():
+        if importlib.util.find_spec(module) is None:
+            raise ConfigError(
+                f"space '{space.name}': workload {target} needs {module}, which is not "
+                f"installed; install it with: {install}"
+            )
     task = getattr(cls, "task", "train")
     missing = [m for m in _TASK_METHODS.get(task, ()) if not callable(getattr(cls, m, None))]
     if task not in _TASK_METHODS or missing:
@@ -145,16 +169,7 @@ def _check_workload(space: SearchSpace) -> None:
                 f"space '{space.name}': knob {name} does not apply to workload {target} (task "
                 f"{task}: its generic knobs are {', '.join(applies)}); remove it from params"
             )
-    recompute = space.params.get("recompute")
-    if (
-        recompute is not None
-        and True in (recompute.values() or [])
-        and getattr(cls, "recompute_modules", None) is Workload.recompute_modules
-    ):
-        raise ConfigError(
-            f"space '{space.name}': workload {target} does not support knob recompute: implement "
-            "recompute_modules(model) to name the modules to recompute, or fix recompute: false"
-        )
+    _check_recompute(space, cls)
     accepted = inspect.signature(cls).parameters
     if any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
         return

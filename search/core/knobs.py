@@ -85,11 +85,14 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="recompute",
-        short=None,
+        short="recompute:",
         tasks=("train",),
         changes_numerics=True,
-        description="Recompute the activations of ``workload.recompute_modules()`` in backward "
-        "instead of keeping them (serving has no backward pass).",
+        description="none | all | every-K | a part's name: recompute in backward, instead of "
+        "keeping them, the activations of every block of ``workload.recompute_modules()``, of "
+        "every K-th, or of one part of every block (``workload.recompute_parts()``); true and "
+        "false mean all and none (serving has no backward pass).",
+        unlabelled="none",
     ),
     Knob(
         name="compile",

@@ -80,13 +80,13 @@ def config_name(config: Mapping[str, Any]) -> str:
     """
     parts = []
     for name, value in config.items():
-        if name in UNLABELLED and value == UNLABELLED[name]:
-            continue
-        if name in SHORT_LABELS:
-            parts.append(f"{SHORT_LABELS[name]}{value}")
-        elif isinstance(value, bool):
+        if isinstance(value, bool):
             if value:
                 parts.append(name)
+        elif name in UNLABELLED and value == UNLABELLED[name]:
+            continue
+        elif name in SHORT_LABELS:
+            parts.append(f"{SHORT_LABELS[name]}{value}")
         elif isinstance(value, str):
             parts.append(value)
         else:

@@ -27,6 +27,7 @@ import torch
 
 from search.execution.faults import is_out_of_memory
 from search.execution.knobs import Knobs, TrainStep
+from search.execution.recompute import RECOMPUTE_NONE
 from search.execution.pieces import ServingPieces, TrainingPieces, piece_sizes
 from search.execution.serving import Generated, ServeStep
 from search.workloads.base import ServingWorkload, Workload
@@ -373,7 +374,7 @@ def _describe(knobs: Knobs) -> str:
     """The precision, plus whatever else sets the configuration apart from the reference."""
     extras = (
         ([f"{knobs.streams} lanes"] if knobs.streams > 1 else [])
-        + (["recompute"] if knobs.recompute else [])
+        + ([f"recompute {knobs.recompute}"] if knobs.recompute != RECOMPUTE_NONE else [])
         + ([f"compile={knobs.compile}"] if knobs.compile != "off" else [])
     )
     return knobs.precision + (f" ({', '.join(extras)})" if extras else "")

@@ -12,10 +12,20 @@ import numpy as np
 
 from search.analysis.pareto import meets_slo, pareto_mask
 from search.core.records import COMPLETE
+from search.execution.recompute import RECOMPUTE_NONE, recompute_setting
 from search.space.params import CategoricalParam, FloatParam, IntParam, Param
 from search.space.search_space import SearchSpace
 
-__all__ = ["FAILED", "FIDELITY", "OOM", "PRECISION_ORDER", "Book", "Seen", "knobs_key"]
+__all__ = [
+    "FAILED",
+    "FIDELITY",
+    "OOM",
+    "PRECISION_ORDER",
+    "Book",
+    "Seen",
+    "knobs_key",
+    "recomputes",
+]
 
 PRECISION_ORDER = ("bf16", "fp16", "tf32", "fp32")
 """Precisions from the one an expert tries first to the last: bf16 keeps fp32's range (no loss
@@ -36,6 +46,11 @@ class Seen:
     ``failed`` (any other fault)."""
     figures: Mapping[str, float]
     """The objectives' figures of a complete one (empty otherwise)."""
+
+
+def recomputes(config: Mapping[str, Any]) -> bool:
+    """Whether ``config`` recomputes any activations (a flag, or a setting other than none)."""
+    return recompute_setting(config.get("recompute", False)) != RECOMPUTE_NONE
 
 
 def knobs_key(config: Mapping[str, Any], knobs: Sequence[str]) -> str:
@@ -92,13 +107,13 @@ class Book:
         return known.figures.get("throughput")
 
     def best(self, batch: Any = None, recompute: bool | None = None) -> Seen | None:
-        """The fastest complete configuration (at ``batch`` and ``recompute`` if given) that meets
-        the slo; the fastest of all where none does."""
+        """The fastest complete configuration (at ``batch``, and with or without recompute if
+        ``recompute`` is given) that meets the slo; the fastest of all where none does."""
         pool = [
             s
             for s in self.complete
             if batch is None or s.config.get("batch_size") == batch
-            if recompute is None or s.config.get("recompute") == recompute
+            if recompute is None or recomputes(s.config) == recompute
             if "throughput" in s.figures
         ]
         meeting = [s for s in pool if meets_slo(s.figures, self.slo)] if self.slo else pool
@@ -119,6 +134,19 @@ class Book:
     def ladder(self, knob: str) -> list[Any]:
         """The values of a discrete knob in order (ascending numbers, choices as written)."""
         return _values(self.space.searched[knob])
+
+    def recompute_settings(self) -> list[Any]:
+        """The recompute values that recompute something, from the least to the most (as the
+        space lists them: ``true`` for a flag); empty where recompute is not searched."""
+        if "recompute" not in self.discrete:
+            return []
+        return [v for v in self.ladder("recompute") if recompute_setting(v) != RECOMPUTE_NONE]
+
+    def no_recompute(self) -> Any:
+        """The value of recompute that recomputes nothing (``false`` or ``none``); None where the
+        space has none."""
+        values = self.ladder("recompute") if "recompute" in self.discrete else []
+        return next((v for v in values if recompute_setting(v) == RECOMPUTE_NONE), None)
 
     def precision(self) -> Any:
         """The lowest precision not seen failing the fidelity check (``PRECISION_ORDER``)."""

@@ -16,7 +16,11 @@ of memory, breaks a constraint or is being measured by another process:
 2. **The other 16-bit precision** (fp16 for bf16, and back) at the best so far, once; then
    **each compiler mode** the space searches (``compile``), once, at the best so far: the rest of
    the order then starts from a compiled configuration where compiling paid.
-3. **Recompute where it lets a larger micro-batch fit**: just above the wall, with recompute.
+3. **The least recompute that lets a larger micro-batch fit**: at the micro-batch just above
+   the wall, the space's recompute settings from the least recomputed up (as it lists them: a
+   part of every block, every K-th block, all), each until one fits. Then **each other
+   precision's own wall**, bisected where it ran out of memory: bf16's activations take half of
+   fp32's, so bf16's wall is not fp32's.
 4. **The best inner configuration of each batch size**, from the largest down (the throughput-
    latency front): at the largest batch, micro-batch sweeps from the largest that fits down, on
    more lanes and on one, each until it has passed its peak; a smaller batch starts from the best
@@ -40,7 +44,7 @@ from typing import Any
 from search.core.records import COMPLETE
 from search.space.params import FloatParam, IntParam
 from search.space.search_space import SearchSpace
-from search.study.book import OOM, Book, Seen, knobs_key
+from search.study.book import OOM, Book, Seen, knobs_key, recomputes
 
 __all__ = ["Move", "next_move"]
 
@@ -87,6 +91,7 @@ def _order(book: Book) -> Iterator[Move]:
     yield from _precision_peer(book)
     yield from _compiler(book)
     yield from _recompute_past_the_wall(book)
+    yield from _precision_walls(book)
     yield from _batches(book)
     yield from _local_search(book)
 
@@ -99,8 +104,8 @@ def _opening_base(book: Book) -> dict[str, Any]:
         values = book.ladder(knob)
         if knob == "precision":
             base[knob] = book.precision()
-        elif knob == "recompute" and False in values:
-            base[knob] = False
+        elif knob == "recompute" and book.no_recompute() is not None:
+            base[knob] = book.no_recompute()
         elif knob == "compile" and "off" in values:
             base[knob] = "off"
         else:
@@ -193,24 +198,65 @@ def _compiler(book: Book) -> Iterator[Move]:
 
 
 def _recompute_past_the_wall(book: Book) -> Iterator[Move]:
-    """Recompute at the micro-batch just above the largest that fitted without it."""
-    if not {"micro_batch_size", "recompute"} <= set(book.discrete):
+    """The least recompute that lets the micro-batch at the wall fit: at the fastest
+    configuration without recompute, on one lane, the smallest micro-batch that ran out of memory
+    above every one that fitted; the space's recompute settings from the least recomputed up, each
+    until one fits there."""
+    settings = book.recompute_settings()
+    best = book.best(recompute=False)
+    if "micro_batch_size" not in book.discrete or not settings or best is None:
         return
-    if True not in book.ladder("recompute"):
+    base = dict(best.config)
+    if "streams" in book.discrete:
+        base["streams"] = book.ladder("streams")[0]
+    wall = _wall(book, base)
+    if wall is None:
         return
-    best = book.best()
-    if best is None or best.config.get("recompute"):
+    for setting in settings:
+        config = {**base, "micro_batch_size": wall, "recompute": setting}
+        outcome = book.outcome(config)
+        if outcome is None:
+            yield Move(
+                config,
+                f"recompute {setting}: the least recompute not yet tried at micro-batch {wall}, "
+                "which ran out of memory without it",
+            )
+            return
+        if outcome == COMPLETE:
+            return
+
+
+def _wall(book: Book, config: Mapping[str, Any]) -> Any:
+    """The smallest micro-batch at ``config`` (recompute as there) that ran out of memory, or is
+    certain to, above every one that fitted; None where none did."""
+    fitted = [
+        m
+        for m in book.ladder("micro_batch_size")
+        if book.outcome({**config, "micro_batch_size": m}) == COMPLETE
+    ]
+    above = [m for m in book.ladder("micro_batch_size") if m > max(fitted, default=0)]
+    return next((m for m in above if book.outcome({**config, "micro_batch_size": m}) == OOM), None)
+
+
+def _precision_walls(book: Book) -> Iterator[Move]:
+    """Each other precision's own wall, bisected where it ran out of memory (without recompute):
+    bf16's activations take half of fp32's, so bf16's wall is not fp32's."""
+    if not {"micro_batch_size", "precision"} <= set(book.discrete):
         return
-    micros = book.ladder("micro_batch_size")
-    bigger = [m for m in micros if m > best.config["micro_batch_size"]]
-    if not bigger:
-        return
-    plain = {**best.config, "micro_batch_size": bigger[0]}
-    if book.outcome(plain) == OOM:
-        yield Move(
-            {**plain, "recompute": True},
-            f"recompute: lets micro-batch {bigger[0]} fit where it ran out of memory",
-        )
+    opening = book.precision()
+    for seen in list(book.outcomes.values()):
+        precision = seen.config.get("precision")
+        if seen.outcome != OOM or precision == opening or recomputes(seen.config):
+            continue
+        micros = [
+            m
+            for m in book.ladder("micro_batch_size")
+            if m <= seen.config["micro_batch_size"] and _feasible(book, seen.config, m)
+        ]
+        step = _bisect(book, seen.config, micros)
+        if step is not None:
+            why = step.why.replace("bisecting the OOM wall", f"bisecting {precision}'s own wall")
+            yield Move(step.config, why)
 
 
 def _batches(book: Book) -> Iterator[Move]:
@@ -236,13 +282,16 @@ def _batches(book: Book) -> Iterator[Move]:
 
 
 def _with_recompute(book: Book, batch: Any) -> Iterator[Move]:
-    """The best configuration of ``batch`` with recompute: the memory end of the front (a third
-    of the activations or so, for another forward pass)."""
-    best = book.best(batch)
-    if best is None or "recompute" not in book.discrete or best.config["recompute"]:
+    """The best configuration of ``batch`` with the most recompute the space has: the memory end
+    of the front (a third of the activations or so, for another forward pass)."""
+    best, settings = book.best(batch), book.recompute_settings()
+    if best is None or not settings or recomputes(best.config):
         return
-    if True in book.ladder("recompute") and _recompute_saves_memory(book):
-        yield Move({**best.config, "recompute": True}, f"memory front: recompute at batch {batch}")
+    if _recompute_saves_memory(book):
+        yield Move(
+            {**best.config, "recompute": settings[-1]},
+            f"memory front: recompute {settings[-1]} at batch {batch}",
+        )
 
 
 RECOMPUTE_SAVING = 0.1
@@ -254,8 +303,9 @@ def _recompute_saves_memory(book: Book) -> bool:
     (True while no such pair is known): on a CPU the allocator may keep what it frees."""
     pairs = []
     for s in book.complete:
-        if s.config.get("recompute") is True:
-            plain = book.outcomes.get(knobs_key({**s.config, "recompute": False}, book.discrete))
+        if recomputes(s.config):
+            without = {**s.config, "recompute": book.no_recompute()}
+            plain = book.outcomes.get(knobs_key(without, book.discrete))
             if plain is not None and plain.outcome == COMPLETE:
                 pairs.append((plain.figures.get(MEMORY), s.figures.get(MEMORY)))
     known = [(a, b) for a, b in pairs if a and b is not None]

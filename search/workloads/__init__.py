@@ -3,6 +3,16 @@
 from search.workloads.base import Batch, ServingWorkload, Workload, is_counting
 from search.workloads.gpt import GPT
 from search.workloads.gpt_serve import GPTServe
+from search.workloads.llama import Llama
 from search.workloads.vision import TwoBranchCNN
 
-__all__ = ["GPT", "Batch", "GPTServe", "ServingWorkload", "TwoBranchCNN", "Workload", "is_counting"]
+__all__ = [
+    "GPT",
+    "Batch",
+    "GPTServe",
+    "Llama",
+    "ServingWorkload",
+    "TwoBranchCNN",
+    "Workload",
+    "is_counting",
+]

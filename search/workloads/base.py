@@ -14,7 +14,7 @@ import abc
 import contextlib
 import contextvars
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -81,10 +81,14 @@ class Workload(abc.ABC):
     unit: str = "samples"
     """What one item is; throughput is reported in ``{unit}/s`` (e.g. ``tokens``)."""
 
+    requires: ClassVar[dict[str, str]] = {}
+    """Optional packages it imports beyond the tool's own dependencies: import name -> how to
+    install it. A space naming a workload whose package is missing is refused with that line."""
+
     @abc.abstractmethod
     def build_model(self) -> nn.Module:
-        """Build the model on the CPU with its initial weights (deterministic under the torch
-        seed)."""
+        """Build the model with its initial weights (deterministic under the torch seed). It is
+        called with the step's device as torch's default device, so its tensors start there."""
 
     @abc.abstractmethod
     def make_batch(self, size: int, generator: torch.Generator) -> Batch:
@@ -104,12 +108,19 @@ class Workload(abc.ABC):
         return None
 
     def recompute_modules(self, model: nn.Module) -> list[nn.Module]:
-        """Submodules whose activations may be recomputed in backward (the ``recompute`` knob).
+        """The blocks whose activations may be recomputed in backward, in the order forward runs
+        them (the ``recompute`` knob: ``all`` of them, or ``every-K``-th from the first).
 
         Default: none, so a space that searches ``recompute`` over this workload is rejected with
         a message naming this method.
         """
         return []
+
+    def recompute_parts(self, model: nn.Module) -> dict[str, list[nn.Module]]:
+        """The parts of the blocks that may be recomputed alone, by name: e.g. ``attention`` and
+        ``mlp``, each the list of that part's module in every block (``recompute: mlp``
+        recomputes the MLP of every block). Default: none named."""
+        return {}
 
     def make_optimizer(self, params: Any) -> torch.optim.Optimizer:
         """The optimizer of the training step. Default: AdamW, lr 1e-4."""
@@ -129,13 +140,15 @@ class ServingWorkload(abc.ABC):
 
     task: str = "serve"
     knobs: tuple[str, ...] = SERVE_KNOBS
+    requires: ClassVar[dict[str, str]] = {}
+    """As ``Workload.requires``."""
     unit: str = "tokens"
     """Generated tokens: throughput is in tokens/s of output."""
 
     @abc.abstractmethod
     def build_model(self) -> nn.Module:
-        """Build the model on the CPU with its initial weights (deterministic under the torch
-        seed)."""
+        """Build the model with its initial weights (deterministic under the torch seed). It is
+        called with the step's device as torch's default device, so its tensors start there."""
 
     @abc.abstractmethod
     def make_prompts(self, size: int, generator: torch.Generator) -> torch.Tensor:

@@ -16,31 +16,39 @@ _INIT_STD = 0.02
 """GPT-2's weight init: keeps the logits small, so the initial loss is close to ln(vocab_size)."""
 
 
-class _Block(nn.Module):
-    """One pre-LayerNorm transformer block: causal self-attention, then a GELU MLP."""
+class _Attention(nn.Module):
+    """Causal multi-head self-attention: one projection to queries, keys and values, one out."""
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float):
+    def __init__(self, d_model: int, n_heads: int, dropout: float):
         super().__init__()
-        self.n_heads = n_heads
-        self.dropout = dropout
-        self.ln_attn = nn.LayerNorm(d_model)
+        self.n_heads, self.dropout = n_heads, dropout
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.proj = nn.Linear(d_model, d_model)
-        self.ln_mlp = nn.LayerNorm(d_model)
-        self.mlp = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))
-        self.drop = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop(self._attend(self.ln_attn(x)))
-        return x + self.drop(self.mlp(self.ln_mlp(x)))
-
-    def _attend(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, d_model = x.shape
         qkv = self.qkv(x).view(batch, seq, 3, self.n_heads, d_model // self.n_heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (batch, heads, seq, head_dim)
         dropout_p = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
         return self.proj(y.transpose(1, 2).reshape(batch, seq, d_model))
+
+
+class _Block(nn.Module):
+    """One pre-LayerNorm transformer block: causal self-attention, then a GELU MLP."""
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float):
+        super().__init__()
+        self.n_heads = n_heads
+        self.ln_attn = nn.LayerNorm(d_model)
+        self.attn = _Attention(d_model, n_heads, dropout)
+        self.ln_mlp = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.ln_attn(x)))
+        return x + self.drop(self.mlp(self.ln_mlp(x)))
 
 
 class _Decoder(nn.Module):
@@ -145,6 +153,12 @@ class GPT(Workload):
 
     def recompute_modules(self, model: nn.Module) -> list[nn.Module]:
         return list(cast(nn.ModuleList, model.blocks))
+
+    def recompute_parts(self, model: nn.Module) -> dict[str, list[nn.Module]]:
+        """``attention`` (its projections and scores) and ``mlp`` (its 4x wide hidden layer) of
+        every block; the LayerNorms before them stay kept."""
+        blocks = cast(list[_Block], self.recompute_modules(model))
+        return {"attention": [b.attn for b in blocks], "mlp": [b.mlp for b in blocks]}
 
 
 def check_gpt_shape(**sizes: int) -> None:

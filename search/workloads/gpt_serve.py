@@ -106,7 +106,7 @@ def _block(
     """``_Block.forward`` for new positions after ``past`` keys and values."""
     h = block.ln_attn(x)
     batch, seq, d_model = h.shape
-    qkv = block.qkv(h).view(batch, seq, 3, block.n_heads, d_model // block.n_heads)
+    qkv = block.attn.qkv(h).view(batch, seq, 3, block.n_heads, d_model // block.n_heads)
     q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (batch, heads, seq, head_dim)
     if past is not None:
         if seq > 1:
@@ -114,5 +114,5 @@ def _block(
         k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
     # Causal among the prompt's positions; one new position attends to everything before it.
     y = F.scaled_dot_product_attention(q, k, v, is_causal=past is None and seq > 1)
-    x = x + block.proj(y.transpose(1, 2).reshape(batch, seq, d_model))
+    x = x + block.attn.proj(y.transpose(1, 2).reshape(batch, seq, d_model))
     return x + block.mlp(block.ln_mlp(x)), (k, v)

@@ -1,0 +1,302 @@
+"""Measure a GPU in one short window: the campaign of docs/operations/gpu.md, step by step.
+
+    python benchmarks/gpu_campaign.py --out benchmarks/results [--budget-s 600] [--steps a,b]
+
+GPU time comes in short windows (about 15 minutes, the machine's start included), so the
+campaign runs its steps in a fixed order, each under a time cap, and stops at its budget with
+what it has recorded so far. Each step that ends writes one JSON record to ``--out``
+(``<device>-<step>.json``: the device, the versions, the command, its wall time and exit code,
+the figures it read with their intervals, and the tail of its output). A step already recorded
+for this device, in ``--out`` or in ``benchmarks/results``, is skipped, so a later window takes up
+what is not yet recorded (``--again`` measures them anew). The steps, in order:
+
+- ``peaks``: the device and its measured peaks (a bf16 matrix product, a device-to-device copy);
+- ``llm``: the default ``python -m search +space=llm``, whole;
+- ``llama``: ``+space=llama``, capped (``study.timeout_s``);
+- ``llm_versus``, ``llama_versus``: ``benchmarks/versus_baseline.py`` against the expert's hand
+  baseline, side by side in fresh processes;
+- ``pytest_gpu``: ``python -m pytest -m gpu``;
+- ``llm_serve``: a short serving study;
+- ``retune``: a re-tune of ``llm`` after a model change (one layer fewer), with its verdict.
+
+docs/operations/gpu.md is generated from these records (docs/gen_gpu.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORDS = ROOT / "benchmarks" / "results"
+TAIL_CHARS = 6000
+"""How much of a step's output its record keeps."""
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    cap_s: float
+    """Longest the step may run; it gets less where less of the budget is left."""
+    argv: Callable[[Path], list[str]] | None
+    """The command, given the runs folder; None: measured in this process (``peaks``)."""
+    needs: str | None = None
+    """A step whose study this one reads; skipped while that study has no recommendation."""
+    study: str | None = None
+    """The study folder (under the runs folder) whose best.yaml holds the step's figures."""
+
+
+def _search(*args: str) -> Callable[[Path], list[str]]:
+    return lambda runs: [sys.executable, "-m", "search", *args, f"runs_dir={runs}"]
+
+
+def _versus(space: str, study: str) -> Callable[[Path], list[str]]:
+    def argv(runs: Path) -> list[str]:
+        return [
+            sys.executable,
+            str(ROOT / "benchmarks" / "versus_baseline.py"),
+            "--tuned",
+            str(runs / study / "best.yaml"),
+            "--processes",
+            "2",
+            "--json",
+            str(runs / f"{space}_versus.json"),
+            f"+space={space}",
+            f"runs_dir={runs}",
+        ]
+
+    return argv
+
+
+SHORT_ENDING = ("revalidate.max_candidates=2", "retune.confirm=4")
+"""A capped study re-validates its two best candidates and confirms its recommendation."""
+
+STEPS = (
+    Step("peaks", 60, None),
+    Step("llm", 600, _search("+space=llm"), study="llm-cuda"),
+    Step(
+        "llama",
+        330,
+        _search("+space=llama", "study.timeout_s=200", *SHORT_ENDING),
+        study="llama-cuda",
+    ),
+    Step("llm_versus", 240, _versus("llm", "llm-cuda"), needs="llm"),
+    Step("llama_versus", 300, _versus("llama", "llama-cuda"), needs="llama"),
+    Step("pytest_gpu", 240, lambda runs: [sys.executable, "-m", "pytest", "-q", "-m", "gpu"]),
+    Step(
+        "llm_serve",
+        240,
+        _search("+space=llm_serve", "study.timeout_s=90", *SHORT_ENDING),
+        study="llm_serve-cuda",
+    ),
+    Step(
+        "retune",
+        300,
+        _search(
+            "retune",
+            "+space=llm",
+            "space.workload.n_layers=11",
+            "retune.n_trials=2",
+            "retune.remeasure=1",
+            "retune.processes=4",
+        ),
+        needs="llm",
+    ),
+)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=RECORDS, help="where the records go")
+    parser.add_argument("--runs-dir", type=Path, default=Path("runs/gpu-campaign"))
+    parser.add_argument("--budget-s", type=float, default=600.0, help="stop starting steps then")
+    parser.add_argument("--steps", help="comma-separated step names (default: every step)")
+    parser.add_argument("--again", action="store_true", help="measure recorded steps again")
+    args = parser.parse_args(argv)
+    names = [s.name for s in STEPS]
+    chosen = args.steps.split(",") if args.steps else names
+    unknown = sorted(set(chosen) - set(names))
+    if unknown:
+        print(f"unknown step(s) {', '.join(unknown)}; the steps are {', '.join(names)}")
+        return 2
+    started = time.monotonic()
+    device = device_facts()
+    print(f"campaign on {device['name']}: steps {', '.join(chosen)}", flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    for step in STEPS:
+        if step.name not in chosen:
+            continue
+        left_s = args.budget_s - (time.monotonic() - started)
+        skip = _why_skip(step, device, args, left_s)
+        if skip:
+            print(f"[{step.name}] skipped: {skip}", flush=True)
+            continue
+        record = run_step(step, device, args.runs_dir, min(step.cap_s, left_s))
+        path = args.out / f"{_slug(device['name'])}-{step.name}.json"
+        path.write_text(json.dumps(record, indent=2, default=str))
+        print(f"[{step.name}] rc {record['rc']} in {record['wall_s']:.0f} s -> {path}", flush=True)
+    return 0
+
+
+def _why_skip(step: Step, device: dict[str, Any], args: argparse.Namespace, left_s: float):
+    if left_s < 30:
+        return f"{left_s:.0f} s of the budget left"
+    recorded = [d / f"{_slug(device['name'])}-{step.name}.json" for d in (args.out, RECORDS)]
+    if not args.again and any(p.exists() for p in recorded):
+        return "recorded already for this device (--again measures it anew)"
+    if step.needs:
+        needed = next(s for s in STEPS if s.name == step.needs)
+        if not (args.runs_dir / str(needed.study) / "best.yaml").exists():
+            return f"needs a recommendation of step {step.needs} in {args.runs_dir}"
+    return None
+
+
+def run_step(step: Step, device: dict[str, Any], runs: Path, cap_s: float) -> dict[str, Any]:
+    """Run one step under ``cap_s`` and read its figures."""
+    began = time.monotonic()
+    record: dict[str, Any] = {"step": step.name, "device": device, "cap_s": round(cap_s)}
+    if step.argv is None:
+        record.update(rc=0, command="(in the campaign's process)", figures=measure_peaks())
+    else:
+        command = step.argv(runs)
+        record["command"] = " ".join(command)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        try:
+            done = subprocess.run(
+                command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=cap_s
+            )
+            rc, output = done.returncode, done.stdout + done.stderr
+        except subprocess.TimeoutExpired as e:
+            rc, output = 124, _text(e.stdout) + _text(e.stderr)
+        print(output[-2000:], flush=True)
+        record.update(rc=rc, output_tail=output[-TAIL_CHARS:])
+        record["figures"] = read_figures(step, runs, output)
+    record["wall_s"] = time.monotonic() - began
+    record["ended"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    return record
+
+
+def _text(data: bytes | str | None) -> str:
+    if data is None:
+        return ""
+    return data if isinstance(data, str) else data.decode(errors="replace")
+
+
+def read_figures(step: Step, runs: Path, output: str) -> dict[str, Any]:
+    """What a step's files and output say: a study's recommendation and time line, a
+    comparison's report, a test run's counts, a re-tune's verdict."""
+    figures: dict[str, Any] = {}
+    if step.study:
+        best = runs / step.study / "best.yaml"
+        if best.exists():
+            figures["best"] = yaml.safe_load(best.read_text())
+    if step.name.endswith("_versus"):
+        report = runs / f"{step.name}.json"
+        if report.exists():
+            figures["report"] = json.loads(report.read_text())
+    for key, pattern in (
+        ("time_line", r"^time: .*$"),
+        ("tests", r"^\d+ passed.*$|^.*\d+ failed.*$"),
+        ("verdict", r"^retune: .*$"),
+        ("trial_lines", r"^\[\d+/\d+\] .*$"),
+    ):
+        found = re.findall(pattern, output, flags=re.MULTILINE)
+        if found:
+            figures[key] = found if key == "trial_lines" else found[-1]
+    return figures
+
+
+# -- the device and its peaks ------------------------------------------------------------------
+
+
+def device_facts() -> dict[str, Any]:
+    import torch
+
+    facts: dict[str, Any] = {
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        "cuda": torch.version.cuda,
+        "host_cores": os.cpu_count(),
+    }
+    if not torch.cuda.is_available():
+        return {**facts, "name": "cpu"}
+    props = torch.cuda.get_device_properties(0)
+    facts.update(
+        name=props.name,
+        memory_gb=props.total_memory / 1e9,
+        capability=f"{props.major}.{props.minor}",
+    )
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        facts["driver"] = pynvml.nvmlSystemGetDriverVersion()
+        facts["power_limit_w"] = pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1e3
+        facts["other_processes"] = len(pynvml.nvmlDeviceGetComputeRunningProcesses(handle))
+    except Exception as e:  # NVML missing or not supported: the facts say so
+        facts["nvml"] = f"unavailable: {e}"
+    return facts
+
+
+def measure_peaks(repeats: int = 5) -> dict[str, Any]:
+    """A bf16 8192^3 matrix product and a 2 GiB device-to-device copy, each timed ``repeats``
+    times with CUDA events after a warm-up: mean with a 95% t-interval."""
+    import torch
+    from scipy import stats
+
+    if not torch.cuda.is_available():
+        return {}
+
+    def timed(run: Callable[[], Any], inner: int) -> list[float]:
+        for _ in range(3):
+            run()
+        times_s = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(inner):
+                run()
+            end.record()
+            end.synchronize()
+            times_s.append(start.elapsed_time(end) / 1e3 / inner)
+        return times_s
+
+    n = 8192
+    a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    matmul = [2 * n**3 / t / 1e12 for t in timed(lambda: a @ b, 20)]
+    del a, b
+    source = torch.empty(2**30, device="cuda", dtype=torch.int16)
+    target = torch.empty_like(source)
+    copy = [2 * source.numel() * 2 / t / 1e9 for t in timed(lambda: target.copy_(source), 10)]
+
+    def interval(values: list[float]) -> dict[str, float]:
+        mean = sum(values) / len(values)
+        sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+        half = stats.t.ppf(0.975, len(values) - 1) * sd / math.sqrt(len(values))
+        return {"mean": mean, "ci_low": mean - half, "ci_high": mean + half, "n": len(values)}
+
+    return {
+        "matmul_bf16_tflops": interval(matmul),
+        "copy_read_write_gb_s": interval(copy),
+    }
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,98 @@
+"""Activation recompute (checkpointing): which activations a training step recomputes in backward
+instead of keeping them from forward.
+
+A setting is one of:
+
+- ``none``: keep every activation (``false`` in a space means this);
+- ``all``: recompute every block of ``Workload.recompute_modules()`` (``true`` means this);
+- ``every-K``: recompute every K-th block (blocks 0, K, 2K, ...; torchtitan's selective
+  checkpointing by layer), which saves about 1/K of what ``all`` saves for 1/K of its cost;
+- a part's name (``attention``, ``mlp``, ...): recompute that part of every block, where the
+  workload names the parts of its blocks (``Workload.recompute_parts()``).
+
+Each setting computes the same step as ``none`` (recomputation repeats the same operators on the
+same inputs), which the fidelity check confirms like any other knob.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from search.core.errors import KnobError
+from search.workloads.base import Workload, is_counting
+
+__all__ = [
+    "RECOMPUTE_NONE",
+    "apply_recompute",
+    "is_recompute_setting",
+    "recompute_setting",
+    "recompute_targets",
+]
+
+RECOMPUTE_NONE = "none"
+_ALL = "all"
+_EVERY = re.compile(r"every-([1-9][0-9]*)")
+_PART = re.compile(r"[a-z][a-z0-9_]*")
+
+
+def recompute_setting(value: object) -> str:
+    """``value`` as a setting's name: a flag (a space's ``type: bool``) is ``all`` or ``none``;
+    ``every-1`` is ``all``."""
+    if isinstance(value, bool):
+        return _ALL if value else RECOMPUTE_NONE
+    if value == "every-1":
+        return _ALL
+    return str(value)
+
+
+def is_recompute_setting(value: object) -> bool:
+    """Whether ``value`` has a setting's form (a part's name is checked against the workload only
+    when the step is built)."""
+    if isinstance(value, bool):
+        return True
+    return isinstance(value, str) and bool(_EVERY.fullmatch(value) or _PART.fullmatch(value))
+
+
+def recompute_targets(workload: Workload, model: nn.Module, setting: str) -> list[nn.Module]:
+    """The modules whose forward ``setting`` recomputes in backward; ``KnobError`` where the
+    workload names no such blocks or part."""
+    if setting == RECOMPUTE_NONE:
+        return []
+    name = type(workload).__name__
+    if setting == _ALL or _EVERY.fullmatch(setting):
+        blocks = workload.recompute_modules(model)
+        if not blocks:
+            raise KnobError(
+                f"recompute={setting} needs blocks to recompute, but {name}.recompute_modules() "
+                "returns no modules; set recompute to none or override recompute_modules()."
+            )
+        every = _EVERY.fullmatch(setting)
+        step = int(every.group(1)) if every else 1
+        return blocks[::step]
+    parts = workload.recompute_parts(model)
+    if setting not in parts:
+        named = ", ".join(sorted(parts)) or "none"
+        raise KnobError(
+            f"recompute={setting!r} is no setting of {name}: it takes none, all, every-K and the "
+            f"parts its recompute_parts() names ({named}); pick one of those."
+        )
+    return parts[setting]
+
+
+def apply_recompute(workload: Workload, model: nn.Module, setting: str) -> None:
+    """Make every target module of ``setting`` recompute its activations in backward."""
+    for module in recompute_targets(workload, model, setting):
+        module.forward = _checkpointed(module.forward)
+
+
+def _checkpointed(forward: Callable) -> Callable:
+    def run(*args, **kwargs):
+        if is_counting():  # model FLOPs, not the repeats
+            return forward(*args, **kwargs)
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    return run

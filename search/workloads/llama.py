@@ -1,0 +1,111 @@
+"""A Llama decoder from transformers (``LlamaForCausalLM``), built from its config alone: random
+weights, synthetic tokens, nothing downloaded.
+
+This is the model users bring, with its own attention (SDPA), rotary embeddings, RMSNorm, SwiGLU
+MLP, grouped-query attention and its own loss path (``labels=``: the logits upcast to fp32, as in
+training with transformers). transformers is an optional dependency (the ``llama`` extra): the
+module imports it only when a model is built, so the rest of the package never needs it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, cast
+
+import torch
+from torch import nn
+
+from search.workloads.base import Workload, require_positive_ints
+
+__all__ = ["Llama"]
+
+
+class Llama(Workload):
+    """Next-token prediction on random token ids with ``transformers.LlamaForCausalLM``;
+    throughput is counted in tokens (every position of every sequence)."""
+
+    unit = "tokens"
+    requires: ClassVar[dict[str, str]] = {"transformers": "pip install 'search[llama]'"}
+
+    def __init__(
+        self,
+        vocab_size: int,
+        seq_len: int,
+        hidden_size: int,
+        n_layers: int,
+        n_heads: int,
+        n_kv_heads: int,
+        intermediate_size: int,
+    ):
+        require_positive_ints(
+            vocab_size=vocab_size,
+            seq_len=seq_len,
+            hidden_size=hidden_size,
+            n_layers=n_layers,
+            n_heads=n_heads,
+            n_kv_heads=n_kv_heads,
+            intermediate_size=intermediate_size,
+        )
+        if hidden_size % n_heads or n_heads % n_kv_heads:
+            raise ValueError(
+                "`hidden_size % n_heads == 0` and `n_heads % n_kv_heads == 0` must hold, but got "
+                f"(hidden_size={hidden_size}, n_heads={n_heads}, n_kv_heads={n_kv_heads}); pick "
+                "heads that divide the width, and key-value heads that divide the heads."
+            )
+        self.config: dict[str, Any] = dict(
+            vocab_size=vocab_size,
+            seq_len=seq_len,
+            hidden_size=hidden_size,
+            n_layers=n_layers,
+            n_heads=n_heads,
+            n_kv_heads=n_kv_heads,
+            intermediate_size=intermediate_size,
+        )
+
+    def build_model(self) -> nn.Module:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        c = self.config
+        config = LlamaConfig(
+            vocab_size=c["vocab_size"],
+            hidden_size=c["hidden_size"],
+            intermediate_size=c["intermediate_size"],
+            num_hidden_layers=c["n_layers"],
+            num_attention_heads=c["n_heads"],
+            num_key_value_heads=c["n_kv_heads"],
+            max_position_embeddings=c["seq_len"],
+            tie_word_embeddings=False,  # TinyLlama's and Llama's: a separate output matrix
+            use_cache=False,  # training: no key-value cache
+            attn_implementation="sdpa",
+        )
+        return LlamaForCausalLM(config)
+
+    def make_batch(self, size: int, generator: torch.Generator) -> torch.Tensor:
+        shape = (size, self.config["seq_len"])
+        return torch.randint(self.config["vocab_size"], shape, generator=generator)
+
+    def loss(self, model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+        # transformers shifts the labels itself: position t predicts token t + 1.
+        return model(input_ids=batch, labels=batch).loss
+
+    def items_per_sample(self) -> int:
+        return self.config["seq_len"]
+
+    def flops_per_item(self) -> float:
+        """6 per weight of every matrix product (the projections with grouped key-value heads,
+        the SwiGLU MLP's three, the output head) plus causal attention's score and value products
+        counted in full, 12 * layers * hidden * seq_len (PaLM's convention, as ``GPT``)."""
+        c = self.config
+        d, layers = c["hidden_size"], c["n_layers"]
+        kv = d // c["n_heads"] * c["n_kv_heads"]
+        per_layer = 2 * d * d + 2 * d * kv + 3 * d * c["intermediate_size"]
+        matmul_weights = layers * per_layer + c["vocab_size"] * d
+        return 6.0 * matmul_weights + 12.0 * layers * d * c["seq_len"]
+
+    def recompute_modules(self, model: nn.Module) -> list[nn.Module]:
+        return list(cast(nn.ModuleList, cast(Any, model).model.layers))
+
+    def recompute_parts(self, model: nn.Module) -> dict[str, list[nn.Module]]:
+        """``attention`` (projections, rotary embedding, scores) and ``mlp`` (SwiGLU: the two
+        wide projections and their product) of every decoder layer; the RMSNorms stay kept."""
+        layers = cast(list[Any], self.recompute_modules(model))
+        return {"attention": [l.self_attn for l in layers], "mlp": [l.mlp for l in layers]}
