@@ -275,10 +275,9 @@ def measure_peaks(repeats: int = 5) -> dict[str, Any]:
         return times_s
 
     n = 8192
-    a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    matmul = [2 * n**3 / t / 1e12 for t in timed(lambda: a @ b, 20)]
-    del a, b
-    source = torch.empty(2**30, device="cuda", dtype=torch.int16)
+    left, right = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    matmul = [2 * n**3 / t / 1e12 for t in timed(lambda: left @ right, 20)]
+    source = torch.empty(2**30, device="cuda", dtype=torch.int16)  # 2 GiB
     target = torch.empty_like(source)
     copy = [2 * source.numel() * 2 / t / 1e9 for t in timed(lambda: target.copy_(source), 10)]
 

@@ -27,8 +27,8 @@ import torch
 
 from search.execution.faults import is_out_of_memory
 from search.execution.knobs import Knobs, TrainStep
-from search.execution.recompute import RECOMPUTE_NONE
 from search.execution.pieces import ServingPieces, TrainingPieces, piece_sizes
+from search.execution.recompute import RECOMPUTE_NONE
 from search.execution.serving import Generated, ServeStep
 from search.workloads.base import ServingWorkload, Workload
 

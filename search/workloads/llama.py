@@ -75,8 +75,7 @@ class Llama(Workload):
             max_position_embeddings=c["seq_len"],
             tie_word_embeddings=False,  # TinyLlama's and Llama's: a separate output matrix
             use_cache=False,  # training: no key-value cache
-            attn_implementation="sdpa",
-        )
+        )  # attention: SDPA, transformers' default
         return LlamaForCausalLM(config)
 
     def make_batch(self, size: int, generator: torch.Generator) -> torch.Tensor:
