@@ -107,4 +107,7 @@ class Llama(Workload):
         """``attention`` (projections, rotary embedding, scores) and ``mlp`` (SwiGLU: the two
         wide projections and their product) of every decoder layer; the RMSNorms stay kept."""
         layers = cast(list[Any], self.recompute_modules(model))
-        return {"attention": [l.self_attn for l in layers], "mlp": [l.mlp for l in layers]}
+        return {
+            "attention": [layer.self_attn for layer in layers],
+            "mlp": [layer.mlp for layer in layers],
+        }
