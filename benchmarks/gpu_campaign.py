@@ -5,8 +5,8 @@
 GPU time comes in short windows (about 15 minutes, the machine's start included), so the
 campaign runs its steps in a fixed order, each under a time cap, and stops at its budget with
 what it has recorded so far. Each step that ends writes one JSON record to ``--out``
-(``<device>-<step>.json``: the device, the versions, the command, its wall time and exit code,
-the figures it read with their intervals, and the tail of its output). A step already recorded
+(``<date>-<device>-<step>.json``: the device, the versions, the command, its wall time and exit
+code, the figures it read with their intervals, and the tail of its output). A step already recorded
 for this device, in ``--out`` or in ``benchmarks/results``, is skipped, so a later window takes up
 what is not yet recorded (``--again`` measures them anew). The steps, in order:
 
@@ -124,7 +124,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--budget-s", type=float, default=600.0, help="stop starting steps then")
     parser.add_argument("--steps", help="comma-separated step names (default: every step)")
     parser.add_argument("--again", action="store_true", help="measure recorded steps again")
+    parser.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.probe:  # the child process that alone touches the GPU (``probe``)
+        print(json.dumps({"device": device_facts(), "peaks": measure_peaks()}))
+        return 0
     names = [s.name for s in STEPS]
     chosen = args.steps.split(",") if args.steps else names
     unknown = sorted(set(chosen) - set(names))
@@ -132,7 +136,7 @@ def main(argv: list[str]) -> int:
         print(f"unknown step(s) {', '.join(unknown)}; the steps are {', '.join(names)}")
         return 2
     started = time.monotonic()
-    device = device_facts()
+    device, peaks = probe()
     print(f"campaign on {device['name']}: steps {', '.join(chosen)}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     for step in STEPS:
@@ -143,9 +147,9 @@ def main(argv: list[str]) -> int:
         if skip:
             print(f"[{step.name}] skipped: {skip}", flush=True)
             continue
-        record = run_step(step, device, args.runs_dir, min(step.cap_s, left_s))
-        path = args.out / f"{_slug(device['name'])}-{step.name}.json"
-        path.write_text(json.dumps(record, indent=2, default=str))
+        record = run_step(step, device, peaks, args.runs_dir, min(step.cap_s, left_s))
+        path = args.out / f"{time.strftime('%Y-%m-%d')}-{_slug(device['name'])}-{step.name}.json"
+        path.write_text(scrub(json.dumps(record, indent=2, default=str), args.runs_dir))
         print(f"[{step.name}] rc {record['rc']} in {record['wall_s']:.0f} s -> {path}", flush=True)
     return 0
 
@@ -153,8 +157,8 @@ def main(argv: list[str]) -> int:
 def _why_skip(step: Step, device: dict[str, Any], args: argparse.Namespace, left_s: float):
     if left_s < 30:
         return f"{left_s:.0f} s of the budget left"
-    recorded = [d / f"{_slug(device['name'])}-{step.name}.json" for d in (args.out, RECORDS)]
-    if not args.again and any(p.exists() for p in recorded):
+    pattern = f"*-{_slug(device['name'])}-{step.name}.json"
+    if not args.again and any(any(d.glob(pattern)) for d in (args.out, RECORDS)):
         return "recorded already for this device (--again measures it anew)"
     if step.needs:
         needed = next(s for s in STEPS if s.name == step.needs)
@@ -163,12 +167,25 @@ def _why_skip(step: Step, device: dict[str, Any], args: argparse.Namespace, left
     return None
 
 
-def run_step(step: Step, device: dict[str, Any], runs: Path, cap_s: float) -> dict[str, Any]:
+def probe() -> tuple[dict[str, Any], dict[str, Any]]:
+    """The device's facts and peaks, read in a child process: this one never touches the GPU,
+    so every step has the whole device (a process that has used CUDA keeps its context and its
+    allocator's cache, 5 GB on an H100 after the peaks)."""
+    done = subprocess.run(
+        [sys.executable, __file__, "--probe"], capture_output=True, text=True, check=True
+    )
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    return found["device"], found["peaks"]
+
+
+def run_step(
+    step: Step, device: dict[str, Any], peaks: dict[str, Any], runs: Path, cap_s: float
+) -> dict[str, Any]:
     """Run one step under ``cap_s`` and read its figures."""
     began = time.monotonic()
     record: dict[str, Any] = {"step": step.name, "device": device, "cap_s": round(cap_s)}
     if step.argv is None:
-        record.update(rc=0, command="(in the campaign's process)", figures=measure_peaks())
+        record.update(rc=0, command="(a child process of the campaign)", figures=peaks)
     else:
         command = step.argv(runs)
         record["command"] = " ".join(command)
@@ -291,6 +308,14 @@ def measure_peaks(repeats: int = 5) -> dict[str, Any]:
         "matmul_bf16_tflops": interval(matmul),
         "copy_read_write_gb_s": interval(copy),
     }
+
+
+def scrub(text: str, runs: Path) -> str:
+    """``text`` with this machine's paths made the project's: the runs folder as ``runs``, the
+    checkout as ``.``, the interpreter as ``python``, installed packages as ``site-packages``."""
+    text = text.replace(str(runs.resolve()), "runs").replace(str(runs), "runs")
+    text = text.replace(sys.executable, "python").replace(str(ROOT) + "/", "")
+    return re.sub(r"/[^\s\"']*/site-packages/", "site-packages/", text)
 
 
 def _slug(name: str) -> str:

@@ -187,6 +187,7 @@ def main(argv: list[str]) -> int:
         "torch": torch.__version__,
         "matmul_bf16_tflops": peak,
         "configs": named,
+        "unit": f"{results['tuned'][0].unit}/s",
     }
     for name, config in named.items():
         figures = summary(results[name], settings.confidence)

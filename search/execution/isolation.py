@@ -18,6 +18,7 @@ import multiprocessing
 import multiprocessing.reduction
 import os
 import pickle
+import re
 import signal
 import sys
 import threading
@@ -270,9 +271,15 @@ def _tail_lines(data: bytes) -> str:
     return "\n".join(tail)
 
 
+_CAUSE = re.compile(r"error|terminate called|what\(\)", re.IGNORECASE)
+"""A line that says why native code aborted (``terminate called after throwing ...``, ``what():
+CUDA error: ...``, a Python exception printed before it)."""
+
+
 def _headline(tail: str) -> str:
     """One line from a dead worker's stderr: a fatal error with the innermost frame (faulthandler's
-    dump), else the last line."""
+    dump) and, where one precedes it, the line that says why (an abort in native code is not
+    its own reason); else the last line."""
     lines = tail.splitlines()
     fatal = next((i for i, line in enumerate(lines) if line.startswith("Fatal Python error")), None)
     if fatal is None:
@@ -281,7 +288,12 @@ def _headline(tail: str) -> str:
         (i for i in range(fatal, len(lines)) if lines[i].startswith("Current thread")), fatal
     )
     frame = next((line.strip() for line in lines[current:] if line.strip().startswith("File ")), "")
-    return f"{lines[fatal]}" + (f" ({frame})" if frame else "")
+    cause = next((line.strip() for line in reversed(lines[:fatal]) if _CAUSE.search(line)), "")
+    return (
+        f"{lines[fatal]}"
+        + (f" ({frame})" if frame else "")
+        + (f", after: {cause[:300]}" if cause else "")
+    )
 
 
 def die_with_parent() -> None:

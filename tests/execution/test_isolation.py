@@ -16,7 +16,7 @@ import torch
 from trial_workloads import QUICK, Layers, Segfaults, Wide, faulty, request, target
 
 from search.core.records import COMPLETE, FAILED, fault_kind
-from search.execution.isolation import run_isolated
+from search.execution.isolation import _headline, run_isolated
 from search.execution.trial import TrialRequest
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -253,3 +253,22 @@ def test_ctrl_c_while_the_worker_starts_waits_for_the_start_even_with_other_thre
     # SIGKILLed with the study's interrupt; its parent, the fork server, reaps it when the
     # scheduler next runs that process, which a loaded machine may put off past any fixed wait
     assert _ends(pids[0]), "the worker outlived the study's interrupt"
+
+
+def test_a_native_abort_is_named_with_the_line_that_says_why():
+    tail = "\n".join(
+        [
+            "terminate called after throwing an instance of 'c10::Error'",
+            "  what():  CUDA error: an illegal memory access was encountered",
+            "Fatal Python error: Aborted",
+            "",
+            "Current thread 0x00007f (most recent call first):",
+            '  File "/x/search/execution/worker.py", line 102 in _free',
+        ]
+    )
+    line = _headline(tail)
+    assert line.startswith("Fatal Python error: Aborted (File ")
+    assert line.endswith("after: what():  CUDA error: an illegal memory access was encountered")
+    assert _headline("Fatal Python error: Segmentation fault") == (
+        "Fatal Python error: Segmentation fault"
+    )
