@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -77,3 +78,12 @@ class Faulty(Workload):
 
     def loss(self, model, batch):
         return model(batch).square().mean()
+
+
+class NeedsAMissingPackage(Faulty):
+    """A workload that imports a package which is not installed: the space is refused before
+    anything runs, with the line saying how to install it."""
+
+    requires: ClassVar[dict[str, str]] = {
+        "no_such_package_for_search": "pip install 'search[nothing]'"
+    }

@@ -184,6 +184,22 @@ BAD_INPUT = {
         ["+space=llm", "tracking.uri=foo://bar"],
         "cannot open tracking.uri",
     ),
+    "a workload whose optional package is missing": (
+        ["+space=llama", "space.workload._target_=faults.NeedsAMissingPackage"],
+        "needs no_such_package_for_search, which is not installed; install it with: pip install",
+    ),
+    "a recompute part the workload does not name": (
+        [
+            "+space=vision",
+            "space.params.recompute.type=categorical",
+            "+space.params.recompute.choices=[none,attention]",
+        ],
+        "cannot recompute attention: implement recompute_parts(model)",
+    ),
+    "a recompute setting of another form": (
+        ["+space=llama", "space.params.recompute.choices=[none,every-0]"],
+        "params.recompute must be none, all, every-K, a part's name, or true or false",
+    ),
     "space file that is a list": (
         ["--config-dir", BAD_SPACES, "+space=a_list"],
         "space 'a_list' must be a mapping",

@@ -304,3 +304,53 @@ def test_the_sampler_never_repeats_a_configuration(seed):
     configs, _ = run_sampler(space, walled(4), budget=40, seed=seed)
     keys = [tuple(sorted(c.items())) for c in configs]
     assert len(keys) == len(set(keys))
+
+
+RECOMPUTE_SETTINGS = {"type": "categorical", "choices": ["none", "attention", "mlp", "all"]}
+"""From the least recomputed to the most, as a space lists them."""
+
+
+def settings_walled(wall: int, keeps: Mapping[str, float], fp32_wall: int | None = None) -> Oracle:
+    """Micro-batches above ``wall`` (``fp32_wall`` in fp32) run out of memory; a recompute setting
+    that keeps a share ``keeps[setting]`` of the activations lets ``wall / share`` fit."""
+
+    def run(c: Mapping[str, Any]) -> Seen:
+        base = fp32_wall if fp32_wall is not None and c["precision"] == "fp32" else wall
+        limit = base / keeps[c["recompute"]] / c["streams"]
+        if c["micro_batch_size"] > limit:
+            return Seen(dict(c), OOM, {})
+        thr = 1000.0 * c["micro_batch_size"] / (c["micro_batch_size"] + 4)
+        figures = {
+            "throughput": thr,
+            "latency_p95_ms": c["batch_size"] / thr * 1000,
+            "peak_memory_mb": 10.0 * c["micro_batch_size"] * keeps[c["recompute"]],
+        }
+        return Seen(dict(c), COMPLETE, figures)
+
+    return run
+
+
+def test_the_least_recompute_that_lets_the_micro_batch_at_the_wall_fit_is_tried_in_order():
+    space = llm_like(batch=(32, 32), micro=(1, 32), recompute=RECOMPUTE_SETTINGS)
+    keeps = {"none": 1.0, "attention": 0.8, "mlp": 0.5, "all": 0.1}
+    made = drive(space, settings_walled(8, keeps), budget=8)
+    assert [c["recompute"] for c, _ in made[:4]] == ["none"] * 4  # the opening: 32 x, 4, 16 x, 8
+    # at micro-batch 16: attention keeps too much (16 > 8 / 0.8), mlp lets it fit; all not tried
+    at_wall = [(c["recompute"], why) for c, why in made if c["micro_batch_size"] == 16]
+    assert [r for r, _ in at_wall] == ["none", "attention", "mlp"]
+    assert "the least recompute not yet tried at micro-batch 16" in at_wall[1][1]
+    assert not any(c["recompute"] == "all" and c["micro_batch_size"] == 16 for c, _ in made)
+
+
+def test_each_other_precision_bisects_its_own_wall():
+    space = llm_like(batch=(32, 32), micro=(1, 32), recompute=RECOMPUTE_SETTINGS)
+    keeps = {"none": 1.0, "attention": 0.8, "mlp": 0.5, "all": 0.1}
+    oracle = settings_walled(8, keeps, fp32_wall=2)
+    seen = [oracle(c) for c, _ in drive(space, oracle, budget=6)]
+    fp32 = {"batch_size": 32, "micro_batch_size": 8, "precision": "fp32", "streams": 1}
+    seen.append(oracle({**fp32, "recompute": "none"}))
+    assert seen[-1].outcome == OOM  # bf16's wall is 8; fp32's is 2
+    move = next_move(space, seen)
+    assert move is not None and move.config["precision"] == "fp32"
+    assert move.config["micro_batch_size"] < 8 and move.config["recompute"] == "none"
+    assert "bisecting fp32's own wall" in move.why

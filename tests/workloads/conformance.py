@@ -10,6 +10,7 @@ import math
 
 import torch
 
+from search.execution.fidelity import check_fidelity
 from search.execution.knobs import Knobs, TrainStep
 from search.execution.serving import ServeStep
 from search.workloads import ServingWorkload, Workload
@@ -79,6 +80,28 @@ class WorkloadConformance:
         submodules = [m for m in model.modules() if m is not model]
         for module in workload.recompute_modules(model):
             assert any(module is m for m in submodules)
+
+    def test_recompute_parts_name_one_submodule_of_each_block(self):
+        workload, model, _ = self._model_and_batch()
+        blocks = workload.recompute_modules(model)
+        for name, parts in workload.recompute_parts(model).items():
+            assert len(parts) == len(blocks), name
+            for part, block in zip(parts, blocks, strict=True):
+                assert any(part is m for m in block.modules() if m is not block), name
+
+    def test_every_recompute_setting_computes_the_same_step(self):
+        """Recompute repeats the same operators on the same inputs: in fp32 the loss and every
+        gradient norm agree with the step that keeps everything (the fidelity check's fp32
+        bounds)."""
+        workload, model, _ = self._model_and_batch()
+        settings = ["all", "every-2", *workload.recompute_parts(model)]
+        if not workload.recompute_modules(model):
+            settings = []
+        for setting in settings:
+            report = check_fidelity(
+                workload, Knobs(batch_size=self.batch_size, recompute=setting), CPU
+            )
+            assert report.ok, f"recompute={setting}: {report.reason}"
 
     def test_a_default_train_step_changes_the_parameters(self):
         with TrainStep(self.make_workload(), Knobs(batch_size=self.batch_size), CPU) as step:
