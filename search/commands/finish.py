@@ -16,6 +16,7 @@ from search.core.records import COMPLETE, TrialRecord
 from search.reporting import results
 from search.reporting.compiled import compile_lines, revalidated_twins
 from search.reporting.oracle import oracle, oracle_lines, oracle_values, write_oracle_plot
+from search.reporting.walls import memory_walls, wall_lines
 from search.reporting.report import (
     front_cells,
     pareto_table,
@@ -86,13 +87,15 @@ def finish(ctx: Context, driver: StudyDriver, outcome: StudyOutcome, tracker: Tr
     _print_front(ctx, front, best, unit, diagnoses)
     regimes = _regime_lines(diagnoses, best)
     compiling = compile_lines(final, best, done, floor)
-    for line in regimes + compiling:
+    walls = wall_lines(memory_walls(history))
+    for line in regimes + compiling + walls:
         out.print(line, markup=False)
     oracle_text = _print_oracle(ctx, tracker, final, unit, study_dir)
     sections = {
         "The machine's noise": noise,
         "Regimes": regimes,
         "Compilation": compiling,
+        "Memory wall": walls,
         "Oracle": oracle_text,
     }
     title = f"{outcome.study_name} on {ctx.env['device_name']}"
