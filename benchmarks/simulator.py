@@ -12,8 +12,14 @@ peak memory from a cost model with the effects that decide real tuning:
 * **precision speed-ups** of the device work (tensor cores; bf16 on a CPU with AMX/AVX-512);
 * **lanes** (concurrent micro-batches) that hide host overhead and let small micro-batches fill
   the device together, at a contention cost on the device;
+* **fixed device work per micro-batch** (the weights' reads and casts, the gradients'
+  accumulation, a matrix product's last partial wave): what a larger micro-batch still gains,
+  a little, once the device is full;
 * **a fixed optimizer-step cost** per step, which large batches amortise;
-* **recompute** (a second forward) that keeps a third of the activations;
+* **recompute**: a flag (every block: a second forward that keeps about a third of the
+  activations) or a setting of ``search.execution.recompute`` (``none``, a part of every block,
+  ``every-K`` blocks, ``all``), each keeping its share of the activations for its share of a
+  second forward;
 * **an OOM wall**: activations per sample (halved by 16-bit precisions, cut by recompute, one set
   per lane) plus weights and optimizer state against the device's memory.
 
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,10 +49,19 @@ DATA = Path(__file__).parent / "data"
 OBJECTIVES = {"throughput": "maximize", "latency_p95_ms": "minimize", "peak_memory_mb": "minimize"}
 P95_OVER_MEAN = 1.08
 """The step-time 95th percentile over its mean (the measured llm trials: 1.05-1.12)."""
+NO_RECOMPUTE = "none"
+"""The recompute setting that keeps every activation (a flag's false)."""
 
 
-def space_of(name: str, batch: list[int], micro: list[int], precisions: list[str]) -> SearchSpace:
-    """The ``llm`` space's knobs and constraints over these ranges, as the tool parses it."""
+def space_of(
+    name: str,
+    batch: list[int],
+    micro: list[int],
+    precisions: list[str],
+    recompute: list[str] | None = None,
+) -> SearchSpace:
+    """The ``llm`` space's knobs and constraints over these ranges, as the tool parses it;
+    ``recompute`` its settings from the least recomputed to the most (None: a flag)."""
     return parse_space(
         name,
         {
@@ -60,7 +76,9 @@ def space_of(name: str, batch: list[int], micro: list[int], precisions: list[str
                 },
                 "precision": {"type": "categorical", "choices": precisions},
                 "streams": {"type": "int", "low": 1, "high": 2},
-                "recompute": {"type": "bool"},
+                "recompute": (
+                    {"type": "categorical", "choices": recompute} if recompute else {"type": "bool"}
+                ),
             },
             "constraints": [
                 "batch_size % micro_batch_size == 0",
@@ -125,7 +143,16 @@ class Simulated:
     activation_mb_per_sample: Mapping[str, float]
     capacity_mb: float
     recompute_keeps: float = 0.3
+    """Share of the activations kept recomputing every block (a flag's true, ``all``)."""
     recompute_cost: float = 1.33
+    """Device time recomputing every block over none (another forward of the blocks)."""
+    recompute_parts: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    """Recomputing a part of every block (``attention``, ``mlp``): its share of the activations
+    kept and its device time over none. ``every-K`` needs none: it saves 1/K of what ``all``
+    saves for 1/K of its cost (``search.execution.recompute``)."""
+    device_ms_per_micro: float = 0.0
+    """Device time each micro-batch costs whatever its size (the weights' reads and casts, the
+    gradients' accumulation, a matrix product's last partial wave)."""
     cache_micro: int = 0
     """Micro-batch above which each sample's device work grows (0: no such cache)."""
     cache_growth: float = 1.0
@@ -138,22 +165,34 @@ class Simulated:
         b, m, p, s, r = (
             c[k] for k in ("batch_size", "micro_batch_size", "precision", "streams", "recompute")
         )
-        activations = (
-            self.activation_mb_per_sample[p] * m * s * (self.recompute_keeps if r else 1.0)
-        )
+        keeps, cost = self.recompute(r)
+        activations = self.activation_mb_per_sample[p] * m * s * keeps
         memory = self.weights_mb + activations + 0.01 * b
         if memory > self.capacity_mb:
             return Figures(0.0, math.inf, memory, True)
         # s lanes run s micro-batches at once: together they fill the device
         in_flight = max(m * s, self.min_fill)
-        device = self.device_ms_per_sample[p] * in_flight / s
+        device = self.device_ms_per_sample[p] * in_flight / s + self.device_ms_per_micro
         if self.cache_micro and m > self.cache_micro:
             device *= self.cache_growth ** math.log2(m / self.cache_micro)
-        device *= (self.recompute_cost if r else 1.0) * (1.0 + self.lane_contention * (s - 1))
+        device *= cost * (1.0 + self.lane_contention * (s - 1))
         host = self.host_ms_per_micro * (self.lane_host_share if s > 1 else 1.0)
         per_micro = max(host, device) if self.host_runs_ahead else host + device
         step_ms = (b // m) * per_micro + self.optimizer_ms
         return Figures(b * self.items_per_sample / step_ms * 1000.0, step_ms, memory, False)
+
+    def recompute(self, value: bool | str) -> tuple[float, float]:
+        """A recompute value's share of the activations kept and device time over none: a flag
+        is ``all`` or ``none``."""
+        if value is False or value == NO_RECOMPUTE:
+            return 1.0, 1.0
+        if value is True or value == "all":
+            return self.recompute_keeps, self.recompute_cost
+        every = re.fullmatch(r"every-([1-9][0-9]*)", value)
+        if every:
+            k = int(every.group(1))
+            return 1.0 - (1.0 - self.recompute_keeps) / k, 1.0 + (self.recompute_cost - 1.0) / k
+        return self.recompute_parts[value]
 
     def measure(self, c: Mapping[str, Any], rng: np.random.Generator) -> Figures:
         return noisy(self.figures(c), self.noise_sigma, rng)
@@ -206,11 +245,14 @@ def key(config: Mapping[str, Any]) -> tuple[Any, ...]:
 
 def expert_guess(workload: Workload) -> dict[str, Any]:
     """The expert's first guess, from the true figures: the lowest precision (every precision of
-    these workloads computes the same), the largest batch, one lane, no recompute, the largest
-    micro-batch that fits."""
+    these workloads computes the same), the largest batch, one lane, no recompute (false, or
+    ``none`` where the space lists settings), the largest micro-batch that fits."""
     space = workload.space
     precisions = space.params["precision"].values()
     precision = next(p for p in ("bf16", "fp16", "tf32", "fp32") if p in precisions)
+    no_recompute = next(
+        v for v in space.params["recompute"].values() if v is False or v == NO_RECOMPUTE
+    )
     batch = max(space.params["batch_size"].values())
     for micro in sorted(space.params["micro_batch_size"].values(), reverse=True):
         config = {
@@ -218,7 +260,7 @@ def expert_guess(workload: Workload) -> dict[str, Any]:
             "micro_batch_size": micro,
             "precision": precision,
             "streams": 1,
-            "recompute": False,
+            "recompute": no_recompute,
         }
         if space.contains(config) and not workload.figures(config).oom:
             return config
@@ -280,12 +322,77 @@ def gpu_simulated() -> Simulated:
     )
 
 
+def gpu_memory_simulated() -> Simulated:
+    """Shaped like the CUDA ``llama`` preset on an H100 80 GB (TinyLlama-1.1B, 2048 tokens a
+    sample, AdamW; ``spaces/llama.yaml``): memory-bound, a compute-bound device. Fitted to the
+    H100 campaign's llama study (``benchmarks/results/*-llama.json``, bf16, batch 32, one lane)
+    and to the model's shape where nothing was measured:
+
+    * memory: peaks of 42,454 MB at micro-batch 4 and 65,169 MB at 8 give 5,680 MB of bf16
+      activations a sample over 19,740 MB of weights, gradients and AdamW state; fp32's
+      activations twice bf16's (not measured: autocast keeps the RMSNorms and the logits in fp32
+      either way, so twice is the high end); a capacity of 78,700 MB, what PyTorch could allocate
+      at the study's OOMs (79.2 GiB less the 5 GiB the campaign's own process held then);
+    * recompute ``every-2`` at micro-batch 16 peaked at 73,781 MB: it keeps 0.595 of the
+      activations, so ``all`` keeps 0.19 (each layer's input and the fp32 logits); ``attention``
+      keeps 0.81 and ``mlp`` 0.72 (not measured: their share of a layer's saved tensors,
+      projections, rotary copies and scores against SwiGLU's four 5632-wide tensors), which puts
+      both over the capacity at micro-batch 16, as measured;
+    * time: 41.3k tokens/s at micro-batch 4 and 44.1k at 8 (steps of 1,587 and 1,486 ms) give
+      42.8 ms of bf16 device work a sample plus 25.2 ms a micro-batch, with a 15 ms AdamW step
+      (not measured: 1.1B fp32 weights, gradients and two moments read and written at the
+      measured 3 TB/s); the host (~20 ms of kernel launches a micro-batch, not measured) runs
+      ahead of a device that never idles (99% busy, 41% MFU against the measured matmul peak);
+    * ``every-2`` at micro-batch 16 ran 38.9k tokens/s: 1.175 times the device time, so
+      ``all`` 1.35 (a forward of every layer, about a third of the step); ``attention`` 1.10 and
+      ``mlp`` 1.22 (not measured: their share of the layers' forward FLOPs, 27 and 69 MFLOP a
+      token, the attention's memory-bound share rounded up); fp32 6.3x bf16's time a sample (not
+      measured: the matrix products' share of bf16's step at fp32's ~60 TFLOPS without TF32,
+      the rest twice the bytes); two lanes 3% contention and nothing to fill (as ``gpu-sim``);
+    * noise 0.3% a trial: a trial's figure is the mean of its windows, whose 95% intervals
+      spanned +-0.6%, and fresh processes agreed within 0.1-0.3% (``between_process_cv``).
+
+    So a micro-batch above 8 gains 3.4% at most (16 against 8) and needs recompute that costs
+    10% or more: the fastest configuration is the largest micro-batch that fits without it."""
+    return Simulated(
+        "gpu-mem-sim",
+        space_of(
+            "gpu-mem-sim",
+            [8, 16, 32],
+            [1, 2, 4, 8, 16, 32],
+            ["fp32", "bf16"],
+            recompute=[NO_RECOMPUTE, "attention", "mlp", "every-2", "all"],
+        ),
+        host_ms_per_micro=20.0,
+        device_ms_per_sample={"fp32": 270.0, "bf16": 42.8},
+        min_fill=1,
+        host_runs_ahead=True,
+        lane_host_share=0.8,
+        lane_contention=0.03,
+        optimizer_ms=15.0,
+        weights_mb=19_740.0,
+        activation_mb_per_sample={"fp32": 11_360.0, "bf16": 5_680.0},
+        capacity_mb=78_700.0,
+        recompute_keeps=0.19,
+        recompute_cost=1.35,
+        recompute_parts={"attention": (0.81, 1.10), "mlp": (0.72, 1.22)},
+        device_ms_per_micro=25.2,
+        items_per_sample=2048,
+        noise_sigma=0.003,
+    )
+
+
 def cpu_replayed(noise_sigma: float = 0.06) -> Replayed:
     space = space_of("cpu-replay", [4, 8, 16, 32], [1, 2, 4, 8, 16, 32], ["fp32", "bf16"])
     return Replayed.load("cpu-replay", DATA / "llm_cpu_table.csv", space, noise_sigma)
 
 
-WORKLOADS = {"cpu-sim": cpu_simulated, "gpu-sim": gpu_simulated, "cpu-replay": cpu_replayed}
+WORKLOADS = {
+    "cpu-sim": cpu_simulated,
+    "gpu-sim": gpu_simulated,
+    "gpu-mem-sim": gpu_memory_simulated,
+    "cpu-replay": cpu_replayed,
+}
 
 
 def every_config(workload: Workload) -> list[dict[str, Any]]:
