@@ -155,6 +155,15 @@ def test_the_real_peak_measurement_reads_plausible_figures():
     assert 1e8 < peak.bytes_per_s < 1e13
 
 
+def test_a_mixed_precision_peak_is_at_least_fp32s_which_autocast_also_runs():
+    """On a CPU without bf16 instructions a bf16 matrix product runs at 1% of fp32's speed, while
+    a bf16 step runs part of its work in fp32: its peak must bound what the step reaches."""
+    from search.analysis.diagnosis import measure_peak
+
+    peak = measure_peak(CPU, ["bf16"], budget_s=0.05)
+    assert peak.flops_per_s["bf16"] >= peak.flops_per_s["fp32"] > 1e8
+
+
 @pytest.mark.parametrize("name", ["NVIDIA A10G", "NVIDIA L40", "NVIDIA RTX A1000", "NVIDIA H1000"])
 def test_other_gpus_are_not_taken_for_a_known_one_by_a_part_of_their_name(name):
     assert table_peak(name) is None
