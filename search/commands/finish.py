@@ -16,7 +16,6 @@ from search.core.records import COMPLETE, TrialRecord
 from search.reporting import results
 from search.reporting.compiled import compile_lines, revalidated_twins
 from search.reporting.oracle import oracle, oracle_lines, oracle_values, write_oracle_plot
-from search.reporting.walls import memory_walls, wall_lines
 from search.reporting.report import (
     front_cells,
     pareto_table,
@@ -26,6 +25,7 @@ from search.reporting.report import (
     summary_markdown,
     write_noise_plot,
 )
+from search.reporting.walls import memory_walls, wall_lines
 from search.study.driver import StudyDriver
 from search.study.outcome import StudyOutcome
 from search.study.repeat_runs import judged_revalidations

@@ -42,17 +42,17 @@ def memory_walls(history: Sequence[TrialRecord]) -> list[Wall]:
         groups.setdefault(_group(r), []).append(r)
     walls = []
     for (precision, recompute), records in sorted(groups.items(), key=lambda kv: str(kv[0])):
-        fits = [r for r in records if r.state == COMPLETE]
-        fitted = max((_micro(r) for r in fits), default=None)
+        sized = [(micro, r) for r in records if (micro := _micro(r)) is not None]
+        fitted = max((m for m, r in sized if r.state == COMPLETE), default=None)
         peak = max(
             (
                 r.metrics["peak_memory_mb"]
-                for r in fits
-                if _micro(r) == fitted and "peak_memory_mb" in r.metrics
+                for m, r in sized
+                if r.state == COMPLETE and m == fitted and "peak_memory_mb" in r.metrics
             ),
             default=None,
         )
-        above = [_micro(r) for r in records if _ran_out(r) and _micro(r) > (fitted or 0)]
+        above = [m for m, r in sized if _ran_out(r) and m > (fitted or 0)]
         walls.append(Wall(precision, recompute, fitted, peak, min(above, default=None)))
     return walls
 
