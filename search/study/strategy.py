@@ -24,11 +24,12 @@ of memory, breaks a constraint or is being measured by another process:
 4. **The best inner configuration of each batch size**, from the largest down (the throughput-
    latency front): at the largest batch, micro-batch sweeps from the largest that fits down, on
    more lanes and on one, each until it has passed its peak; a smaller batch starts from the best
-   inner configuration of the batch above it; each batch's best with recompute (the memory end of
-   the front); then each smaller batch climbs to better neighbours (micro-batch halved or doubled,
-   lanes, both at once) until none is better. The regime orders the neighbours: where doubling
-   the micro-batch cost little time (overhead-bound) larger micro-batches and more lanes come
-   first; otherwise lanes and smaller micro-batches.
+   inner configuration of the batch above it; each batch's best with the most recompute (the
+   memory end of the front) and, where that saved memory, the largest batch's best with each
+   other recompute setting (points between the ends); then each smaller batch climbs to better
+   neighbours (micro-batch halved or doubled, lanes, both at once) until none is better. The
+   regime orders the neighbours: where doubling the micro-batch cost little time (overhead-bound)
+   larger micro-batches and more lanes come first; otherwise lanes and smaller micro-batches.
 5. **Local search around the front**: each configuration on the Pareto front of what was
    measured, one knob a step away (any knob, the workload's own too).
 
@@ -261,7 +262,8 @@ def _precision_walls(book: Book) -> Iterator[Move]:
 
 def _batches(book: Book) -> Iterator[Move]:
     """The largest batch's micro-batch sweeps, then each smaller batch's start (carried from the
-    batch above), each batch's best with recompute, then the smaller batches' climbs: the
+    batch above), each batch's best with recompute (the other settings between, at the largest),
+    then the smaller batches' climbs: the
     throughput end of the front first, then its latency end, then its memory end."""
     if "batch_size" not in book.discrete:
         yield from _sweeps(book, None)
@@ -277,6 +279,7 @@ def _batches(book: Book) -> Iterator[Move]:
                 yield start
     for batch in batches:
         yield from _with_recompute(book, batch)
+    yield from _recompute_between(book, batches[0])
     for batch in batches[1:]:
         yield from _climb(book, batch)
 
@@ -291,6 +294,22 @@ def _with_recompute(book: Book, batch: Any) -> Iterator[Move]:
         yield Move(
             {**best.config, "recompute": settings[-1]},
             f"memory front: recompute {settings[-1]} at batch {batch}",
+        )
+
+
+def _recompute_between(book: Book, batch: Any) -> Iterator[Move]:
+    """The space's other recompute settings at the best configuration of ``batch``, from the most
+    recomputed down, where recompute saves memory: each keeps another share of the activations
+    for another share of a second forward, a point between the two ends of the memory front."""
+    best, settings = book.best(batch, recompute=False), book.recompute_settings()
+    if best is None or len(settings) < 2 or not _recompute_saves_memory(book):
+        return
+    if not book.outcome({**best.config, "recompute": settings[-1]}) == COMPLETE:
+        return  # the most recompute first (``_with_recompute``)
+    for setting in reversed(settings[:-1]):
+        yield Move(
+            {**best.config, "recompute": setting},
+            f"memory front: recompute {setting} at batch {batch}, between none and {settings[-1]}",
         )
 
 

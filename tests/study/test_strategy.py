@@ -354,3 +354,22 @@ def test_each_other_precision_bisects_its_own_wall():
     assert move is not None and move.config["precision"] == "fp32"
     assert move.config["micro_batch_size"] < 8 and move.config["recompute"] == "none"
     assert "bisecting fp32's own wall" in move.why
+
+
+def test_where_recompute_saves_memory_the_settings_between_fill_the_memory_front():
+    space = llm_like(batch=(16, 32), micro=(1, 32), recompute=RECOMPUTE_SETTINGS)
+    keeps = {"none": 1.0, "attention": 0.8, "mlp": 0.5, "all": 0.1}
+    made = drive(space, settings_walled(64, keeps), budget=40)  # no wall: 32 fits
+    front = [(c["recompute"], why) for c, why in made if why.startswith("memory front")]
+    settings = [r for r, _ in front]
+    # the most recompute at each batch, then the others at the largest batch, most first
+    assert settings[:2] == ["all", "all"] and settings[2:] == ["mlp", "attention"]
+    assert "between none and all" in front[2][1]
+
+
+def test_where_recompute_saves_no_memory_no_other_setting_is_tried():
+    space = llm_like(batch=(16, 32), micro=(1, 32), recompute=RECOMPUTE_SETTINGS)
+    same_memory = {"none": 1.0, "attention": 1.0, "mlp": 1.0, "all": 1.0}
+    made = drive(space, settings_walled(64, same_memory), budget=40)
+    tried = {c["recompute"] for c, why in made if why.startswith("memory front")}
+    assert tried == {"all"}
