@@ -39,13 +39,19 @@ Floats are not the order's to choose: they are drawn by the model-based sampler 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from search.core.records import COMPLETE
 from search.space.params import FloatParam, IntParam
 from search.space.search_space import SearchSpace
-from search.study.book import OOM, Book, Seen, knobs_key, recomputes
+from search.study.book import Book, Seen
+from search.study.memory_moves import (
+    precision_walls,
+    recompute_between,
+    recompute_past_the_wall,
+    with_recompute,
+)
+from search.study.move import Move, bisect_wall, feasible_micro
 
 __all__ = ["Move", "next_move"]
 
@@ -53,18 +59,6 @@ OVERHEAD_BOUND_GAIN = 1.25
 """Throughput gained by doubling the micro-batch above which the smaller one was overhead-bound:
 twice the work in at most 1.6x the time (``search.analysis.diagnosis.SUBLINEAR`` is 1.5x the
 time)."""
-
-MEMORY = "peak_memory_mb"
-"""The figure recompute is judged on (``_recompute_saves_memory``)."""
-
-
-@dataclass(frozen=True)
-class Move:
-    """A configuration to measure next (its discrete knobs; floats are drawn elsewhere)."""
-
-    config: Mapping[str, Any]
-    why: str
-    """A few words on why: shown on the trial's line."""
 
 
 def next_move(
@@ -91,8 +85,8 @@ def _order(book: Book) -> Iterator[Move]:
         return  # the opening is sequential: each step needs the one before it
     yield from _precision_peer(book)
     yield from _compiler(book)
-    yield from _recompute_past_the_wall(book)
-    yield from _precision_walls(book)
+    yield from recompute_past_the_wall(book)
+    yield from precision_walls(book)
     yield from _batches(book)
     yield from _local_search(book)
 
@@ -133,39 +127,13 @@ def _first_guess(book: Book) -> Move | None:
             if book.outcome(at_batch) == COMPLETE:
                 return None
             continue
-        micros = [m for m in book.ladder("micro_batch_size") if _feasible(book, at_batch, m)]
-        step = _bisect(book, at_batch, micros)
+        micros = [m for m in book.ladder("micro_batch_size") if feasible_micro(book, at_batch, m)]
+        step = bisect_wall(book, at_batch, micros)
         if step is not None:
             return step
         if any(book.outcome({**at_batch, "micro_batch_size": m}) == COMPLETE for m in micros):
             return None  # the wall is found at this batch
     return None
-
-
-def _feasible(book: Book, config: Mapping[str, Any], micro: Any) -> bool:
-    return not book.space.violations({**config, "micro_batch_size": micro})
-
-
-def _bisect(book: Book, config: Mapping[str, Any], micros: Sequence[Any]) -> Move | None:
-    """The next micro-batch to try at ``config`` to find the largest that fits; None once found
-    (or when nothing is left to try)."""
-    outcomes = [book.outcome({**config, "micro_batch_size": m}) for m in micros]
-    ok = [i for i, o in enumerate(outcomes) if o == COMPLETE]
-    walls = [
-        i for i, o in enumerate(outcomes) if o not in (None, COMPLETE) and i > max(ok, default=-1)
-    ]
-    low = max(ok) if ok else -1
-    high = min(walls) if walls else len(micros)
-    if high - low <= 1:
-        return None
-    index = len(micros) - 1 if high == len(micros) else (low + high) // 2
-    why = (
-        "the expert's first guess: the largest batch and micro-batch"
-        if high == len(micros)
-        else f"bisecting the OOM wall: micro-batch {micros[high]} did not fit"
-        + (f", {micros[low]} did" if low >= 0 else "")
-    )
-    return Move({**config, "micro_batch_size": micros[index]}, why)
 
 
 PEERS = {"bf16": "fp16", "fp16": "bf16"}
@@ -198,68 +166,6 @@ def _compiler(book: Book) -> Iterator[Move]:
             yield Move({**best.config, "compile": mode}, f"the compiler: {mode} at the best so far")
 
 
-def _recompute_past_the_wall(book: Book) -> Iterator[Move]:
-    """The least recompute that lets the micro-batch at the wall fit: at the fastest
-    configuration without recompute, on one lane, the smallest micro-batch that ran out of memory
-    above every one that fitted; the space's recompute settings from the least recomputed up, each
-    until one fits there."""
-    settings = book.recompute_settings()
-    best = book.best(recompute=False)
-    if "micro_batch_size" not in book.discrete or not settings or best is None:
-        return
-    base = dict(best.config)
-    if "streams" in book.discrete:
-        base["streams"] = book.ladder("streams")[0]
-    wall = _wall(book, base)
-    if wall is None:
-        return
-    for setting in settings:
-        config = {**base, "micro_batch_size": wall, "recompute": setting}
-        outcome = book.outcome(config)
-        if outcome is None:
-            yield Move(
-                config,
-                f"recompute {setting}: the least recompute not yet tried at micro-batch {wall}, "
-                "which ran out of memory without it",
-            )
-            return
-        if outcome == COMPLETE:
-            return
-
-
-def _wall(book: Book, config: Mapping[str, Any]) -> Any:
-    """The smallest micro-batch at ``config`` (recompute as there) that ran out of memory, or is
-    certain to, above every one that fitted; None where none did."""
-    fitted = [
-        m
-        for m in book.ladder("micro_batch_size")
-        if book.outcome({**config, "micro_batch_size": m}) == COMPLETE
-    ]
-    above = [m for m in book.ladder("micro_batch_size") if m > max(fitted, default=0)]
-    return next((m for m in above if book.outcome({**config, "micro_batch_size": m}) == OOM), None)
-
-
-def _precision_walls(book: Book) -> Iterator[Move]:
-    """Each other precision's own wall, bisected where it ran out of memory (without recompute):
-    bf16's activations take half of fp32's, so bf16's wall is not fp32's."""
-    if not {"micro_batch_size", "precision"} <= set(book.discrete):
-        return
-    opening = book.precision()
-    for seen in list(book.outcomes.values()):
-        precision = seen.config.get("precision")
-        if seen.outcome != OOM or precision == opening or recomputes(seen.config):
-            continue
-        micros = [
-            m
-            for m in book.ladder("micro_batch_size")
-            if m <= seen.config["micro_batch_size"] and _feasible(book, seen.config, m)
-        ]
-        step = _bisect(book, seen.config, micros)
-        if step is not None:
-            why = step.why.replace("bisecting the OOM wall", f"bisecting {precision}'s own wall")
-            yield Move(step.config, why)
-
-
 def _batches(book: Book) -> Iterator[Move]:
     """The largest batch's micro-batch sweeps, then each smaller batch's start (carried from the
     batch above), each batch's best with recompute (the other settings between, at the largest),
@@ -278,57 +184,10 @@ def _batches(book: Book) -> Iterator[Move]:
             if start is not None:
                 yield start
     for batch in batches:
-        yield from _with_recompute(book, batch)
-    yield from _recompute_between(book, batches[0])
+        yield from with_recompute(book, batch)
+    yield from recompute_between(book, batches[0])
     for batch in batches[1:]:
         yield from _climb(book, batch)
-
-
-def _with_recompute(book: Book, batch: Any) -> Iterator[Move]:
-    """The best configuration of ``batch`` with the most recompute the space has: the memory end
-    of the front (a third of the activations or so, for another forward pass)."""
-    best, settings = book.best(batch), book.recompute_settings()
-    if best is None or not settings or recomputes(best.config):
-        return
-    if _recompute_saves_memory(book):
-        yield Move(
-            {**best.config, "recompute": settings[-1]},
-            f"memory front: recompute {settings[-1]} at batch {batch}",
-        )
-
-
-def _recompute_between(book: Book, batch: Any) -> Iterator[Move]:
-    """The space's other recompute settings at the best configuration of ``batch``, from the most
-    recomputed down, where recompute saves memory: each keeps another share of the activations
-    for another share of a second forward, a point between the two ends of the memory front."""
-    best, settings = book.best(batch, recompute=False), book.recompute_settings()
-    if best is None or len(settings) < 2 or not _recompute_saves_memory(book):
-        return
-    if not book.outcome({**best.config, "recompute": settings[-1]}) == COMPLETE:
-        return  # the most recompute first (``_with_recompute``)
-    for setting in reversed(settings[:-1]):
-        yield Move(
-            {**best.config, "recompute": setting},
-            f"memory front: recompute {setting} at batch {batch}, between none and {settings[-1]}",
-        )
-
-
-RECOMPUTE_SAVING = 0.1
-"""Share of peak memory recompute must save, where it was tried, to be tried at other batches."""
-
-
-def _recompute_saves_memory(book: Book) -> bool:
-    """Whether recompute saved memory where a configuration was measured with and without it
-    (True while no such pair is known): on a CPU the allocator may keep what it frees."""
-    pairs = []
-    for s in book.complete:
-        if recomputes(s.config):
-            without = {**s.config, "recompute": book.no_recompute()}
-            plain = book.outcomes.get(knobs_key(without, book.discrete))
-            if plain is not None and plain.outcome == COMPLETE:
-                pairs.append((plain.figures.get(MEMORY), s.figures.get(MEMORY)))
-    known = [(a, b) for a, b in pairs if a and b is not None]
-    return not known or any(b < (1 - RECOMPUTE_SAVING) * a for a, b in known)
 
 
 def _sweeps(book: Book, batch: Any) -> Iterator[Move]:

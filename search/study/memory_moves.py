@@ -1,0 +1,126 @@
+"""The expert's moves where memory binds: the least recompute that lets the micro-batch at the
+wall fit, each other precision's own wall, and the memory end of the front with the points
+between its ends (``search.study.strategy`` orders them among the rest)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from search.core.records import COMPLETE
+from search.study.book import OOM, Book, knobs_key, recomputes
+from search.study.move import Move, bisect_wall, feasible_micro
+
+__all__ = ["precision_walls", "recompute_between", "recompute_past_the_wall", "with_recompute"]
+
+MEMORY = "peak_memory_mb"
+"""The figure recompute is judged on (``_recompute_saves_memory``)."""
+
+
+def recompute_past_the_wall(book: Book) -> Iterator[Move]:
+    """The least recompute that lets the micro-batch at the wall fit: at the fastest
+    configuration without recompute, on one lane, the smallest micro-batch that ran out of memory
+    above every one that fitted; the space's recompute settings from the least recomputed up, each
+    until one fits there."""
+    settings = book.recompute_settings()
+    best = book.best(recompute=False)
+    if "micro_batch_size" not in book.discrete or not settings or best is None:
+        return
+    base = dict(best.config)
+    if "streams" in book.discrete:
+        base["streams"] = book.ladder("streams")[0]
+    wall = _wall(book, base)
+    if wall is None:
+        return
+    for setting in settings:
+        config = {**base, "micro_batch_size": wall, "recompute": setting}
+        outcome = book.outcome(config)
+        if outcome is None:
+            yield Move(
+                config,
+                f"recompute {setting}: the least recompute not yet tried at micro-batch {wall}, "
+                "which ran out of memory without it",
+            )
+            return
+        if outcome == COMPLETE:
+            return
+
+
+def _wall(book: Book, config: Mapping[str, Any]) -> Any:
+    """The smallest micro-batch at ``config`` (recompute as there) that ran out of memory, or is
+    certain to, above every one that fitted; None where none did."""
+    fitted = [
+        m
+        for m in book.ladder("micro_batch_size")
+        if book.outcome({**config, "micro_batch_size": m}) == COMPLETE
+    ]
+    above = [m for m in book.ladder("micro_batch_size") if m > max(fitted, default=0)]
+    return next((m for m in above if book.outcome({**config, "micro_batch_size": m}) == OOM), None)
+
+
+def precision_walls(book: Book) -> Iterator[Move]:
+    """Each other precision's own wall, bisected where it ran out of memory (without recompute):
+    bf16's activations take half of fp32's, so bf16's wall is not fp32's."""
+    if not {"micro_batch_size", "precision"} <= set(book.discrete):
+        return
+    opening = book.precision()
+    for seen in list(book.outcomes.values()):
+        precision = seen.config.get("precision")
+        if seen.outcome != OOM or precision == opening or recomputes(seen.config):
+            continue
+        micros = [
+            m
+            for m in book.ladder("micro_batch_size")
+            if m <= seen.config["micro_batch_size"] and feasible_micro(book, seen.config, m)
+        ]
+        step = bisect_wall(book, seen.config, micros)
+        if step is not None:
+            why = step.why.replace("bisecting the OOM wall", f"bisecting {precision}'s own wall")
+            yield Move(step.config, why)
+
+
+def with_recompute(book: Book, batch: Any) -> Iterator[Move]:
+    """The best configuration of ``batch`` with the most recompute the space has: the memory end
+    of the front (a third of the activations or so, for another forward pass)."""
+    best, settings = book.best(batch), book.recompute_settings()
+    if best is None or not settings or recomputes(best.config):
+        return
+    if _recompute_saves_memory(book):
+        yield Move(
+            {**best.config, "recompute": settings[-1]},
+            f"memory front: recompute {settings[-1]} at batch {batch}",
+        )
+
+
+def recompute_between(book: Book, batch: Any) -> Iterator[Move]:
+    """The space's other recompute settings at the best configuration of ``batch``, from the most
+    recomputed down, where recompute saves memory: each keeps another share of the activations
+    for another share of a second forward, a point between the two ends of the memory front."""
+    best, settings = book.best(batch, recompute=False), book.recompute_settings()
+    if best is None or len(settings) < 2 or not _recompute_saves_memory(book):
+        return
+    if not book.outcome({**best.config, "recompute": settings[-1]}) == COMPLETE:
+        return  # the most recompute first (``with_recompute``)
+    for setting in reversed(settings[:-1]):
+        yield Move(
+            {**best.config, "recompute": setting},
+            f"memory front: recompute {setting} at batch {batch}, between none and {settings[-1]}",
+        )
+
+
+RECOMPUTE_SAVING = 0.1
+"""Share of peak memory recompute must save, where it was tried, to be tried at other batches."""
+
+
+def _recompute_saves_memory(book: Book) -> bool:
+    """Whether recompute saved memory where a configuration was measured with and without it
+    (True while no such pair is known): on a CPU the allocator may keep what it frees."""
+    pairs = []
+    for s in book.complete:
+        if recomputes(s.config):
+            without = {**s.config, "recompute": book.no_recompute()}
+            plain = book.outcomes.get(knobs_key(without, book.discrete))
+            if plain is not None and plain.outcome == COMPLETE:
+                pairs.append((plain.figures.get(MEMORY), s.figures.get(MEMORY)))
+    known = [(a, b) for a, b in pairs if a and b is not None]
+    return not known or any(b < (1 - RECOMPUTE_SAVING) * a for a, b in known)
