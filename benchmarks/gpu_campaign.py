@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -299,10 +299,9 @@ def measure_peaks(repeats: int = 5) -> dict[str, Any]:
     copy = [2 * source.numel() * 2 / t / 1e9 for t in timed(lambda: target.copy_(source), 10)]
 
     def interval(values: list[float]) -> dict[str, float]:
-        mean = sum(values) / len(values)
-        sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
-        half = stats.t.ppf(0.975, len(values) - 1) * sd / math.sqrt(len(values))
-        return {"mean": mean, "ci_low": mean - half, "ci_high": mean + half, "n": len(values)}
+        mean = statistics.fmean(values)
+        low, high = stats.t.interval(0.95, len(values) - 1, loc=mean, scale=stats.sem(values))
+        return {"mean": mean, "ci_low": float(low), "ci_high": float(high), "n": len(values)}
 
     return {
         "matmul_bf16_tflops": interval(matmul),

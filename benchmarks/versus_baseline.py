@@ -35,6 +35,7 @@ from search.config.compose import compose_config, load_settings, resolve_device
 from search.config.prepare import load_space
 from search.core.records import COMPLETE
 from search.execution.isolation import run_isolated
+from search.execution.recompute import RECOMPUTE_NONE, recompute_setting
 from search.execution.trial import TrialRequest, TrialResult
 from search.execution.worker import split_config
 from search.measurement.protocol import MeasureSettings
@@ -57,7 +58,8 @@ def baseline_candidates(space) -> list[dict[str, Any]]:
         else [batch]
     )
     recompute = params.get("recompute")
-    off = [v for v in (recompute.values() or []) if v in (False, "none")] if recompute else []
+    values = (recompute.values() or []) if recompute else []
+    off = [v for v in values if recompute_setting(v) == RECOMPUTE_NONE]
     fixed = {"precision": "bf16", "recompute": off[0] if off else False, "streams": 1}
     base = {}
     for name, param in params.items():

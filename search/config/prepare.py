@@ -25,7 +25,7 @@ from search.core.errors import SpaceError
 from search.core.knobs import GENERIC_KNOBS
 from search.core.metrics import METRICS
 from search.execution.knobs import unsupported_reason, value_rule
-from search.execution.recompute import RECOMPUTE_NONE, recompute_setting
+from search.execution.recompute import named_by, recompute_setting
 from search.measurement.energy import energy_unavailable_reason
 from search.space.params import FloatParam, IntParam, Param
 from search.space.parse import parse_space
@@ -102,9 +102,8 @@ def _check_recompute(space: SearchSpace, cls: type) -> None:
     ``recompute_modules``, a part's name needs ``recompute_parts``."""
     param = space.params.get("recompute")
     settings = {recompute_setting(v) for v in (param.values() or [])} if param else set()
-    blocks = {s for s in settings if s == "all" or s.startswith("every-")}
-    parts = settings - blocks - {RECOMPUTE_NONE}
-    for names, method in ((blocks, "recompute_modules"), (parts, "recompute_parts")):
+    for method in ("recompute_modules", "recompute_parts"):
+        names = {s for s in settings if named_by(s) == method}
         if names and getattr(cls, method, None) is getattr(Workload, method):
             raise ConfigError(
                 f"space '{space.name}': workload {space.workload['_target_']} cannot recompute "

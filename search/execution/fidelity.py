@@ -131,10 +131,25 @@ def check_fidelity(
             loss, grad_norms = _fp32_pass(workload, knobs, device, seed)
             return _compare(knobs, loss, grad_norms, loss, grad_norms)
         # first: a KnobError costs no reference
-        loss, grad_norms = _one_pass(workload, knobs, device, seed)
+        loss, grad_norms = _own_pass(lambda: _one_pass(workload, knobs, device, seed), device)
         return _compare(knobs, loss, grad_norms, *_fp32_pass(workload, knobs, device, seed))
-    except ReferenceOutOfMemory as error:
+    except CheckOutOfMemory as error:
         return _unchecked(str(error))
+
+
+def _own_pass(run: Callable[[], T], device: torch.device) -> T:
+    """The configuration's own pass: it fitted while measured, so running out of memory now (the
+    check builds the model anew, beside what the process still holds) is the check's, not the
+    configuration's."""
+    try:
+        return run()
+    except Exception as error:
+        if not is_out_of_memory(error):
+            raise
+    raise CheckOutOfMemory(
+        f"the configuration's own pass of the check ran out of memory on {device}, though its "
+        "measurement fitted"
+    )
 
 
 def _unchecked(why: str) -> FidelityReport:
@@ -191,8 +206,9 @@ def _fp32_pass(
 T = TypeVar("T")
 
 
-class ReferenceOutOfMemory(Exception):
-    """The fp32 reference ran out of memory even one sample per pass."""
+class CheckOutOfMemory(Exception):
+    """A pass of the check ran out of memory where the configuration's measurement did not: the
+    fp32 reference even one sample per pass, or the configuration's own pass."""
 
 
 def _fitting(run: Callable[[int], T], knobs: Knobs, device: torch.device) -> T:
@@ -208,7 +224,7 @@ def _fitting(run: Callable[[int], T], knobs: Knobs, device: torch.device) -> T:
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    raise ReferenceOutOfMemory(
+    raise CheckOutOfMemory(
         f"the fp32 reference ran out of memory on {device} even one sample per pass"
     )
 
@@ -431,6 +447,14 @@ def _reference_generation(
         return reference.generate()
 
 
+def _forced_generation(
+    workload: ServingWorkload, knobs: Knobs, device: torch.device, seed: int, forced: torch.Tensor
+) -> Generated:
+    """``knobs``'s generation of the same requests, decoding the ``forced`` tokens."""
+    with _seeded_rng(device, seed), ServeStep(workload, knobs, device, seed) as step:
+        return step.generate(forced=forced)
+
+
 def check_serving_fidelity(
     workload: ServingWorkload, knobs: Knobs, device: torch.device, seed: int = 0
 ) -> ServingFidelityReport:
@@ -442,11 +466,12 @@ def check_serving_fidelity(
             knobs,
             device,
         )
-    except ReferenceOutOfMemory as unfit:
+        got = _own_pass(
+            lambda: _forced_generation(workload, knobs, device, seed, expected.tokens), device
+        )
+    except CheckOutOfMemory as unfit:
         why = f"{unfit}, so this configuration cannot be checked here"
         return ServingFidelityReport(False, why, math.nan, math.nan)
-    with _seeded_rng(device, seed), ServeStep(workload, knobs, device, seed) as step:
-        got = step.generate(forced=expected.tokens)
     assert got.logits is not None and expected.logits is not None
     if not torch.isfinite(expected.logits).all():
         return ServingFidelityReport(

@@ -52,6 +52,7 @@ __all__ = [
     "concurrently",
     "knobs_off_default",
     "make_streams",
+    "map_tensors",
     "refuse_unsupported",
     "unsupported_reason",
     "value_rule",
@@ -313,7 +314,7 @@ class TrainStep:
         losses = []
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             for batch in self._lane_batches[lane]:
-                batch = _map_tensors(lambda t: t.to(self.device, non_blocking=True), batch)
+                batch = map_tensors(lambda t: t.to(self.device, non_blocking=True), batch)
                 # Autocast is thread-local, so each lane enters it itself; backward runs outside it.
                 # Its cache of weights cast to low precision is not: one map for the whole process.
                 # A lane would take a cast another lane's stream has queued but not yet run, and
@@ -356,7 +357,7 @@ def _make_micro_batches(
     ]
     if device.type == "cuda":
         # Pinned host memory lets each lane's host-to-device copy run asynchronously on its stream.
-        batches = [_map_tensors(torch.Tensor.pin_memory, batch) for batch in batches]
+        batches = [map_tensors(torch.Tensor.pin_memory, batch) for batch in batches]
     return batches
 
 
@@ -375,12 +376,12 @@ def make_streams(n_lanes: int, device: torch.device) -> list[torch.cuda.Stream |
     return [None] * n_lanes
 
 
-def _map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], batch: Batch) -> Batch:
+def map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], batch: Batch) -> Batch:
     """Apply ``fn`` to every tensor in a tensor, or a tuple/list/dict of them."""
     if isinstance(batch, torch.Tensor):
         return fn(batch)
     if isinstance(batch, dict):
-        return {key: _map_tensors(fn, value) for key, value in batch.items()}
+        return {key: map_tensors(fn, value) for key, value in batch.items()}
     if isinstance(batch, (list, tuple)):
-        return type(batch)(_map_tensors(fn, value) for value in batch)
+        return type(batch)(map_tensors(fn, value) for value in batch)
     return batch

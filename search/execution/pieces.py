@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from search.execution.knobs import Knobs
+from search.execution.knobs import Knobs, map_tensors
 from search.workloads.base import Batch, ServingWorkload, State, Workload
 
 __all__ = ["ServingPieces", "TrainingPieces", "piece_sizes"]
@@ -48,13 +48,7 @@ def _drawn(draw, knobs: Knobs, seed: int, piece: int) -> list[Any]:
 
 
 def _piece(batch: Batch, start: int, size: int) -> Batch:
-    if isinstance(batch, torch.Tensor):
-        return batch[start : start + size]
-    if isinstance(batch, dict):
-        return {key: _piece(value, start, size) for key, value in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_piece(value, start, size) for value in batch)
-    return batch
+    return map_tensors(lambda t: t[start : start + size], batch)
 
 
 class _Replay:

@@ -29,6 +29,7 @@ __all__ = [
     "RECOMPUTE_NONE",
     "apply_recompute",
     "is_recompute_setting",
+    "named_by",
     "recompute_setting",
     "recompute_targets",
 ]
@@ -55,6 +56,16 @@ def is_recompute_setting(value: object) -> bool:
     if isinstance(value, bool):
         return True
     return isinstance(value, str) and bool(_EVERY.fullmatch(value) or _PART.fullmatch(value))
+
+
+def named_by(setting: str) -> str | None:
+    """The workload method that names what ``setting`` recomputes: ``recompute_modules`` (the
+    blocks: all, every-K), ``recompute_parts`` (a part's name); None for none."""
+    if setting == RECOMPUTE_NONE:
+        return None
+    if setting == _ALL or _EVERY.fullmatch(setting):
+        return "recompute_modules"
+    return "recompute_parts"
 
 
 def recompute_targets(workload: Workload, model: nn.Module, setting: str) -> list[nn.Module]:

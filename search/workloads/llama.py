@@ -36,21 +36,6 @@ class Llama(Workload):
         n_kv_heads: int,
         intermediate_size: int,
     ):
-        require_positive_ints(
-            vocab_size=vocab_size,
-            seq_len=seq_len,
-            hidden_size=hidden_size,
-            n_layers=n_layers,
-            n_heads=n_heads,
-            n_kv_heads=n_kv_heads,
-            intermediate_size=intermediate_size,
-        )
-        if hidden_size % n_heads or n_heads % n_kv_heads:
-            raise ValueError(
-                "`hidden_size % n_heads == 0` and `n_heads % n_kv_heads == 0` must hold, but got "
-                f"(hidden_size={hidden_size}, n_heads={n_heads}, n_kv_heads={n_kv_heads}); pick "
-                "heads that divide the width, and key-value heads that divide the heads."
-            )
         self.config: dict[str, Any] = dict(
             vocab_size=vocab_size,
             seq_len=seq_len,
@@ -60,6 +45,13 @@ class Llama(Workload):
             n_kv_heads=n_kv_heads,
             intermediate_size=intermediate_size,
         )
+        require_positive_ints(**self.config)
+        if hidden_size % n_heads or n_heads % n_kv_heads:
+            raise ValueError(
+                "`hidden_size % n_heads == 0` and `n_heads % n_kv_heads == 0` must hold, but got "
+                f"(hidden_size={hidden_size}, n_heads={n_heads}, n_kv_heads={n_kv_heads}); pick "
+                "heads that divide the width, and key-value heads that divide the heads."
+            )
 
     def build_model(self) -> nn.Module:
         from transformers import LlamaConfig, LlamaForCausalLM

@@ -393,3 +393,25 @@ def test_the_serving_reference_in_pieces_generates_the_same_tokens():
         pieces = _reference_generation(workload, knobs, CPU, 1, piece)
         assert torch.equal(pieces.tokens, whole.tokens)
         torch.testing.assert_close(pieces.logits, whole.logits, rtol=1e-5, atol=1e-5)
+
+
+class OutOfMemoryOnTheChecksOwnBuild(Regression):
+    """Fits when first built (the measurement), runs out when the check builds it again beside
+    what the process still holds."""
+
+    def __init__(self):
+        self.builds = 0
+
+    def build_model(self):
+        self.builds += 1
+        if self.builds == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return super().build_model()
+
+
+def test_the_configurations_own_pass_running_out_is_the_checks_not_the_configurations():
+    workload = OutOfMemoryOnTheChecksOwnBuild()  # the check's first build is its own pass
+    report = check_fidelity(workload, Knobs(batch_size=4, precision="bf16"), CPU)
+    assert not report.ok
+    assert "the configuration's own pass of the check ran out of memory on cpu" in report.reason
+    assert "cannot be checked here" in report.reason
