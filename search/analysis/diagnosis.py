@@ -154,14 +154,18 @@ _T = 1e12
 # words: "A10G" is not an A10, "L40" not an L4), most specific first. H100: "NVIDIA H100 Tensor
 # Core GPU" datasheet (SXM5 / PCIe / NVL); H200: "NVIDIA H200 Tensor Core GPU" datasheet (SXM;
 # NVL); A100: "NVIDIA A100 Tensor Core GPU" datasheet; L4, L40S, A10: their product datasheets.
-# Sparse figures there are halved here.
+# Sparse figures there are halved here. fp8 (Ada, Hopper): the FP8 Tensor Core line, for both
+# fp8 precisions (torchao runs the converted matrix products at it; the rest of the step is bf16).
 _H100 = {"fp32": 66.9e12, "tf32": 494.7 * _T, "bf16": 989.4 * _T, "fp16": 989.4 * _T}
+_H100.update({"fp8-tensorwise": 1978.9 * _T, "fp8-rowwise": 1978.9 * _T})
 _NVL = {"fp32": 60e12, "tf32": 417.5 * _T, "bf16": 835.5 * _T, "fp16": 835.5 * _T}
+_NVL.update({"fp8-tensorwise": 1670.5 * _T, "fp8-rowwise": 1670.5 * _T})
 _A100 = {"fp32": 19.5e12, "tf32": 156 * _T, "bf16": 312 * _T, "fp16": 312 * _T}
 GPU_PEAKS: tuple[tuple[str, dict[str, float], float, str], ...] = (
     (
         r"\bH100\b.*\bPCIe\b",
-        {"fp32": 51.2e12, "tf32": 378 * _T, "bf16": 756 * _T, "fp16": 756 * _T},
+        {"fp32": 51.2e12, "tf32": 378 * _T, "bf16": 756 * _T, "fp16": 756 * _T}
+        | {"fp8-tensorwise": 1513 * _T, "fp8-rowwise": 1513 * _T},
         2.0e12,
         "NVIDIA H100 datasheet (PCIe)",
     ),
@@ -174,13 +178,15 @@ GPU_PEAKS: tuple[tuple[str, dict[str, float], float, str], ...] = (
     (r"\bA100\b", _A100, 1.555e12, "NVIDIA A100 datasheet (40GB)"),
     (
         r"\bL40S\b",
-        {"fp32": 91.6e12, "tf32": 183 * _T, "bf16": 362 * _T, "fp16": 362 * _T},
+        {"fp32": 91.6e12, "tf32": 183 * _T, "bf16": 362 * _T, "fp16": 362 * _T}
+        | {"fp8-tensorwise": 733 * _T, "fp8-rowwise": 733 * _T},
         864e9,
         "NVIDIA L40S datasheet",
     ),
     (
         r"\bL4\b",
-        {"fp32": 30.3e12, "tf32": 60 * _T, "bf16": 121 * _T, "fp16": 121 * _T},
+        {"fp32": 30.3e12, "tf32": 60 * _T, "bf16": 121 * _T, "fp16": 121 * _T}
+        | {"fp8-tensorwise": 242.5 * _T, "fp8-rowwise": 242.5 * _T},
         300e9,
         "NVIDIA L4 datasheet",
     ),
@@ -269,10 +275,12 @@ def device_peak(
 ) -> tuple[Peak, bool]:
     """The device's peak for ``precisions``: the datasheet's for a known GPU; else measured once
     and kept in ``cache`` (a JSON file, by device, torch version and thread count). Returns the
-    peak and whether it was measured just now."""
+    peak and whether it was measured just now. fp8's peak is not measured (a matrix product in fp8
+    needs scales, not a cast): on a GPU not in the table its MFU is not reported."""
     known = table_peak(device_name) if device.type == "cuda" else None
     if known is not None:
         return known, False
+    precisions = [p for p in precisions if p in _DTYPES]
     key = f"{device_name} | torch {torch.__version__} | {torch.get_num_threads()} threads"
     try:
         stored = json.loads(cache.read_text())

@@ -43,11 +43,24 @@ class Spent:
     """Re-measuring the baseline's recommendation and front (a re-tune)."""
     revalidation_s: float = 0.0
     confirmation_s: float = 0.0
+    compile_s: float = 0.0
+    """Of ``new_s``, compiling: each compiled trial's first process and its second."""
+    cold_compiles: int = 0
+    """Compiled trials whose graphs were not in the compiler's cache: one per new shape and mode."""
+    warm_compiles: int = 0
 
     def took(self, driver: StudyDriver) -> None:
         """Take the study driver's figures (after its last control run)."""
         self.new_s, self.control_s = driver.new_s, driver.control_s
         self.new_trials = len(driver.outcome.records)
+        for record in driver.outcome.records:
+            first, second = (
+                record.metrics.get(k) for k in ("compile_time_s", "compile_time_warm_s")
+            )
+            self.compile_s += sum(t for t in (first, second) if t is not None)
+            cold = first is not None and not record.metrics.get("compile_cache_warm", 0)
+            self.cold_compiles += cold
+            self.warm_compiles += (first is not None and not cold) + (second is not None)
 
     def line(self) -> str:
         total = time.monotonic() - self.started_s
@@ -59,10 +72,16 @@ class Spent:
         ]
         named = (self.control_s, self.baseline_s, self.revalidation_s, self.confirmation_s)
         other = total - self.new_s - sum(named)
+        compiling = (
+            f", compiling {self.compile_s:.0f} s of it ({self.cold_compiles} cold, "
+            f"{self.warm_compiles} from the cache)"
+            if self.cold_compiles + self.warm_compiles
+            else ""
+        )
         return (
             f"time: {self.new_s / total:.0%} of {total:.0f} s measured {self.new_trials} new "
-            f"configuration(s) ({self.new_s:.0f} s); {', '.join(parts)}, the rest {other:.0f} s "
-            "(start-up, stores, files)"
+            f"configuration(s) ({self.new_s:.0f} s{compiling}); {', '.join(parts)}, the rest "
+            f"{other:.0f} s (start-up, stores, files)"
         )
 
     def metrics(self) -> dict[str, float]:
@@ -72,6 +91,11 @@ class Spent:
             "time_control_s": self.control_s,
             "time_revalidation_s": self.revalidation_s,
             "time_confirmation_s": self.confirmation_s,
+            **(
+                {"time_compiling_s": self.compile_s}
+                if self.cold_compiles + self.warm_compiles
+                else {}
+            ),
             **({"time_baseline_s": self.baseline_s} if self.baseline_s else {}),
         }
 

@@ -197,7 +197,9 @@ def _peak(
             f"peak: measuring this machine's peak FLOP/s and bandwidth (once; kept in {cache})"
         )
     peak, _ = device_peak(device, device_name, precisions, cache)
-    flops = ", ".join(f"{p} {si(peak.flops_per_s[p])}FLOP/s" for p in precisions)
+    flops = ", ".join(
+        f"{p} {si(peak.flops_per_s[p])}FLOP/s" for p in precisions if p in peak.flops_per_s
+    )
     out.print(f"peak: {flops}, {si(peak.bytes_per_s)}B/s ({peak.source})", markup=False)
     return peak
 

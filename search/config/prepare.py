@@ -24,10 +24,11 @@ from search.config.compose import ConfigError
 from search.core.errors import SpaceError
 from search.core.knobs import GENERIC_KNOBS
 from search.core.metrics import METRICS
+from search.execution.fp8 import FP8_PRECISIONS
 from search.execution.knobs import unsupported_reason, value_rule
 from search.execution.recompute import named_by, recompute_setting
 from search.measurement.energy import energy_unavailable_reason
-from search.space.params import FloatParam, IntParam, Param
+from search.space.params import CategoricalParam, FloatParam, IntParam, Param
 from search.space.parse import parse_space
 from search.space.search_space import SearchSpace
 from search.workloads import ServingWorkload, Workload
@@ -38,10 +39,14 @@ __all__ = ["control_config", "fingerprint", "load_space", "workload_class"]
 def load_space(
     raw: Mapping[str, Any], device: torch.device, slo: Mapping[str, Any] | None = None
 ) -> tuple[SearchSpace, list[str]]:
-    """The space file's resolved mapping ``raw`` as ``device`` can run it: choices the device
-    cannot run are dropped, with notes. ``slo``'s metrics must be ones its workload measures."""
+    """The space file's resolved mapping ``raw`` as ``device`` can run it. On a CPU a choice it
+    cannot run is refused (the space was written for a GPU); on a GPU, a choice this one cannot run
+    (too old for it, an optional package missing) is dropped with a note, so that a CUDA preset
+    runs on any GPU. ``slo``'s metrics must be ones its workload measures."""
     try:
         space = parse_space(raw["name"], raw)
+        if device.type != "cuda":
+            _refuse_foreign_choices(space, device)
         space, notes = space.without_choices(
             lambda name, value: (
                 unsupported_reason(name, value, device) if name in GENERIC_KNOBS else None
@@ -74,6 +79,23 @@ def load_space(
                 f"({reason}); remove it from objectives"
             )
     return space, notes
+
+
+def _refuse_foreign_choices(space: SearchSpace, device: torch.device) -> None:
+    """The first searched choice of a generic knob ``device`` cannot run, refused with the
+    override that leaves it out."""
+    for name, param in space.params.items():
+        if name not in GENERIC_KNOBS or not isinstance(param, CategoricalParam):
+            continue
+        reasons = {v: unsupported_reason(name, v, device) for v in param.choices}
+        refused = [v for v, reason in reasons.items() if reason]
+        if refused:
+            kept = ",".join(str(v) for v in param.choices if v not in refused)
+            fix = f"space.params.{name}.choices=[{kept}]" if kept else f"another {name}"
+            raise ConfigError(
+                f"space '{space.name}': params.{name} choice {refused[0]} cannot run on "
+                f"{device.type}: {reasons[refused[0]]}; leave it out ({fix})"
+            )
 
 
 def _check_generic_knobs(space: SearchSpace) -> None:
@@ -110,6 +132,18 @@ def _check_recompute(space: SearchSpace, cls: type) -> None:
                 f"{', '.join(sorted(names))}: implement {method}(model) to name what to "
                 "recompute, or leave those settings out of recompute"
             )
+
+
+def _check_kernels(space: SearchSpace, cls: type) -> None:
+    """Fused kernels need a workload that says how to patch them in (``use_kernels``)."""
+    param = space.params.get("kernels")
+    patched = [v for v in (param.values() or []) if v != "torch"] if param else []
+    if patched and getattr(cls, "use_kernels", None) is Workload.use_kernels:
+        raise ConfigError(
+            f"space '{space.name}': workload {space.workload['_target_']} cannot use "
+            f"kernels={', '.join(map(str, patched))}: implement use_kernels(model, kernels) to "
+            "patch them in, or leave kernels out"
+        )
 
 
 def _check_fixed_knobs_run_here(space: SearchSpace, device: torch.device) -> None:
@@ -169,6 +203,14 @@ def _check_workload(space: SearchSpace) -> None:
                 f"{task}: its generic knobs are {', '.join(applies)}); remove it from params"
             )
     _check_recompute(space, cls)
+    _check_kernels(space, cls)
+    precision = space.params.get("precision")
+    fp8 = [v for v in (precision.values() or []) if v in FP8_PRECISIONS] if precision else []
+    if task == "serve" and fp8:
+        raise ConfigError(
+            f"space '{space.name}': precision {fp8[0]} does not apply to serving (it is torchao's "
+            "float8 training); leave the fp8 precisions out"
+        )
     accepted = inspect.signature(cls).parameters
     if any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
         return

@@ -72,8 +72,10 @@ KNOBS: tuple[Knob, ...] = (
         short=None,
         tasks=("train", "serve"),
         changes_numerics=True,
-        description="fp32 | tf32 (CUDA only) | bf16 | fp16 (bf16/fp16 via autocast; fp16 training "
-        "adds a GradScaler).",
+        description="fp32 | tf32 (CUDA only) | bf16 | fp16 | fp8-tensorwise | fp8-rowwise "
+        "(bf16/fp16 via autocast, fp16 training adds a GradScaler; fp8: torchao's float8 "
+        "training of the linear layers that gain, under bf16 autocast, CUDA compute capability "
+        "8.9 or newer only).",
     ),
     Knob(
         name="streams",
@@ -103,6 +105,27 @@ KNOBS: tuple[Knob, ...] = (
         "``torch.compile``'s mode for the step's function (the training loss, the serving "
         "forward); compiled before the timed windows, its compile time kept apart.",
         unlabelled="off",
+    ),
+    Knob(
+        name="optimizer",
+        short="opt:",
+        tasks=("train",),
+        changes_numerics=True,
+        description="default | for-loop | foreach | fused: how the workload's optimizer (AdamW "
+        "unless it builds another of torch.optim's) runs its update: torch's own choice for the "
+        "device, one tensor at a time, batched over tensors, or one fused kernel; the same "
+        "arithmetic, the fidelity check compares the update it takes.",
+        unlabelled="default",
+    ),
+    Knob(
+        name="kernels",
+        short="kernels:",
+        tasks=("train",),
+        changes_numerics=True,
+        description="torch | liger: the model's own operators, or Liger-Kernel's fused Triton "
+        "kernels patched into it (RMSNorm, RoPE, SwiGLU, fused linear cross-entropy; CUDA only, "
+        "for a workload that patches them in through ``Workload.use_kernels``).",
+        unlabelled="torch",
     ),
 )
 """Every generic knob, in the order a configuration lists them."""

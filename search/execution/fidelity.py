@@ -5,9 +5,12 @@ computed, not *what* it computes, unless the numerics break (fp16 overflow, bf16
 cache read at the wrong position, a compiler that fuses wrongly). For a training step
 ``check_fidelity`` runs one accumulation pass of a configuration and one of the fp32 reference on
 the same micro-batches and the same initial weights, and compares the loss and every parameter's
-gradient norm within the tolerance of the configuration's precision. Where fp32 runs out of memory
-on a micro-batch that the configuration's precision fits, the reference runs the same samples in
-smaller pieces (``search.execution.pieces``): its OOM is never the configuration's.
+gradient norm within the tolerance of the configuration's precision. Under another ``optimizer``
+implementation than the reference's (the only place that knob shows) the configuration's pass also
+takes one optimizer step and compares it with the step the workload's optimizer as built takes
+from the same weights and gradients (``search.execution.optimizers``). Where fp32 runs out of
+memory on a micro-batch that the configuration's precision fits, the reference runs the same
+samples in smaller pieces (``search.execution.pieces``): its OOM is never the configuration's.
 For serving it generates the batch with the workload's reference (``ServingWorkload.reference``,
 e.g. without a cache) in fp32, then runs the configuration on the same prompts decoding the
 reference's tokens (teacher forcing), and compares the logits of every generated position.
@@ -17,19 +20,30 @@ Non-finite values always fail.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import torch
 
 from search.execution.faults import is_out_of_memory
 from search.execution.knobs import Knobs, TrainStep
+from search.execution.optimizers import FirstUpdate, first_update, judge_first_update
 from search.execution.pieces import ServingPieces, TrainingPieces, piece_sizes
 from search.execution.recompute import RECOMPUTE_NONE
 from search.execution.serving import Generated, ServeStep
+from search.execution.tolerances import (
+    GRADIENT_FLOOR,
+    SERVING_TOLERANCES,
+    TOLERANCES,
+    Tolerance,
+    gradient_floor,
+    percent,
+    rel_error,
+)
 from search.workloads.base import ServingWorkload, Workload
 
 __all__ = [
@@ -44,44 +58,6 @@ __all__ = [
     "check_serving_fidelity",
     "reference_knobs",
 ]
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    """The largest relative differences from the fp32 reference that one precision may show."""
-
-    loss_rel: float
-    """``|loss - reference| / |reference|`` of the batch's mean loss."""
-    grad_norm_rel: float
-    """``|‖g‖ - ‖g_ref‖| / max(‖g_ref‖, floor)`` of each parameter tensor's gradient (L2 norm),
-    for every tensor; the floor is a tenth of the model's root-mean-square tensor gradient norm
-    (``_gradient_floor``)."""
-
-
-_U_TF32_FP16 = 2.0**-11
-"""Unit roundoff of tf32 and fp16 (10 stored mantissa bits)."""
-_U_BF16 = 2.0**-8
-"""Unit roundoff of bf16 (7 stored mantissa bits)."""
-
-# Relative errors measured on the built-in GPT on a CPU: seeds 0-4 on the tiny model (batch 8) and
-# on the CPU preset (batch 16), seeds 0-2 on 6- and 12-layer variants (batch 4); plain, and with
-# micro-batches of a quarter of the batch, 2 lanes and recompute:
-#   fp32 (lanes, recompute): loss <= 1.2e-7, per-tensor gradient norm <= 2.4e-7 (a few fp32 ulps);
-#   bf16: loss <= 2.5e-5 (< 0.01 u), gradient norm <= 3.9e-3 (1.0 u);
-#   fp16: loss <= 2.2e-6 (< 0.01 u), gradient norm <= 5.6e-4 (1.15 u).
-# Reduced precisions get 2 u for the loss (at initialisation the logits are small and the loss
-# barely moves; a workload that starts from trained weights is more sensitive, as much as about u)
-# and 8 u for gradient norms (about 7x the largest spread measured). tf32 rounds the same 10-bit
-# mantissa as fp16, but only at matmul inputs and with fp32 outputs, so fp16's tolerance bounds it
-# (no GPU was at hand to measure it). fp32 configurations differ from the reference only in the
-# order of their sums and in recomputation (bit-identical), so they get fixed bounds far above their
-# spread that still sit >= 39x below every reduced precision's.
-TOLERANCES: dict[str, Tolerance] = {
-    "fp32": Tolerance(loss_rel=1e-5, grad_norm_rel=1e-4),
-    "tf32": Tolerance(loss_rel=2 * _U_TF32_FP16, grad_norm_rel=8 * _U_TF32_FP16),  # 0.098%, 0.39%
-    "bf16": Tolerance(loss_rel=2 * _U_BF16, grad_norm_rel=8 * _U_BF16),  # 0.78%, 3.1%
-    "fp16": Tolerance(loss_rel=2 * _U_TF32_FP16, grad_norm_rel=8 * _U_TF32_FP16),  # 0.098%, 0.39%
-}
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -104,14 +80,24 @@ class FidelityReport:
     """Relative error of ``loss``."""
     grad_norm_rel_error: float
     """Largest relative error of a gradient's L2 norm, over every parameter tensor."""
+    update_norm_rel_error: float = math.nan
+    """Largest normwise relative error of the first optimizer update ``Δw = w_after - w_before``
+    over every parameter tensor: ``‖Δw - Δw_ref‖ / max(‖Δw_ref‖, floor)`` beyond what rounding
+    the stored weights allows, where ``Δw_ref`` is the step the workload's optimizer as built
+    takes from the same weights and gradients (``search.execution.optimizers.first_update``); NaN
+    where no update was compared (the configuration's ``optimizer`` is the reference's)."""
 
     @property
     def errors(self) -> dict[str, float]:
-        """The errors a trial stores, by metric name."""
-        return {
+        """The errors a trial stores, by metric name; the update's only where it was compared (a
+        NaN in every other trial would read as a failed measurement)."""
+        errors = {
             "fidelity_loss_rel_error": self.loss_rel_error,
             "fidelity_grad_norm_rel_error": self.grad_norm_rel_error,
         }
+        if not math.isnan(self.update_norm_rel_error):
+            errors["fidelity_update_norm_rel_error"] = self.update_norm_rel_error
+        return errors
 
 
 def check_fidelity(
@@ -119,20 +105,26 @@ def check_fidelity(
 ) -> FidelityReport | ServingFidelityReport:
     """Compare one pass of ``knobs`` with the fp32 reference on the same micro-batches and seed.
 
-    Costs two accumulation passes (no optimizer step) on freshly built models, the configuration's
-    and the reference's, and one for a configuration that is the reference itself. Run it while no
+    Costs two accumulation passes on freshly built models, the configuration's and the
+    reference's, and one for a configuration that is the reference itself. Where ``knobs`` runs
+    another ``optimizer`` implementation than the reference's, its pass then takes one optimizer
+    step, compared with the workload's optimizer as built on the same gradients on the host
+    (``search.execution.optimizers.first_update``); otherwise no step is taken. Run it while no
     other ``TrainStep`` of the workload holds device memory. Raises ``KnobError`` for knobs the
     device cannot run, like ``TrainStep``; the global torch state is left as found.
     """
     if isinstance(workload, ServingWorkload):
         return check_serving_fidelity(workload, knobs, device, seed)
+    update = knobs.optimizer != reference_knobs(knobs).optimizer
     try:
         if not knobs.numerics_apart_from(reference_knobs(knobs)):  # the reference itself
-            loss, grad_norms = _fp32_pass(workload, knobs, device, seed)
-            return _compare(knobs, loss, grad_norms, loss, grad_norms)
+            same = _fp32_pass(workload, knobs, device, seed)
+            return _compare(knobs, same.loss, same.grad_norms, same.loss, same.grad_norms)
         # first: a KnobError costs no reference
-        loss, grad_norms = _own_pass(lambda: _one_pass(workload, knobs, device, seed), device)
-        return _compare(knobs, loss, grad_norms, *_fp32_pass(workload, knobs, device, seed))
+        own = _own_pass(lambda: _one_pass(workload, knobs, device, seed, update), device)
+        reference = _fp32_pass(workload, knobs, device, seed)
+        report = _compare(knobs, own.loss, own.grad_norms, reference.loss, reference.grad_norms)
+        return report if own.updates is None else _with_update(knobs, report, own.updates)
     except CheckOutOfMemory as error:
         return _unchecked(str(error))
 
@@ -185,9 +177,7 @@ def changes_numerics(workload: Workload | ServingWorkload, knobs: Knobs) -> bool
     )
 
 
-def _fp32_pass(
-    workload: Workload, knobs: Knobs, device: torch.device, seed: int
-) -> tuple[float, dict[str, float]]:
+def _fp32_pass(workload: Workload, knobs: Knobs, device: torch.device, seed: int) -> _Pass:
     """The reference: one pass of ``reference_knobs(knobs)`` on the configuration's samples, in
     smaller pieces of each micro-batch where fp32 runs out of memory (``search.execution.pieces``).
     """
@@ -229,12 +219,55 @@ def _fitting(run: Callable[[int], T], knobs: Knobs, device: torch.device) -> T:
     )
 
 
+class _Pass(NamedTuple):
+    """What one pass of the check found."""
+
+    loss: float
+    """The batch's mean loss."""
+    grad_norms: dict[str, float]
+    """Each parameter tensor's gradient L2 norm, by name."""
+    updates: dict[str, FirstUpdate] | None = None
+    """Each parameter tensor's first update, by name; None where no step was taken."""
+
+
 def _one_pass(
-    workload: Workload, knobs: Knobs, device: torch.device, seed: int
-) -> tuple[float, dict[str, float]]:
+    workload: Workload, knobs: Knobs, device: torch.device, seed: int, update: bool = False
+) -> _Pass:
     with _seeded_rng(device, seed), TrainStep(workload, knobs, device, seed) as step:
         loss, grad_norms = _loss_and_grad_norms(step)
-        return _backing_off_overflowing_scale(step, loss, grad_norms)
+        loss, grad_norms = _backing_off_overflowing_scale(step, loss, grad_norms)
+        return _Pass(loss, grad_norms, _first_update(step) if update else None)
+
+
+def _first_update(step: TrainStep) -> dict[str, FirstUpdate]:
+    """``first_update`` of ``step``'s optimizer, taken as ``TrainStep.__call__`` takes it (fp16:
+    through its GradScaler, which unscales and would skip a step whose gradients overflow), on
+    the gradients its pass left: calling the step would cost one more forward and backward."""
+    scaler, optimizer = step._grad_scaler, step._optimizer  # TrainStep exposes no public handles
+
+    def take_step() -> None:
+        if scaler is None:
+            optimizer.step()
+        else:
+            scaler.step(optimizer)
+            scaler.update()
+
+    scale = 1.0 if scaler is None else scaler.get_scale()
+    return first_update(step.model, take_step, step.workload.make_optimizer, scale)
+
+
+def _with_update(
+    knobs: Knobs, report: FidelityReport, updates: dict[str, FirstUpdate]
+) -> FidelityReport:
+    """``report`` with the first update judged too; a loss or gradient that failed is named
+    first."""
+    error, reason = judge_first_update(updates, _describe(knobs))
+    return dataclasses.replace(
+        report,
+        ok=report.ok and not reason,
+        reason=report.reason or reason,
+        update_norm_rel_error=error,
+    )
 
 
 def _loss_and_grad_norms(step: TrainStep) -> tuple[float, dict[str, float]]:
@@ -296,10 +329,10 @@ def _compare(
     pairs = {
         name: (grad_norms.get(name, 0.0), reference_grad_norms.get(name, 0.0)) for name in names
     }
-    floor = _gradient_floor(list(reference_grad_norms.values()))
-    errors = {name: _rel_error(norm, ref, floor) for name, (norm, ref) in pairs.items()}
+    floor = gradient_floor(list(reference_grad_norms.values()))
+    errors = {name: rel_error(norm, ref, floor) for name, (norm, ref) in pairs.items()}
     worst = max(errors, key=errors.__getitem__, default=None)
-    loss_error = _rel_error(loss, reference_loss)
+    loss_error = rel_error(loss, reference_loss)
     grad_error = errors[worst] if worst is not None else 0.0
     reason = _reason(knobs, loss, reference_loss, loss_error, worst, pairs, grad_error)
     return FidelityReport(
@@ -343,47 +376,16 @@ def _reason(
     if loss_error > tolerance.loss_rel:
         return (
             f"{config} loss {loss:.4g} differs from the fp32 reference {reference_loss:.4g} "
-            f"by {_percent(loss_error)} (tolerance {_percent(tolerance.loss_rel)})"
+            f"by {percent(loss_error)} (tolerance {percent(tolerance.loss_rel)})"
         )
     if worst is not None and grad_error > tolerance.grad_norm_rel:
         norm, reference_norm = pairs[worst]
         return (
             f"{config} gradient norm of {worst} {norm:.4g} differs from the fp32 reference "
-            f"{reference_norm:.4g} by {_percent(grad_error)} "
-            f"(tolerance {_percent(tolerance.grad_norm_rel)})"
+            f"{reference_norm:.4g} by {percent(grad_error)} "
+            f"(tolerance {percent(tolerance.grad_norm_rel)})"
         )
     return ""
-
-
-GRADIENT_FLOOR = 0.1
-"""A tensor's gradient norm is compared against at least this fraction of the model's
-root-mean-square tensor gradient norm (see ``_gradient_floor``)."""
-
-
-def _gradient_floor(reference_norms: list[float]) -> float:
-    """The smallest scale a tensor's gradient error is judged against: ``GRADIENT_FLOOR`` times the
-    root mean square of the reference's per-tensor gradient norms.
-
-    A gradient that is zero in exact arithmetic (a conv or linear bias right before BatchNorm,
-    which subtracts it again) comes out as rounding noise: about 1e-7 in fp32 and 1e-5 in bf16,
-    and its error relative to itself is thousands of percent while nothing is wrong. Rounding error
-    scales with the terms of a sum, not with what is left of it after they cancel, so such a
-    tensor is judged against the size of the model's gradients instead; a tensor whose gradient is
-    not tiny is still judged against its own norm. Overflow (non-finite values) and a drifting loss
-    are checked as before."""
-    finite = [n for n in reference_norms if math.isfinite(n)]
-    if not finite:
-        return 0.0
-    return GRADIENT_FLOOR * math.sqrt(sum(n * n for n in finite) / len(finite))
-
-
-def _rel_error(value: float, reference: float, floor: float = 0.0) -> float:
-    if not (math.isfinite(value) and math.isfinite(reference)):
-        return math.inf
-    scale = max(abs(reference), floor)
-    if scale == 0.0:
-        return 0.0 if value == 0.0 else math.inf
-    return abs(value - reference) / scale
 
 
 def _describe(knobs: Knobs) -> str:
@@ -392,28 +394,12 @@ def _describe(knobs: Knobs) -> str:
         ([f"{knobs.streams} lanes"] if knobs.streams > 1 else [])
         + ([f"recompute {knobs.recompute}"] if knobs.recompute != RECOMPUTE_NONE else [])
         + ([f"compile={knobs.compile}"] if knobs.compile != "off" else [])
+        + ([f"optimizer={knobs.optimizer}"] if knobs.optimizer != "default" else [])
     )
     return knobs.precision + (f" ({', '.join(extras)})" if extras else "")
 
 
-def _percent(fraction: float) -> str:
-    return f"{fraction * 100:.3g}%"
-
-
 # -- serving ------------------------------------------------------------------------------------
-
-SERVING_TOLERANCES: dict[str, float] = {
-    "fp32": 1e-4,
-    "tf32": 8 * _U_TF32_FP16,
-    "bf16": 8 * _U_BF16,
-    "fp16": 8 * _U_TF32_FP16,
-}
-"""The largest relative L2 error of a generated position's logits that a precision may show.
-Measured on the built-in GPT serving on a CPU (batch 8; a tiny shape with 8 generated tokens,
-seeds 0-4, and the CPU preset's shape with 32, seeds 0-2; cached and uncached, micro-batches of
-1-8 over 1-2 lanes): fp32 at most 6.7e-7, bf16 at most 6.8e-3 (1.7 u), fp16 at most 8.4e-4
-(1.7 u; seeds 0-2, the CPU preset). fp32 differs only in the order of sums and gets a fixed bound
-far above its spread; reduced precisions get 8 u, as gradient norms do."""
 
 
 @dataclass(frozen=True)
@@ -489,8 +475,8 @@ def check_serving_fidelity(
     error = float(((got.logits - expected.logits).norm(dim=-1) / norms).max())
     tolerance = SERVING_TOLERANCES[knobs.precision]
     reason = (
-        f"{_describe(knobs)} logits differ from the fp32 reference by {_percent(error)} "
-        f"(tolerance {_percent(tolerance)}; the most likely token agrees at "
+        f"{_describe(knobs)} logits differ from the fp32 reference by {percent(error)} "
+        f"(tolerance {percent(tolerance)}; the most likely token agrees at "
         f"{agreement:.1%} of positions)"
         if error > tolerance
         else ""

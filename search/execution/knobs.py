@@ -33,6 +33,13 @@ from search.execution.compiling import (
     compiled,
     warm_up,
 )
+from search.execution.fp8 import FP8_PRECISIONS, convert_fp8, fp8_unsupported
+from search.execution.kernels import KERNELS, apply_kernels, kernels_unsupported
+from search.execution.optimizers import (
+    OPTIMIZER_IMPLEMENTATIONS,
+    optimizer_unsupported,
+    with_implementation,
+)
 from search.execution.recompute import (
     RECOMPUTE_NONE,
     apply_recompute,
@@ -58,13 +65,21 @@ __all__ = [
     "value_rule",
 ]
 
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
-KNOB_CHOICES: dict[str, tuple[str, ...]] = {"precision": PRECISIONS, "compile": COMPILE_MODES}
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", *FP8_PRECISIONS)
+KNOB_CHOICES: dict[str, tuple[str, ...]] = {
+    "precision": PRECISIONS,
+    "compile": COMPILE_MODES,
+    "optimizer": OPTIMIZER_IMPLEMENTATIONS,
+    "kernels": KERNELS,
+}
 """The values a knob that is a choice of names may take, by knob name."""
 
+# fp8 runs its linear layers in fp8 (torchao) and the rest of the step in bf16, as torchao's
+# recipes are used.
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+AUTOCAST_DTYPES.update({p: torch.bfloat16 for p in FP8_PRECISIONS})
 # Every precision sets the float32 matmul precision, so no step inherits another's TF32 setting.
-MATMUL_PRECISIONS = {"fp32": "highest", "tf32": "high", "bf16": "highest", "fp16": "highest"}
+MATMUL_PRECISIONS = {p: "high" if p == "tf32" else "highest" for p in PRECISIONS}
 
 
 T = TypeVar("T")
@@ -99,6 +114,12 @@ class Knobs:
     compile: str = "off"
     """off | default | reduce-overhead (CUDA only) | max-autotune: ``torch.compile``'s mode for the
     step's function (``search.execution.compiling``)."""
+    optimizer: str = "default"
+    """default | for-loop | foreach | fused: the optimizer's implementation
+    (``search.execution.optimizers``)."""
+    kernels: str = "torch"
+    """torch | liger: the model's own operators or fused kernels patched in
+    (``search.execution.kernels``)."""
 
     def __post_init__(self) -> None:
         if not (isinstance(self.batch_size, int) and self.batch_size >= 1):
@@ -118,8 +139,12 @@ class Knobs:
         object.__setattr__(self, "recompute", recompute_setting(self.recompute))
         if self.precision not in PRECISIONS:
             raise KnobError(f"`precision` must be one of {PRECISIONS}, but got {self.precision!r}.")
-        if self.compile not in COMPILE_MODES:
-            raise KnobError(f"`compile` must be one of {COMPILE_MODES}, but got {self.compile!r}.")
+        for name in ("compile", "optimizer", "kernels"):
+            if getattr(self, name) not in KNOB_CHOICES[name]:
+                raise KnobError(
+                    f"`{name}` must be one of {KNOB_CHOICES[name]}, but got "
+                    f"{getattr(self, name)!r}."
+                )
         if not 1 <= self.streams <= self.n_micro_batches:
             raise KnobError(
                 f"`1 <= streams <= batch_size / micro_batch_size` must hold (every lane needs a "
@@ -176,6 +201,8 @@ def value_rule(name: str) -> tuple[Callable[[object], bool], str]:
 
 
 def _precision_unsupported(value: object, device: torch.device) -> str | None:
+    if value in FP8_PRECISIONS:
+        return fp8_unsupported(value, device)
     if value == "tf32" and device.type != "cuda":
         return "tf32 needs a CUDA device"
     if device.type != "cuda" or value not in ("tf32", "bf16"):
@@ -192,6 +219,8 @@ def _precision_unsupported(value: object, device: torch.device) -> str | None:
 _DEVICE_REFUSALS: dict[str, Callable[[object, torch.device], str | None]] = {
     "precision": _precision_unsupported,
     "compile": compile_unsupported,
+    "optimizer": optimizer_unsupported,
+    "kernels": kernels_unsupported,
 }
 """Why a device cannot run a knob's value (None: it can), for the knobs that depend on the
 device."""
@@ -230,8 +259,15 @@ class TrainStep:
         self.workload, self.knobs, self.device = workload, knobs, device
         self.items_per_step: int = knobs.batch_size * workload.items_per_sample()
         self.model: nn.Module = build_model(workload, device, seed)
+        # Kernels first (they may replace whole modules), fp8 on the linear layers then in place,
+        # recompute last: it wraps the modules as they will run.
+        apply_kernels(workload, self.model, knobs.kernels)
+        self.fp8_layers = convert_fp8(self.model, knobs.precision)
+        """Linear layers running in fp8 (0 unless the precision is an fp8 one)."""
         apply_recompute(workload, self.model, knobs.recompute)
-        self._optimizer = workload.make_optimizer(self.model.parameters())
+        self._optimizer = with_implementation(
+            workload.make_optimizer(self.model.parameters()), knobs.optimizer
+        )
         micro_batches = _make_micro_batches(workload, knobs, device, seed)
         self._lane_batches = [micro_batches[lane :: knobs.streams] for lane in range(knobs.streams)]
         self._autocast_dtype = AUTOCAST_DTYPES.get(knobs.precision)  # None: autocast off

@@ -24,6 +24,7 @@ from torch import nn
 
 from search.core.knobs import GENERIC_KNOBS, knob_names
 from search.execution.compiling import CompileStats, compiled, warm_up
+from search.execution.fp8 import FP8_PRECISIONS
 from search.execution.knobs import (
     AUTOCAST_DTYPES,
     MATMUL_PRECISIONS,
@@ -74,6 +75,12 @@ class ServeStep:
     def __init__(
         self, workload: ServingWorkload, knobs: Knobs, device: torch.device, seed: int = 0
     ):
+        if knobs.precision in FP8_PRECISIONS:
+            # First: no device could serve it, whatever else refuse_unsupported would say.
+            raise KnobError(
+                f"precision={knobs.precision} does not apply to serving: it is torchao's float8 "
+                "training (fp8 matrix products forward and backward); serve in bf16 or fp16"
+            )
         refuse_unsupported(knobs, device)
         training_only = knobs_off_default(knobs, _TRAINING_ONLY)
         if training_only:

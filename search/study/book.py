@@ -12,6 +12,7 @@ import numpy as np
 
 from search.analysis.pareto import meets_slo, pareto_mask
 from search.core.records import COMPLETE
+from search.execution.fp8 import FP8_PRECISIONS
 from search.execution.recompute import RECOMPUTE_NONE, recompute_setting
 from search.space.params import CategoricalParam, FloatParam, IntParam, Param
 from search.space.search_space import SearchSpace
@@ -154,10 +155,12 @@ class Book:
         failed = {
             s.config.get("precision") for s in self.outcomes.values() if s.outcome == FIDELITY
         }
+        # fp8 is never the first guess: it is tried at the best so far where it can gain
+        # (``search.study.lever_moves``).
         ordered = [p for p in PRECISION_ORDER if p in choices] + [
-            p for p in choices if p not in PRECISION_ORDER
+            p for p in choices if p not in PRECISION_ORDER and p not in FP8_PRECISIONS
         ]
-        return next((p for p in ordered if p not in failed), ordered[0])
+        return next((p for p in ordered if p not in failed), (ordered or choices)[0])
 
 
 def _values(param: Param) -> list[Any]:

@@ -10,7 +10,15 @@ from typing import Any
 from search.core.records import COMPLETE
 from search.study.book import Book
 
-__all__ = ["Move", "bisect_wall", "feasible_micro"]
+__all__ = [
+    "OVERHEAD_BOUND_GAIN",
+    "Move",
+    "bisect_wall",
+    "feasible_micro",
+    "ladder_step",
+    "overhead_bound",
+    "overhead_bound_near",
+]
 
 
 @dataclass(frozen=True)
@@ -46,3 +54,60 @@ def bisect_wall(book: Book, config: Mapping[str, Any], micros: Sequence[Any]) ->
         + (f", {micros[low]} did" if low >= 0 else "")
     )
     return Move({**config, "micro_batch_size": micros[index]}, why)
+
+
+OVERHEAD_BOUND_GAIN = 1.25
+"""Throughput gained by doubling the micro-batch above which the smaller one was overhead-bound:
+twice the work in at most 1.6x the time (``search.analysis.diagnosis.SUBLINEAR`` is 1.5x the
+time)."""
+
+
+def ladder_step(book: Book, knob: str, value: Any, by: int) -> Any:
+    values = book.ladder(knob)
+    i = values.index(value) + by
+    return values[i] if 0 <= i < len(values) else None
+
+
+def overhead_bound(book: Book, config: Mapping[str, Any]) -> bool:
+    """Whether twice ``config``'s micro-batch ran much faster (``OVERHEAD_BOUND_GAIN``), or, with
+    no such pair, whether half of it ran much slower: the step time barely grows with the work."""
+    gain = _doubling_gain(book, config)
+    return gain is not None and gain > OVERHEAD_BOUND_GAIN
+
+
+def overhead_bound_near(book: Book, config: Mapping[str, Any]) -> bool:
+    """``overhead_bound`` judged at ``config`` or, where no pair of micro-batches is known there,
+    at the complete configuration of the same precision with the largest micro-batch at most
+    ``config``'s that has one (a smaller micro-batch is the more host-bound, so this errs toward
+    calling the step host-bound); False where no pair is known at all."""
+    micro = config.get("micro_batch_size")
+    if micro is None:
+        return False
+    near = sorted(
+        (
+            s.config
+            for s in book.complete
+            if s.config.get("precision") == config.get("precision")
+            and s.config["micro_batch_size"] <= micro
+        ),
+        key=lambda c: -c["micro_batch_size"],
+    )
+    for candidate in [config, *near]:
+        gain = _doubling_gain(book, candidate)
+        if gain is not None:
+            return gain > OVERHEAD_BOUND_GAIN
+    return False
+
+
+def _doubling_gain(book: Book, config: Mapping[str, Any]) -> float | None:
+    """Throughput at twice ``config``'s micro-batch over that at ``config``'s (or at ``config``'s
+    over half of it, where twice is unknown); None where neither pair was measured."""
+    here = book.throughput(config)
+    if here is None or "micro_batch_size" not in book.discrete:
+        return None
+    for by in (+1, -1):
+        micro = ladder_step(book, "micro_batch_size", config["micro_batch_size"], by)
+        other = book.throughput({**config, "micro_batch_size": micro}) if micro else None
+        if other is not None:
+            return other / here if by > 0 else here / other
+    return None

@@ -9,13 +9,16 @@ The order, each step skipped once everything it would propose was measured, is c
 of memory, breaks a constraint or is being measured by another process:
 
 1. **The expert's first guess**: the lowest precision that computes the same (bf16, then fp16,
-   tf32, fp32; a precision that failed the fidelity check is passed over), the largest batch, one
-   lane, no recompute, and the largest micro-batch that fits, found by bisection over the OOM
-   wall: the largest first, then halfway between the largest that fitted and the smallest that
-   did not. With no micro-batch fitting at a batch, the next smaller batch.
-2. **The other 16-bit precision** (fp16 for bf16, and back) at the best so far, once; then
-   **each compiler mode** the space searches (``compile``), once, at the best so far: the rest of
-   the order then starts from a compiled configuration where compiling paid.
+   tf32, fp32, never fp8; a precision that failed the fidelity check is passed over), the largest
+   batch, one lane, no recompute, eager, torch's own optimizer and kernels, and the largest
+   micro-batch that fits, found by bisection over the OOM wall: the largest first, then halfway
+   between the largest that fitted and the smallest that did not. With no micro-batch fitting at
+   a batch, the next smaller batch.
+2. **The other 16-bit precision** (fp16 for bf16, and back) at the best so far, once; then **the
+   levers** (``search.study.lever_moves``), each once at the best so far: the compiler's
+   ``default`` mode (its other modes only where the host bounds the step), each implementation
+   of the optimizer, then fp8 precisions and fused kernels where the host does not bound the
+   step. The rest of the order starts from whichever won.
 3. **The least recompute that lets a larger micro-batch fit**: at the micro-batch just above
    the wall, the space's recompute settings from the least recomputed up (as it lists them: a
    part of every block, every K-th block, all), each until one fits. Then **each other
@@ -44,6 +47,7 @@ from typing import Any
 from search.core.records import COMPLETE
 from search.space.params import FloatParam, IntParam
 from search.space.search_space import SearchSpace
+from search.study import lever_moves
 from search.study.book import Book, Seen
 from search.study.memory_moves import (
     precision_walls,
@@ -51,14 +55,9 @@ from search.study.memory_moves import (
     recompute_past_the_wall,
     with_recompute,
 )
-from search.study.move import Move, bisect_wall, feasible_micro
+from search.study.move import Move, bisect_wall, feasible_micro, ladder_step, overhead_bound
 
 __all__ = ["Move", "next_move"]
-
-OVERHEAD_BOUND_GAIN = 1.25
-"""Throughput gained by doubling the micro-batch above which the smaller one was overhead-bound:
-twice the work in at most 1.6x the time (``search.analysis.diagnosis.SUBLINEAR`` is 1.5x the
-time)."""
 
 
 def next_move(
@@ -84,11 +83,18 @@ def _order(book: Book) -> Iterator[Move]:
         yield first
         return  # the opening is sequential: each step needs the one before it
     yield from _precision_peer(book)
-    yield from _compiler(book)
+    yield from lever_moves.compiler(book)
+    yield from lever_moves.optimizer(book)
+    yield from lever_moves.fp8(book)
+    yield from lever_moves.fused_kernels(book)
     yield from recompute_past_the_wall(book)
     yield from precision_walls(book)
     yield from _batches(book)
     yield from _local_search(book)
+
+
+_PLAIN = {"compile": "off", "optimizer": "default", "kernels": "torch"}
+"""The expert's first guess runs the step as written: eager, torch's own optimizer and kernels."""
 
 
 def _opening_base(book: Book) -> dict[str, Any]:
@@ -101,8 +107,8 @@ def _opening_base(book: Book) -> dict[str, Any]:
             base[knob] = book.precision()
         elif knob == "recompute" and book.no_recompute() is not None:
             base[knob] = book.no_recompute()
-        elif knob == "compile" and "off" in values:
-            base[knob] = "off"
+        elif knob in _PLAIN and _PLAIN[knob] in values:
+            base[knob] = _PLAIN[knob]
         else:
             base[knob] = values[0]
     return {**base, **book.space.fixed, **_floats(book.space)}
@@ -155,17 +161,6 @@ def _precision_peer(book: Book) -> Iterator[Move]:
         )
 
 
-def _compiler(book: Book) -> Iterator[Move]:
-    """Each compile mode the space searches, once, at the fastest configuration so far."""
-    best = book.best()
-    if best is None or "compile" not in book.discrete:
-        return
-    for mode in book.ladder("compile"):
-        tried = any(s.config.get("compile") == mode for s in book.outcomes.values())
-        if mode != "off" and not tried:
-            yield Move({**best.config, "compile": mode}, f"the compiler: {mode} at the best so far")
-
-
 def _batches(book: Book) -> Iterator[Move]:
     """The largest batch's micro-batch sweeps, then each smaller batch's start (carried from the
     batch above), each batch's best with recompute (the other settings between, at the largest),
@@ -206,7 +201,7 @@ def _sweeps(book: Book, batch: Any) -> Iterator[Move]:
     lanes = "streams" in book.discrete
     for many in (True, False) if lanes else (False,):
         figures: list[float] = []
-        micro = _step(book, "micro_batch_size", top["micro_batch_size"], -1)
+        micro = ladder_step(book, "micro_batch_size", top["micro_batch_size"], -1)
         while micro is not None and not _past_the_peak(figures):
             config = {**best.config, "micro_batch_size": micro}
             if lanes:
@@ -219,7 +214,7 @@ def _sweeps(book: Book, batch: Any) -> Iterator[Move]:
                 break
             if outcome == COMPLETE:
                 figures.append(book.throughput(config) or 0.0)
-            micro = _step(book, "micro_batch_size", micro, -1)
+            micro = ladder_step(book, "micro_batch_size", micro, -1)
 
 
 PAST_THE_PEAK = 2
@@ -278,7 +273,7 @@ def _neighbours(book: Book, config: Mapping[str, Any], batch: Any) -> Iterator[M
     moves: list[tuple[str, dict[str, Any], str]] = []
     up, down = _shift(book, config, +1), _shift(book, config, -1)
     lanes = _lanes(book, config, +1)
-    overhead = _overhead_bound(book, config)
+    overhead = overhead_bound(book, config)
     where = f" at batch {batch}" if batch is not None else ""
     if up is not None:
         why = "overhead-bound: doubling micro-batch" if overhead else "larger micro-batch"
@@ -318,17 +313,11 @@ def _local_search(book: Book) -> Iterator[Move]:
                 )
 
 
-def _step(book: Book, knob: str, value: Any, by: int) -> Any:
-    values = book.ladder(knob)
-    i = values.index(value) + by
-    return values[i] if 0 <= i < len(values) else None
-
-
 def _shift(book: Book, config: Mapping[str, Any], by: int) -> dict[str, Any] | None:
     """``config`` with the micro-batch a step up or down (lanes cut back to what it allows)."""
     if "micro_batch_size" not in book.discrete:
         return None
-    micro = _step(book, "micro_batch_size", config["micro_batch_size"], by)
+    micro = ladder_step(book, "micro_batch_size", config["micro_batch_size"], by)
     if micro is None:
         return None
     moved = {**config, "micro_batch_size": micro}
@@ -340,23 +329,8 @@ def _shift(book: Book, config: Mapping[str, Any], by: int) -> dict[str, Any] | N
 def _lanes(book: Book, config: Mapping[str, Any], by: int) -> dict[str, Any] | None:
     if "streams" not in book.discrete:
         return None
-    streams = _step(book, "streams", config["streams"], by)
+    streams = ladder_step(book, "streams", config["streams"], by)
     if streams is None:
         return None
     moved = {**config, "streams": streams}
     return moved if book.fits(moved) else None
-
-
-def _overhead_bound(book: Book, config: Mapping[str, Any]) -> bool:
-    """Whether twice ``config``'s micro-batch ran much faster (``OVERHEAD_BOUND_GAIN``), or, with
-    no such pair, whether half of it ran much slower: the step time barely grows with the work."""
-    here = book.throughput(config)
-    if here is None or "micro_batch_size" not in book.discrete:
-        return False
-    for by in (+1, -1):
-        micro = _step(book, "micro_batch_size", config["micro_batch_size"], by)
-        other = book.throughput({**config, "micro_batch_size": micro}) if micro else None
-        if other is not None:
-            bigger, smaller = (other, here) if by > 0 else (here, other)
-            return bigger > OVERHEAD_BOUND_GAIN * smaller
-    return False

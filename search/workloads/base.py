@@ -122,6 +122,13 @@ class Workload(abc.ABC):
         recomputes the MLP of every block). Default: none named."""
         return {}
 
+    def use_kernels(self, model: nn.Module, kernels: str) -> None:
+        """Patch the fused kernels named ``kernels`` (``liger``) into ``model``, in place (the
+        ``kernels`` knob, ``search.execution.kernels``). Default: none, so a space that searches
+        ``kernels`` beyond ``torch`` over this workload is rejected with a message naming this
+        method."""
+        raise NotImplementedError(f"{type(self).__name__} names no fused kernels")
+
     def make_optimizer(self, params: Any) -> torch.optim.Optimizer:
         """The optimizer of the training step. Default: AdamW, lr 1e-4."""
         return torch.optim.AdamW(params, lr=1e-4)

@@ -75,8 +75,39 @@ class Llama(Workload):
         return torch.randint(self.config["vocab_size"], shape, generator=generator)
 
     def loss(self, model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+        _use_rope(model)
         # transformers shifts the labels itself: position t predicts token t + 1.
         return model(input_ids=batch, labels=batch).loss
+
+    def use_kernels(self, model: nn.Module, kernels: str) -> None:
+        """``liger``: Liger-Kernel's RMSNorm, SwiGLU MLP, rotary embedding and fused linear
+        cross-entropy (the loss without materialising the logits), on this model alone.
+
+        Liger patches some of them into transformers' module for every model built after it (the
+        classes and the rotary function); those are put back at once, so the fidelity check's
+        reference, built in the same process, stays plain. This model's layers are patched in
+        place; its rotary function is set at each of its forward passes (``_use_rope``)."""
+        if kernels != "liger":
+            raise NotImplementedError(f"Llama names no kernels called {kernels!r}")
+        from liger_kernel.transformers import apply_liger_kernel_to_llama
+        from transformers.models.llama import modeling_llama
+
+        # What liger 0.8.5 sets in the module given a model (its cross-entropy patch is off, and
+        # the fused loss goes on this model's forward alone). The rotary function as transformers
+        # made it: the module may hold another Liger model's, left there by its last forward.
+        _PLAIN_ROPE.setdefault("rope", modeling_llama.apply_rotary_pos_emb)
+        plain = {
+            "apply_rotary_pos_emb": _PLAIN_ROPE["rope"],
+            "LlamaRMSNorm": modeling_llama.LlamaRMSNorm,
+            "LlamaMLP": modeling_llama.LlamaMLP,
+        }
+        try:
+            apply_liger_kernel_to_llama(model=cast(Any, model))  # typed PreTrainedModel
+            liger_rope = modeling_llama.apply_rotary_pos_emb
+        finally:
+            for name, value in plain.items():
+                setattr(modeling_llama, name, value)
+        model.liger_rope = liger_rope
 
     def items_per_sample(self) -> int:
         return self.config["seq_len"]
@@ -103,3 +134,17 @@ class Llama(Workload):
             "attention": [layer.self_attn for layer in layers],
             "mlp": [layer.mlp for layer in layers],
         }
+
+
+_PLAIN_ROPE: dict[str, Any] = {}
+"""transformers' own rotary function, kept once a model had Liger's patched in."""
+
+
+def _use_rope(model: nn.Module) -> None:
+    """Set transformers' rotary function to ``model``'s: Liger's where it was patched in, else the
+    plain one (the module global every Llama attention layer looks up when it runs)."""
+    if not _PLAIN_ROPE:
+        return  # no Liger model in this process: the module is as transformers made it
+    from transformers.models.llama import modeling_llama
+
+    modeling_llama.apply_rotary_pos_emb = getattr(model, "liger_rope", _PLAIN_ROPE["rope"])

@@ -90,7 +90,8 @@ BAD_INPUT = {
     ),
     "unknown precision": (
         ["+space=llm", "space.params.precision.choices=[fp32,fp8]"],
-        "params.precision must be one of fp32, tf32, bf16, fp16, but got ['fp8']",
+        "params.precision must be one of fp32, tf32, bf16, fp16, fp8-tensorwise, fp8-rowwise, but "
+        "got ['fp8']",
     ),
     "no batch_size": (
         [

@@ -311,3 +311,40 @@ def test_resolve_device_cuda_without_cuda(spec):
         ConfigError, match=f"device={spec} but no CUDA device is visible here: use device=cpu"
     ):
         resolve_device(spec)
+
+
+# ---------------------------------------------------------------------------------------------
+# Choices the device cannot run
+
+
+def _load(overrides):
+    from search.config.compose import load_settings
+    from search.config.prepare import load_space
+
+    chosen = load_settings(compose_config(overrides))
+    return load_space(chosen.space, resolve_device(chosen.device))
+
+
+@pytest.mark.parametrize(
+    ("override", "refused", "kept"),
+    [
+        ("space.params.precision.choices=[fp32,tf32,bf16]", "tf32", "[fp32,bf16]"),
+        ("space.params.precision.choices=[bf16,fp8-rowwise]", "fp8-rowwise", "[bf16]"),
+        ("space.params.compile.choices=[off,reduce-overhead]", "reduce-overhead", "[off]"),
+    ],
+)
+def test_a_searched_choice_a_cpu_cannot_run_is_refused_naming_the_override_that_leaves_it_out(
+    override, refused, kept
+):
+    with pytest.raises(ConfigError) as caught:
+        _load(["+space=llm", "device=cpu", override])
+    message = str(caught.value)
+    assert "\n" not in message and f"choice {refused} cannot run on cpu" in message
+    name = override.split(".")[2]
+    assert f"space.params.{name}.choices={kept}" in message
+
+
+def test_the_cpu_presets_search_compile_and_load_without_a_note():
+    for name in ("llm", "llama", "vision"):
+        space, notes = _load([f"+space={name}", "device=cpu"])
+        assert list(space.params["compile"].values()) == ["off", "default"] and not notes

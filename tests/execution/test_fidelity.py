@@ -4,7 +4,6 @@ import threading
 import pytest
 import torch
 from torch import nn
-
 from trial_workloads import MemoryWall
 
 from search.execution.fidelity import (
@@ -17,6 +16,7 @@ from search.execution.fidelity import (
 )
 from search.execution.knobs import PRECISIONS, KnobError, Knobs, TrainStep
 from search.execution.pieces import TrainingPieces, piece_sizes
+from search.execution.tolerances import UPDATE_TOLERANCE
 from search.workloads import GPT, GPTServe, Workload
 
 CPU = torch.device("cpu")
@@ -141,6 +141,16 @@ def test_every_precision_has_a_tolerance_tighter_the_more_bits_it_keeps():
             getattr(TOLERANCES[p], name) for p in ("fp32", "tf32", "bf16", "fp16")
         )
         assert 0 < fp32 < tf32 == fp16 < bf16 < 0.05
+
+
+def test_fp8_tolerances_sit_above_bf16s_and_below_meaningless():
+    # bf16 rounds every operation, fp8 only the operands of large matmuls, but with 3 mantissa
+    # bits (2 for tensorwise's gradients): looser than bf16, yet far below 50%, which means nothing
+    bf16, tensorwise, rowwise = (TOLERANCES[p] for p in ("bf16", "fp8-tensorwise", "fp8-rowwise"))
+    for fp8 in (tensorwise, rowwise):
+        assert bf16.loss_rel < fp8.loss_rel <= 0.02
+        assert bf16.grad_norm_rel < fp8.grad_norm_rel <= 0.125
+    assert rowwise.grad_norm_rel < tensorwise.grad_norm_rel
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
@@ -415,3 +425,21 @@ def test_the_configurations_own_pass_running_out_is_the_checks_not_the_configura
     assert not report.ok
     assert "the configuration's own pass of the check ran out of memory on cpu" in report.reason
     assert "cannot be checked here" in report.reason
+
+
+# -- the optimizer knob: the first update (tests/execution/test_optimizer_knob.py has the rest) ---
+
+
+def test_a_check_under_another_optimizer_still_builds_two_models():
+    workload = CountingGPT()
+    report = check_fidelity(workload, Knobs(batch_size=8, optimizer="fused"), CPU, seed=3)
+    assert report.ok, report.reason
+    assert workload.models_built == 2  # the step it compares with runs on host copies
+    assert report.update_norm_rel_error <= UPDATE_TOLERANCE
+
+
+def test_a_fused_optimizer_at_the_wall_is_checked_against_a_reference_in_pieces():
+    knobs = Knobs(batch_size=16, micro_batch_size=8, precision="bf16", optimizer="fused")
+    report = check_fidelity(MemoryWall(), knobs, CPU)
+    assert report.ok, report.reason
+    assert 0 <= report.update_norm_rel_error <= UPDATE_TOLERANCE

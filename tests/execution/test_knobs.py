@@ -63,7 +63,8 @@ def test_public_names():
         "streams",
         "recompute",
     )
-    assert PRECISIONS == ("fp32", "tf32", "bf16", "fp16")
+    assert PRECISIONS == ("fp32", "tf32", "bf16", "fp16", "fp8-tensorwise", "fp8-rowwise")
+    assert GENERIC_KNOBS[5:] == ("compile", "optimizer", "kernels")
     assert issubclass(KnobError, ValueError)
 
 

@@ -1,0 +1,99 @@
+"""The order's moves for the levers that change how a step executes, right after precision:
+the compiler, then the optimizer's implementation, then fp8 and fused kernels where they can gain.
+
+Each is tried once, at the fastest configuration so far, so that the rest of the order starts from
+whichever won; each move's line says why it is tried where it is. The model-based sampler and the
+local search around the front take up whatever is left.
+
+- **The compiler's** ``default`` mode is always worth one trial: it fuses the step's elementwise
+  work whatever the regime. Its other modes replay CUDA graphs (``reduce-overhead``) or autotune
+  the kernels (``max-autotune``); they are tried here only where the host bounds the step (twice
+  the micro-batch cost little more time), where launch overhead is what there is to win.
+- **The optimizer's** implementations (``for-loop``, ``foreach``, ``fused``): each once.
+- **fp8 and fused kernels** trade casts or Triton kernels for fewer bytes and FLOPs; both lose
+  where the host bounds the step (small matrix products, too little work per kernel), so they are
+  tried only where it does not. fp8 precisions whose layer sizes cannot gain (torchao's size
+  rules) fail at once when built, at the cost of a process start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from search.execution.fp8 import FP8_PRECISIONS
+from search.study.book import Book, Seen
+from search.study.move import Move, overhead_bound_near
+
+__all__ = ["compiler", "fp8", "fused_kernels", "optimizer"]
+
+CHEAP_COMPILE_MODES = ("default",)
+"""Compile modes tried whatever the regime."""
+
+
+def _untried(book: Book, knob: str, value: object) -> bool:
+    return not any(s.config.get(knob) == value for s in book.outcomes.values())
+
+
+def _host_bound(book: Book, best: Seen) -> bool:
+    return overhead_bound_near(book, best.config)
+
+
+def compiler(book: Book) -> Iterator[Move]:
+    """``default`` at the fastest configuration so far; each other mode there too where the host
+    bounds the step."""
+    best = book.best()
+    if best is None or "compile" not in book.discrete:
+        return
+    for mode in book.ladder("compile"):
+        if mode == "off" or not _untried(book, "compile", mode):
+            continue
+        if mode in CHEAP_COMPILE_MODES:
+            yield Move({**best.config, "compile": mode}, f"the compiler: {mode} at the best so far")
+        elif _host_bound(book, best):
+            yield Move(
+                {**best.config, "compile": mode},
+                f"the compiler: {mode} at the best so far, where the host bounds the step "
+                "(twice the micro-batch cost little more time)",
+            )
+
+
+def optimizer(book: Book) -> Iterator[Move]:
+    """Each implementation of the optimizer the space searches, once, at the best so far."""
+    best = book.best()
+    if best is None or "optimizer" not in book.discrete:
+        return
+    for implementation in book.ladder("optimizer"):
+        if _untried(book, "optimizer", implementation):
+            yield Move(
+                {**best.config, "optimizer": implementation},
+                f"the optimizer: {implementation} at the best so far",
+            )
+
+
+def fp8(book: Book) -> Iterator[Move]:
+    """Each fp8 precision the space searches, once, at the best so far, where the host does not
+    bound the step (fp8's casts cost what its matrix products save only where they dominate)."""
+    best = book.best()
+    if best is None or "precision" not in book.discrete or _host_bound(book, best):
+        return
+    for precision in book.ladder("precision"):
+        if precision in FP8_PRECISIONS and _untried(book, "precision", precision):
+            yield Move(
+                {**best.config, "precision": precision},
+                f"{precision}: fp8 matrix products at the best so far, whose step the host does "
+                "not bound",
+            )
+
+
+def fused_kernels(book: Book) -> Iterator[Move]:
+    """Each set of fused kernels the space searches, once, at the best so far, where the host
+    does not bound the step (a fused kernel saves memory traffic, not launches)."""
+    best = book.best()
+    if best is None or "kernels" not in book.discrete or _host_bound(book, best):
+        return
+    for kernels in book.ladder("kernels"):
+        if kernels != "torch" and _untried(book, "kernels", kernels):
+            yield Move(
+                {**best.config, "kernels": kernels},
+                f"fused kernels: {kernels} at the best so far, whose step the host does not bound",
+            )

@@ -1,0 +1,74 @@
+"""The order's levers (search.study.lever_moves): the optimizer's implementations, fp8 and fused
+kernels, each tried once at the best so far, and fp8 and kernels only where the host does not
+bound the step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.study.test_strategy import drive, llm_like, walled
+
+OPTIMIZERS = {"type": "categorical", "choices": ["foreach", "fused"]}
+KERNELS = {"type": "categorical", "choices": ["torch", "liger"]}
+FP8 = ("bf16", "fp8-tensorwise", "fp8-rowwise")
+
+
+def compute_bound(c: dict[str, Any]) -> float:
+    """Doubling the micro-batch gains next to nothing; fp8 and liger and fused each gain."""
+    gain = {"bf16": 1.0, "fp8-tensorwise": 1.3, "fp8-rowwise": 1.2}[c["precision"]]
+    gain *= 1.2 if c.get("kernels") == "liger" else 1.0
+    gain *= 1.05 if c.get("optimizer") == "fused" else 1.0
+    return gain * 1000.0 * c["micro_batch_size"] / (c["micro_batch_size"] + 0.05)
+
+
+def host_bound(c: dict[str, Any]) -> float:
+    """Twice the micro-batch, nearly twice the throughput: the host bounds the step."""
+    return compute_bound(c) * (c["micro_batch_size"] + 0.05) / (c["micro_batch_size"] + 8)
+
+
+def lever_moves(made: list[tuple[dict[str, Any], str]]) -> list[tuple[dict[str, Any], str]]:
+    levers = ("the optimizer", "fp8", "fused kernels")
+    return [(c, why) for c, why in made if any(word in why for word in levers)]
+
+
+def test_the_first_guess_never_runs_fp8_nor_patched_kernels_and_uses_the_first_optimizer():
+    space = llm_like(
+        batch=(8, 8), micro=(1, 8), precisions=FP8, optimizer=OPTIMIZERS, kernels=KERNELS
+    )
+    first, why = drive(space, walled(4, compute_bound), budget=1)[0]
+    assert "first guess" in why
+    assert (first["precision"], first["kernels"], first["optimizer"]) == (
+        "bf16",
+        "torch",
+        "foreach",
+    )
+
+
+def test_where_compute_binds_each_lever_is_tried_once_at_the_best_so_far_saying_why():
+    space = llm_like(
+        batch=(8, 8), micro=(1, 8), precisions=FP8, optimizer=OPTIMIZERS, kernels=KERNELS
+    )
+    made = drive(space, walled(4, compute_bound), budget=10)
+    levers = lever_moves(made)
+    tried = [(c["optimizer"], c["precision"], c["kernels"]) for c, _ in levers]
+    # the optimizer first (fused wins), then each fp8 recipe from the fused best, then liger from
+    # the fastest so far (fp8-tensorwise)
+    assert tried == [
+        ("fused", "bf16", "torch"),
+        ("fused", "fp8-tensorwise", "torch"),
+        ("fused", "fp8-rowwise", "torch"),
+        ("fused", "fp8-tensorwise", "liger"),
+    ]
+    assert all(c["micro_batch_size"] == 4 for c, _ in levers)  # the wall found by the opening
+    assert "host does not bound" in levers[1][1] and "host does not bound" in levers[3][1]
+
+
+def test_where_the_host_bounds_the_step_fp8_and_fused_kernels_wait():
+    space = llm_like(batch=(8, 8), micro=(1, 8), precisions=FP8, kernels=KERNELS)
+    made = drive(space, walled(4, host_bound), budget=10)
+    assert not lever_moves(made)
+    assert all(
+        c["precision"] == "bf16" and c["kernels"] == "torch"
+        for c, why in made
+        if "local search" not in why
+    )
