@@ -13,11 +13,18 @@ what is not yet recorded (``--again`` measures them anew). The steps, in order:
 - ``peaks``: the device and its measured peaks (a bf16 matrix product, a device-to-device copy);
 - ``llm``: the default ``python -m search +space=llm``, whole;
 - ``llama``: ``+space=llama``, capped (``study.timeout_s``);
-- ``llm_versus``, ``llama_versus``: ``benchmarks/versus_baseline.py`` against the expert's hand
-  baseline, side by side in fresh processes;
+- ``llm_versus``, ``llama_versus``: ``benchmarks/versus_baseline.py``, the study's recommendation
+  against the expert's hand baseline, eager and compiled, side by side in fresh processes (both
+  ratios);
 - ``pytest_gpu``: ``python -m pytest -m gpu``;
 - ``llm_serve``: a short serving study;
-- ``retune``: a re-tune of ``llm`` after a model change (one layer fewer), with its verdict.
+- ``retune``: a re-tune of ``llm`` after a model change (one layer fewer), with its verdict;
+- ``llama_levers``: a short ``llama`` study of its own (``llama_levers-cuda``) over the GPU
+  levers: fp8 training (``fp8-tensorwise``, ``fp8-rowwise`` against ``bf16``), the optimizer's
+  implementation (``foreach``, ``fused``) and Liger's fused kernels (``torch``, ``liger``), the
+  compiler left off (the ``llama`` study and the comparisons measure it) so that its budget goes
+  to those levers, each tried once at the best so far after the opening; its trial lines say
+  what each came to.
 
 docs/operations/gpu.md is generated from these records (docs/gen_gpu.py).
 """
@@ -92,8 +99,9 @@ STEPS = (
         _search("+space=llama", "study.timeout_s=200", *SHORT_ENDING),
         study="llama-cuda",
     ),
-    Step("llm_versus", 240, _versus("llm", "llm-cuda"), needs="llm"),
-    Step("llama_versus", 300, _versus("llama", "llama-cuda"), needs="llama"),
+    # three configurations side by side, the compiled baseline's first run compiling cold
+    Step("llm_versus", 300, _versus("llm", "llm-cuda"), needs="llm"),
+    Step("llama_versus", 420, _versus("llama", "llama-cuda"), needs="llama"),
     Step("pytest_gpu", 240, lambda runs: [sys.executable, "-m", "pytest", "-q", "-m", "gpu"]),
     Step(
         "llm_serve",
@@ -113,6 +121,21 @@ STEPS = (
             "retune.processes=4",
         ),
         needs="llm",
+    ),
+    Step(
+        "llama_levers",
+        540,
+        _search(
+            "+space=llama",
+            "study.name=llama_levers-cuda",
+            "space.params.precision.choices=[bf16,fp8-tensorwise,fp8-rowwise]",
+            "space.params.optimizer.choices=[foreach,fused]",
+            "space.params.kernels.choices=[torch,liger]",
+            "space.params.compile.choices=[off]",
+            "study.timeout_s=360",
+            *SHORT_ENDING,
+        ),
+        study="llama_levers-cuda",
     ),
 )
 

@@ -32,6 +32,7 @@ STEP_ORDER = (
     "pytest_gpu",
     "llm_serve",
     "retune",
+    "llama_levers",
 )
 
 
@@ -111,10 +112,12 @@ def _versus(record: dict[str, Any]) -> list[str]:
     if not report:
         return [head + f" No report (exit {record['rc']})."]
     out, unit = [head], report.get("unit", "items/s")
-    for name in ("tuned", "baseline"):
-        f = report[name]
+    for name in ("tuned", "baseline", "compiled"):
+        f = report.get(name)
+        if f is None:
+            continue
         line = (
-            f"  {name.capitalize()} `{report['configs'][name]}`: {si(f['throughput'])} "
+            f"  {ARM_NAMES[name]} `{report['configs'][name]}`: {si(f['throughput'])} "
             f"[{si(f['throughput_ci_low'])}, {si(f['throughput_ci_high'])}] {unit} (95% CI, "
             f"{f['processes']} fresh processes, between-process CV {f['between_process_cv']:.2%}), "
             f"peak {f['peak_memory_mb'] / 1e3:.1f} GB"
@@ -129,13 +132,33 @@ def _versus(record: dict[str, Any]) -> list[str]:
                 f"the {report['matmul_bf16_tflops']:.0f} TFLOP/s bf16 matrix product measured in "
                 "the same run)"
             )
+        if "compile_time_s" in f:
+            line += (
+                f"; compiled in {f['compile_time_s']:.0f} s a process (mean) before the timed "
+                "windows, not in its throughput"
+            )
         out.append(line + ".")
+    if report.get("compiled_failure"):
+        out.append(f"  The compiled baseline was left out: {_short(report['compiled_failure'])}.")
     r = report["ratio"]
     out.append(
         f"  **Tuned / baseline: {r['tuned_over_baseline']:.3f} [{r['ci_low']:.3f}, "
         f"{r['ci_high']:.3f}]** (95% CI, Welch on the log process means; interleaved)."
     )
+    c = report.get("ratio_compiled")
+    if c:
+        out.append(
+            f"  **Tuned / compiled baseline: {c['tuned_over_compiled']:.3f} [{c['ci_low']:.3f}, "
+            f"{c['ci_high']:.3f}]** (95% CI, the same way; compile time excluded)."
+        )
     return out
+
+
+ARM_NAMES = {
+    "tuned": "Tuned",
+    "baseline": "Baseline (the expert's first guess, eager)",
+    "compiled": "Compiled baseline (the first guess, `compile: default`)",
+}
 
 
 def _plain(record: dict[str, Any]) -> list[str]:
@@ -154,6 +177,7 @@ RENDER = {
     "llm": _study,
     "llama": _study,
     "llm_serve": _study,
+    "llama_levers": _study,
     "llm_versus": _versus,
     "llama_versus": _versus,
 }
