@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from search.core.records import COMPLETE
+from search.study.book import Seen
+from search.study.strategy import next_move
 from tests.study.test_strategy import drive, llm_like, walled
 
 OPTIMIZERS = {"type": "categorical", "choices": ["foreach", "fused"]}
@@ -72,3 +75,20 @@ def test_where_the_host_bounds_the_step_fp8_and_fused_kernels_wait():
         for c, why in made
         if "local search" not in why
     )
+
+
+def test_where_another_precision_becomes_the_fastest_the_compiler_is_tried_again_there():
+    compile_modes = {"type": "categorical", "choices": ["off", "default"]}
+    space = llm_like(batch=(8, 8), micro=(1, 8), precisions=("fp32", "bf16"), compile=compile_modes)
+    base = {"batch_size": 8, "micro_batch_size": 8, "streams": 1, "recompute": False}
+
+    def seen(precision: str, compile_mode: str, throughput: float) -> Seen:
+        config = {**base, "precision": precision, "compile": compile_mode}
+        figures = {"throughput": throughput, "latency_p95_ms": 1.0, "peak_memory_mb": 1.0}
+        return Seen(config, COMPLETE, figures)
+
+    # a CPU without bf16 instructions: the first guess and its compiled twin are slow, fp32 fast
+    history = [seen("bf16", "off", 50.0), seen("bf16", "default", 60.0), seen("fp32", "off", 900.0)]
+    move = next_move(space, history)
+    assert move is not None and move.why.startswith("the compiler")
+    assert move.config["precision"] == "fp32" and move.config["compile"] == "default"
