@@ -85,7 +85,7 @@ def finish(ctx: Context, driver: StudyDriver, outcome: StudyOutcome, tracker: Tr
         out.print(line, markup=False)
     unit = history[0].unit if history else "items"
     _print_front(ctx, front, best, unit, diagnoses)
-    regimes = _regime_lines(diagnoses, best)
+    regimes = _regime_lines(diagnoses, best, ctx.peak.source if ctx.peak else None)
     compiling = compile_lines(final, best, done, floor)
     walls = wall_lines(memory_walls(history))
     for line in regimes + compiling + walls:
@@ -302,9 +302,11 @@ def _print_where(
             out.print(f"  the front, compared: {url}", markup=False)
 
 
-def _regime_lines(diagnoses: Mapping[int, Diagnosis], best: TrialRecord | None) -> list[str]:
+def _regime_lines(
+    diagnoses: Mapping[int, Diagnosis], best: TrialRecord | None, peak_source: str | None
+) -> list[str]:
     """How many measured configurations were in each regime, and why the recommendation is in
-    its own."""
+    its own, with where the peak its MFU divides by comes from (how and when it was measured)."""
     if not diagnoses:
         return []
     regimes = [d.regime for d in diagnoses.values()]
@@ -317,7 +319,7 @@ def _regime_lines(diagnoses: Mapping[int, Diagnosis], best: TrialRecord | None) 
         d = diagnoses[best.number]
         lines.append(
             f"  the recommendation #{best.number} is {d.regime}: {d.why}; MFU {d.mfu:.1%} "
-            f"({si(d.achieved_flops)}FLOP/s)"
+            f"({si(d.achieved_flops)}FLOP/s)" + (f" of a peak {peak_source}" if peak_source else "")
         )
     return lines
 
