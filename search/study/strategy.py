@@ -14,11 +14,13 @@ of memory, breaks a constraint or is being measured by another process:
    micro-batch that fits, found by bisection over the OOM wall: the largest first, then halfway
    between the largest that fitted and the smallest that did not. With no micro-batch fitting at
    a batch, the next smaller batch.
-2. **The other 16-bit precision** (fp16 for bf16, and back) at the best so far, once; then **the
-   levers** (``search.study.lever_moves``), each once at the best so far: the compiler's
-   ``default`` mode (its other modes only where the host bounds the step), each implementation
-   of the optimizer, then fp8 precisions and fused kernels where the host does not bound the
-   step. The rest of the order starts from whichever won.
+2. **The other 16-bit precision** (fp16 for bf16, and back) at the best so far, once; **fp32**
+   there once, at half its micro-batch (lower precision is fast only where the device has the
+   units for it: not on a CPU without bf16 instructions); then **the levers**
+   (``search.study.lever_moves``), each once at the best so far: the compiler's ``default`` mode
+   (its other modes only where the host bounds the step), each implementation of the optimizer,
+   then fp8 precisions and fused kernels where the host does not bound the step. The rest of the
+   order starts from whichever won.
 3. **The least recompute that lets a larger micro-batch fit**: at the micro-batch just above
    the wall, the space's recompute settings from the least recomputed up (as it lists them: a
    part of every block, every K-th block, all), each until one fits. Then **each other
@@ -83,6 +85,7 @@ def _order(book: Book) -> Iterator[Move]:
         yield first
         return  # the opening is sequential: each step needs the one before it
     yield from _precision_peer(book)
+    yield from _reference_precision(book)
     yield from lever_moves.compiler(book)
     yield from lever_moves.optimizer(book)
     yield from lever_moves.fp8(book)
@@ -159,6 +162,32 @@ def _precision_peer(book: Book) -> Iterator[Move]:
             {**best.config, "precision": peer},
             f"{peer}: as few bits as {best.config['precision']}; which is faster here?",
         )
+
+
+def _reference_precision(book: Book) -> Iterator[Move]:
+    """fp32 once, at the fastest configuration so far with half its micro-batch, where that one
+    runs a lower precision: lower precision is fast only where the device has the units for it
+    (on a CPU without bf16 instructions a bf16 matrix product ran at 1% of fp32's speed). Half the
+    micro-batch, as fp32's activations take twice the memory: the check must not run out of it."""
+    best = book.best()
+    if best is None or "precision" not in book.discrete or "fp32" not in book.ladder("precision"):
+        return
+    if best.config["precision"] == "fp32" or any(
+        s.config.get("precision") == "fp32" for s in book.outcomes.values()
+    ):
+        return
+    config = {**best.config, "precision": "fp32"}
+    if "micro_batch_size" in book.discrete:
+        config["micro_batch_size"] = (
+            ladder_step(book, "micro_batch_size", best.config["micro_batch_size"], -1)
+            or best.config["micro_batch_size"]
+        )
+    if "streams" in book.discrete:
+        config["streams"] = book.ladder("streams")[0]
+    yield Move(
+        config,
+        f"fp32 at half the micro-batch: is {best.config['precision']} faster on this device?",
+    )
 
 
 def _batches(book: Book) -> Iterator[Move]:

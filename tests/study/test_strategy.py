@@ -91,11 +91,29 @@ def test_the_opening_bisects_to_the_oom_wall():
     assert not any(c["recompute"] for c, _ in made)
     assert "largest batch and micro-batch" in made[0][1]
     assert "did not fit" in made[1][1]
-    # the wall found, the order goes on with recompute past it: 16 with recompute fits
-    after = next_move(space, [walled(8)(c) for c, _ in made])
+    # the wall found: fp32 once at half the best micro-batch (is bf16 faster here?), then
+    # recompute past the wall: 16 with recompute fits
+    seen = [walled(8)(c) for c, _ in made]
+    check = next_move(space, seen)
+    assert check is not None and check.config["precision"] == "fp32"
+    assert check.config["micro_batch_size"] == 4 and "is bf16 faster on this device" in check.why
+    after = next_move(space, [*seen, walled(8)(check.config)])
     assert after is not None
     assert after.config["micro_batch_size"] == 16 and after.config["recompute"] is True
     assert "recompute" in after.why
+
+
+def test_where_the_device_has_no_units_for_the_lower_precision_fp32_takes_over():
+    space = llm_like(batch=(8, 8), micro=(1, 8), precisions=("fp32", "bf16"))
+
+    def no_bf16_units(c):  # bf16 matrix products at a twentieth of fp32's speed
+        scale = 0.05 if c["precision"] == "bf16" else 1.0
+        return scale * 1000.0 * c["micro_batch_size"] / (c["micro_batch_size"] + 0.5)
+
+    made = drive(space, walled(8, no_bf16_units), budget=8)
+    assert [c["precision"] for c, _ in made[:2]] == ["bf16", "fp32"]
+    # what follows starts from fp32, the fastest
+    assert all(c["precision"] == "fp32" for c, _ in made[2:])
 
 
 def test_the_opening_steps_down_a_batch_when_nothing_fits():
@@ -362,15 +380,15 @@ def test_the_least_recompute_that_lets_the_micro_batch_at_the_wall_fit_is_tried_
 def test_each_other_precision_bisects_its_own_wall():
     space = llm_like(batch=(32, 32), micro=(1, 32), recompute=RECOMPUTE_SETTINGS)
     keeps = {"none": 1.0, "attention": 0.8, "mlp": 0.5, "all": 0.1}
-    oracle = settings_walled(8, keeps, fp32_wall=2)
-    seen = [oracle(c) for c, _ in drive(space, oracle, budget=6)]
-    fp32 = {"batch_size": 32, "micro_batch_size": 8, "precision": "fp32", "streams": 1}
-    seen.append(oracle({**fp32, "recompute": "none"}))
-    assert seen[-1].outcome == OOM  # bf16's wall is 8; fp32's is 2
-    move = next_move(space, seen)
-    assert move is not None and move.config["precision"] == "fp32"
-    assert move.config["micro_batch_size"] < 8 and move.config["recompute"] == "none"
-    assert "bisecting fp32's own wall" in move.why
+    oracle = settings_walled(8, keeps, fp32_wall=2)  # bf16's wall is 8; fp32's is 2
+    made = drive(space, oracle, budget=10)
+    # the fp32 check at half bf16's best micro-batch (4) runs out of memory: fp32's own wall is
+    # bisected below it, without recompute
+    check = next(c for c, why in made if why.startswith("fp32 at half"))
+    assert check["micro_batch_size"] == 4 and oracle(check).outcome == OOM
+    walls = [c for c, why in made if "bisecting fp32's own wall" in why]
+    assert walls and all(c["micro_batch_size"] < 4 for c in walls)
+    assert all(c["precision"] == "fp32" and c["recompute"] == "none" for c in walls)
 
 
 def test_where_recompute_saves_memory_the_settings_between_fill_the_memory_front():
