@@ -23,6 +23,9 @@ TINY = [
     "space.workload.n_heads=2",
     "space.params.batch_size.high=8",
     "space.params.micro_batch_size.high=8",
+    # Eager: a test not about the compiler must not pay a cold compile (20-30 s a trial on two
+    # cores, every test with a cache of its own); the compiler's tests search it themselves.
+    "space.params.compile.choices=[off]",
     "measure.warmup_s=0.1",
     "measure.window_s=0.05",
     "measure.min_windows=3",
@@ -44,7 +47,16 @@ TINY_GPT = {
     "n_heads": 2,
 }
 """A workload mapping for tests that build a trial request themselves (a step of a few ms)."""
-KNOBS = {"batch_size", "micro_batch_size", "precision", "streams", "recompute", "compile"}
+KNOBS = {
+    "batch_size",
+    "micro_batch_size",
+    "precision",
+    "streams",
+    "recompute",
+    "compile",
+    "optimizer",
+}
+"""The llm space's knobs: the params every trial's MLflow run logs."""
 CONTRACT_METRICS = {
     "throughput",
     "throughput_ci_low",

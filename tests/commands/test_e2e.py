@@ -249,7 +249,8 @@ def test_a_vision_study_tunes_its_branches(runs_dir):
 
 
 def test_small_space_is_exhausted_and_resumed_without_remeasuring(runs_dir):
-    # batch 4, micro {2, 4}, streams <= 4 / micro, fp32 only, no recompute: 3 feasible configs.
+    # batch 4, micro {2, 4}, streams <= 4 / micro, fp32 only, no recompute (eager, as TINY):
+    # 3 feasible configs.
     tiny_space = [
         "study.name=tiny",
         "tracking.experiment=tiny",
