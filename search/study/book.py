@@ -97,6 +97,14 @@ class Book:
             and knobs_key(config, self.discrete) not in self.busy
         )
 
+    def tried(self, knob: str, value: Any, **same: Any) -> bool:
+        """Whether some configuration with ``knob=value`` (and the values ``same`` gives for other
+        knobs) has an outcome."""
+        return any(
+            s.config.get(knob) == value and all(s.config.get(k) == v for k, v in same.items())
+            for s in self.outcomes.values()
+        )
+
     def fits(self, config: Mapping[str, Any]) -> bool:
         """Whether ``config`` is in the space and not known to run out of memory or fail."""
         return self.space.contains(dict(config)) and self.outcome(config) in (None, COMPLETE)

@@ -30,21 +30,6 @@ CHEAP_COMPILE_MODES = ("default",)
 """Compile modes tried whatever the regime."""
 
 
-def _seen(book: Book, knob: str, value: object) -> bool:
-    return any(s.config.get(knob) == value for s in book.outcomes.values())
-
-
-def _untried(book: Book, knob: str, value: object, best: Seen) -> bool:
-    """Whether no configuration of ``best``'s precision was tried with ``knob=value``: a lever's
-    gain depends on the kernels it changes, which differ by precision, so where another
-    precision became the fastest (fp32 over a CPU's slow bf16, say) the lever is tried again."""
-    precision = best.config.get("precision")
-    return not any(
-        s.config.get(knob) == value and s.config.get("precision") == precision
-        for s in book.outcomes.values()
-    )
-
-
 def _host_bound(book: Book, best: Seen) -> bool:
     return overhead_bound_near(book, best.config)
 
@@ -56,7 +41,9 @@ def compiler(book: Book) -> Iterator[Move]:
     if best is None or "compile" not in book.discrete:
         return
     for mode in book.ladder("compile"):
-        if mode == "off" or not _untried(book, "compile", mode, best):
+        # Once per precision: the compiled kernels differ by precision, so where another one
+        # became the fastest (fp32 over a CPU's slow bf16, say) the compiler is tried again.
+        if mode == "off" or book.tried("compile", mode, precision=best.config.get("precision")):
             continue
         if mode in CHEAP_COMPILE_MODES:
             yield Move({**best.config, "compile": mode}, f"the compiler: {mode} at the best so far")
@@ -74,7 +61,7 @@ def optimizer(book: Book) -> Iterator[Move]:
     if best is None or "optimizer" not in book.discrete:
         return
     for implementation in book.ladder("optimizer"):
-        if not _seen(book, "optimizer", implementation):
+        if not book.tried("optimizer", implementation):
             yield Move(
                 {**best.config, "optimizer": implementation},
                 f"the optimizer: {implementation} at the best so far",
@@ -88,7 +75,7 @@ def fp8(book: Book) -> Iterator[Move]:
     if best is None or "precision" not in book.discrete or _host_bound(book, best):
         return
     for precision in book.ladder("precision"):
-        if precision in FP8_PRECISIONS and not _seen(book, "precision", precision):
+        if precision in FP8_PRECISIONS and not book.tried("precision", precision):
             yield Move(
                 {**best.config, "precision": precision},
                 f"{precision}: fp8 matrix products at the best so far, whose step the host does "
@@ -103,7 +90,7 @@ def fused_kernels(book: Book) -> Iterator[Move]:
     if best is None or "kernels" not in book.discrete or _host_bound(book, best):
         return
     for kernels in book.ladder("kernels"):
-        if kernels != "torch" and not _seen(book, "kernels", kernels):
+        if kernels != "torch" and not book.tried("kernels", kernels):
             yield Move(
                 {**best.config, "kernels": kernels},
                 f"fused kernels: {kernels} at the best so far, whose step the host does not bound",

@@ -156,8 +156,7 @@ def _precision_peer(book: Book) -> Iterator[Move]:
     if best is None or "precision" not in book.discrete:
         return
     peer = PEERS.get(best.config["precision"])
-    tried = any(s.config.get("precision") == peer for s in book.outcomes.values())
-    if peer in book.ladder("precision") and not tried:
+    if peer in book.ladder("precision") and not book.tried("precision", peer):
         yield Move(
             {**best.config, "precision": peer},
             f"{peer}: as few bits as {best.config['precision']}; which is faster here?",
@@ -172,9 +171,7 @@ def _reference_precision(book: Book) -> Iterator[Move]:
     best = book.best()
     if best is None or "precision" not in book.discrete or "fp32" not in book.ladder("precision"):
         return
-    if best.config["precision"] == "fp32" or any(
-        s.config.get("precision") == "fp32" for s in book.outcomes.values()
-    ):
+    if best.config["precision"] == "fp32" or book.tried("precision", "fp32"):
         return
     config = {**best.config, "precision": "fp32"}
     if "micro_batch_size" in book.discrete:

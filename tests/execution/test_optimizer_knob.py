@@ -3,13 +3,14 @@ import math
 import pytest
 import torch
 from torch import nn
+from trial_workloads import Small  # tests/execution/ is on sys.path
 
 import search.execution.knobs as knobs_module
 from search.execution.fidelity import check_fidelity
 from search.execution.knobs import KnobError, Knobs, TrainStep
 from search.execution.optimizers import optimizer_unsupported, with_implementation
 from search.execution.tolerances import UPDATE_TOLERANCE
-from search.workloads import GPT, Workload
+from search.workloads import GPT
 
 CPU = torch.device("cpu")
 TINY = dict(vocab_size=64, seq_len=16, d_model=32, n_layers=2, n_heads=2)
@@ -20,18 +21,6 @@ FLAGS = {
     "fused": {"foreach": False, "fused": True},
 }
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
-
-class Regression(Workload):
-    def build_model(self):
-        return nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 1))
-
-    def make_batch(self, size, generator):
-        return torch.randn(size, 8, generator=generator), torch.randn(size, 1, generator=generator)
-
-    def loss(self, model, batch):
-        x, y = batch
-        return nn.functional.mse_loss(model(x), y)
 
 
 class PlainSGD(torch.optim.Optimizer):
@@ -48,7 +37,7 @@ class PlainSGD(torch.optim.Optimizer):
                     p.add_(p.grad, alpha=-group["lr"])
 
 
-class OwnOptimizer(Regression):
+class OwnOptimizer(Small):
     def make_optimizer(self, params):
         return PlainSGD(params)
 
@@ -67,13 +56,13 @@ def two_groups(model: nn.Module) -> torch.optim.AdamW:
 
 
 def test_default_is_the_workloads_optimizer_itself():
-    optimizer = two_groups(Regression().build_model())
+    optimizer = two_groups(Small().build_model())
     assert with_implementation(optimizer, "default") is optimizer
 
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 def test_an_implementation_keeps_every_groups_hyperparameters_and_sets_its_flags(implementation):
-    built = two_groups(Regression().build_model())
+    built = two_groups(Small().build_model())
     rebuilt = with_implementation(built, implementation)
     assert type(rebuilt) is torch.optim.AdamW and rebuilt is not built
     assert len(rebuilt.param_groups) == 2
@@ -172,7 +161,7 @@ def test_an_implementation_stepping_ten_times_too_far_fails_on_its_first_update(
 
 def test_a_non_finite_update_fails(monkeypatch):
     with_lr_scaled(monkeypatch, math.nan)
-    report = check_fidelity(Regression(), Knobs(batch_size=8, optimizer="foreach"), CPU)
+    report = check_fidelity(Small(), Knobs(batch_size=8, optimizer="foreach"), CPU)
     assert not report.ok
     assert report.reason.startswith("non-finite first update of ")
     assert "optimizer=foreach" in report.reason
