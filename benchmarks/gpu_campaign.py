@@ -3,15 +3,19 @@
     python benchmarks/gpu_campaign.py --out benchmarks/results [--budget-s 600] [--steps a,b]
 
 GPU time comes in short windows (about 15 minutes, the machine's start included), so the
-campaign runs its steps in a fixed order, each under a time cap, and stops at its budget with
-what it has recorded so far. Each step that ends writes one JSON record to ``--out``
-(``<date>-<device>-<step>.json``: the device, the versions, the command, its wall time and exit
+campaign runs its steps in the order given (``--steps``), each under a time cap, and stops at its
+budget with what it has recorded so far. Each step that ends writes one JSON record to ``--out``
+(``<date>-<HHMM>-<device>-<step>.json``: the device, the versions, the command, its wall time and exit
 code, the figures it read with their intervals, and the tail of its output). A step already recorded
 for this device, in ``--out`` or in ``benchmarks/results``, is skipped, so a later window takes up
 what is not yet recorded (``--again`` measures them anew). The steps, in order:
 
 - ``peaks``: the device and its measured peaks (a bf16 matrix product, a device-to-device copy);
-- ``llm``: the default ``python -m search +space=llm``, whole;
+- ``fidelity_errors``: ``benchmarks/fidelity_errors.py``, how far bf16, fp16, each fp8 recipe,
+  Liger's kernels and the fused optimizer move one step from the fp32 step on a wide Llama, over
+  two seeds, against each tolerance;
+- ``llm``: the default ``python -m search +space=llm``, whole (``--cap-study-s`` caps its search
+  where a device call is shorter than the run);
 - ``llama``: ``+space=llama``, capped (``study.timeout_s``);
 - ``llm_versus``, ``llama_versus``: ``benchmarks/versus_baseline.py``, the study's recommendation
   against the expert's hand baseline, eager and compiled, side by side in fresh processes (both
@@ -32,6 +36,7 @@ docs/operations/gpu.md is generated from these records (docs/gen_gpu.py).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -90,8 +95,23 @@ def _versus(space: str, study: str) -> Callable[[Path], list[str]]:
 SHORT_ENDING = ("revalidate.max_candidates=2", "retune.confirm=4")
 """A capped study re-validates its two best candidates and confirms its recommendation."""
 
+
+def _fidelity_errors(runs: Path) -> list[str]:
+    script = ROOT / "benchmarks" / "fidelity_errors.py"
+    return [
+        sys.executable,
+        str(script),
+        "--seeds",
+        "2",
+        "--json",
+        str(runs / "fidelity_errors.json"),
+    ]
+
+
 STEPS = (
     Step("peaks", 60, None),
+    # the errors the fp8 and fused-kernel tolerances bound, measured (first: it needs no study)
+    Step("fidelity_errors", 180, _fidelity_errors),
     Step("llm", 600, _search("+space=llm"), study="llm-cuda"),
     Step(
         "llama",
@@ -147,6 +167,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--budget-s", type=float, default=600.0, help="stop starting steps then")
     parser.add_argument("--steps", help="comma-separated step names (default: every step)")
     parser.add_argument("--again", action="store_true", help="measure recorded steps again")
+    parser.add_argument(
+        "--cap-study-s",
+        type=float,
+        help="cap each study step's search at this many seconds (study.timeout_s), re-validating "
+        "two candidates: a default run takes longer than one device call allows",
+    )
     parser.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.probe:  # the child process that alone touches the GPU (``probe``)
@@ -162,19 +188,35 @@ def main(argv: list[str]) -> int:
     device, peaks = probe()
     print(f"campaign on {device['name']}: steps {', '.join(chosen)}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    for step in STEPS:
-        if step.name not in chosen:
-            continue
+    for step in sorted((s for s in STEPS if s.name in chosen), key=lambda s: chosen.index(s.name)):
         left_s = args.budget_s - (time.monotonic() - started)
         skip = _why_skip(step, device, args, left_s)
         if skip:
             print(f"[{step.name}] skipped: {skip}", flush=True)
             continue
+        step = capped(step, args.cap_study_s)
         record = run_step(step, device, peaks, args.runs_dir, min(step.cap_s, left_s))
-        path = args.out / f"{time.strftime('%Y-%m-%d')}-{_slug(device['name'])}-{step.name}.json"
+        # the minute in the name keeps every window's record of a step, several a day
+        stamp = time.strftime("%Y-%m-%d-%H%M")
+        path = args.out / f"{stamp}-{_slug(device['name'])}-{step.name}.json"
         path.write_text(scrub(json.dumps(record, indent=2, default=str), args.runs_dir))
         print(f"[{step.name}] rc {record['rc']} in {record['wall_s']:.0f} s -> {path}", flush=True)
     return 0
+
+
+def capped(step: Step, study_s: float | None) -> Step:
+    """``step`` with its study's search capped at ``study_s`` (its own cap replaced), ending as a
+    capped study does (``SHORT_ENDING``); any other step as it is."""
+    if study_s is None or step.study is None or step.argv is None:
+        return step
+    own = step.argv
+
+    def argv(runs: Path) -> list[str]:
+        kept = [a for a in own(runs) if not a.startswith("study.timeout_s=")]
+        ending = [a for a in SHORT_ENDING if a not in kept]
+        return [*kept, f"study.timeout_s={study_s:.0f}", *ending]
+
+    return dataclasses.replace(step, argv=argv)
 
 
 def _why_skip(step: Step, device: dict[str, Any], args: argparse.Namespace, left_s: float):
@@ -242,7 +284,7 @@ def read_figures(step: Step, runs: Path, output: str) -> dict[str, Any]:
         best = runs / step.study / "best.yaml"
         if best.exists():
             figures["best"] = yaml.safe_load(best.read_text())
-    if step.name.endswith("_versus"):
+    if step.name.endswith("_versus") or step.name == "fidelity_errors":
         report = runs / f"{step.name}.json"
         if report.exists():
             figures["report"] = json.loads(report.read_text())

@@ -15,6 +15,7 @@ import json
 import re
 import sys
 from collections import defaultdict
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ MARKER = "<!-- the campaign's records go here (docs/gen_gpu.py) -->"
 PAGE = "operations/gpu.md"
 STEP_ORDER = (
     "peaks",
+    "fidelity_errors",
     "llm",
     "llama",
     "llm_versus",
@@ -172,8 +174,43 @@ def _command(record: dict[str, Any]) -> str:
     return re.sub(r" runs_dir=\S+| --json \S+", "", record["command"])
 
 
+def _fidelity_errors(record: dict[str, Any]) -> list[str]:
+    """The largest error each lever showed over the seeds, beside its tolerance: the margin."""
+    head = f"- **`{record['step']}`**: `{_command(record)}`, {record['wall_s']:.0f} s."
+    report = record["figures"].get("report")
+    summaries = (
+        report["summary"]
+        if report
+        else [
+            json.loads(line)["summary"]
+            for line in record.get("output_tail", "").splitlines()
+            if line.startswith('{"summary"')
+        ]
+    )
+    if not summaries:
+        return [head + f" No figures (exit {record['rc']})."]
+    out = [
+        head,
+        "",
+        "  | configuration | loss, largest relative error | gradient norm, largest | tolerance "
+        "(loss, gradient norm) |",
+        "  |---|---|---|---|",
+    ]
+    for row in summaries:
+        levers = ", ".join(f"{k} {v}" for k, v in row.items() if k not in ("largest", "tolerance"))
+        largest = row["largest"]
+        loss = largest.get("fidelity_loss_rel_error")
+        grad = largest.get("fidelity_grad_norm_rel_error")
+        bounds = dict(re.findall(r"(\w+)=([\d.e-]+)", row["tolerance"]))
+        tolerance = f"{float(bounds['loss_rel']):.3g}, {float(bounds['grad_norm_rel']):.3g}"
+        shown = [f"{x:.2e}" if x is not None else "refused" for x in (loss, grad)]
+        out.append(f"  | {levers} | {shown[0]} | {shown[1]} | {tolerance} |")
+    return [*out, ""]
+
+
 RENDER = {
     "peaks": _peaks,
+    "fidelity_errors": _fidelity_errors,
     "llm": _study,
     "llama": _study,
     "llm_serve": _study,
@@ -195,11 +232,30 @@ def section(records: list[dict[str, Any]]) -> list[str]:
         f"processes on the GPU at the start: {device.get('other_processes', '?')}.",
         "",
     ]
-    for record in sorted(records, key=lambda r: STEP_ORDER.index(r["step"])):
-        out += RENDER.get(record["step"], _plain)(record)
+    for window, ended in enumerate(_windows(records)):
+        if window or len(ended) < len(records):
+            out += ["", f"### Window ending {ended[-1]['ended'].split()[1][:5]} UTC", ""]
+        for record in sorted(ended, key=lambda r: STEP_ORDER.index(r["step"])):
+            out += RENDER.get(record["step"], _plain)(record)
         if record.get("notes"):
             out.append(f"  *Note:* {record['notes']}")
     return [*out, ""]
+
+
+def _windows(records: list[dict[str, Any]], gap_s: float = 1800) -> list[list[dict[str, Any]]]:
+    """A day's records split where more than ``gap_s`` passed between two: one list per window
+    of GPU time, in the order they ran (a window holds the machine for at most 30 minutes)."""
+    ordered = sorted(records, key=lambda r: r["ended"])
+    windows = [[ordered[0]]]
+    for before, record in zip(ordered, ordered[1:], strict=False):
+        if _seconds(record["ended"]) - _seconds(before["ended"]) > gap_s:
+            windows.append([])
+        windows[-1].append(record)
+    return windows
+
+
+def _seconds(ended: str) -> float:
+    return datetime.strptime(ended.removesuffix(" UTC"), "%Y-%m-%d %H:%M:%S").timestamp()
 
 
 def page() -> str:

@@ -245,3 +245,55 @@ def test_the_campaign_compares_with_both_baselines_and_studies_the_gpu_levers(
     lines = "[1/9] #0 batch_size=32 kernels=liger -> 50k tokens/s\ntime: 90% of 300 s\n"
     figures = campaign.read_figures(levers, tmp_path, lines)
     assert figures["trial_lines"] == ["[1/9] #0 batch_size=32 kernels=liger -> 50k tokens/s"]
+
+
+def _campaign(monkeypatch):
+    import sys
+
+    path = Path(__file__).parents[1] / "benchmarks" / "gpu_campaign.py"
+    spec = importlib.util.spec_from_file_location("gpu_campaign", path)
+    campaign = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "gpu_campaign", campaign)  # its dataclass looks it up
+    spec.loader.exec_module(campaign)
+    return campaign
+
+
+def test_a_capped_campaign_caps_each_study_once_and_leaves_other_steps_alone(monkeypatch, tmp_path):
+    campaign = _campaign(monkeypatch)
+    steps = {s.name: s for s in campaign.STEPS}
+    llm = campaign.capped(steps["llm"], 150).argv(tmp_path)
+    assert "study.timeout_s=150" in llm and all(a in llm for a in campaign.SHORT_ENDING)
+    llama = campaign.capped(steps["llama"], 90).argv(tmp_path)
+    assert [a for a in llama if a.startswith("study.timeout_s=")] == ["study.timeout_s=90"]
+    assert sum(a == campaign.SHORT_ENDING[0] for a in llama) == 1, "no override given twice"
+    for name in ("pytest_gpu", "fidelity_errors", "llm_versus"):
+        assert campaign.capped(steps[name], 150) is steps[name]
+    assert campaign.capped(steps["llm"], None) is steps["llm"]
+
+
+def test_the_gpu_page_shows_each_levers_largest_error_beside_its_tolerance(monkeypatch):
+    gen = _gen_gpu(monkeypatch)
+    summary = {
+        "precision": "fp8-rowwise",
+        "largest": {"fidelity_loss_rel_error": 2.9e-4, "fidelity_grad_norm_rel_error": 1.6e-3},
+        "tolerance": "Tolerance(loss_rel=0.015625, grad_norm_rel=0.0625)",
+    }
+    record = {
+        "step": "fidelity_errors",
+        "command": "python fidelity_errors.py --seeds 2 --json runs/fidelity_errors.json",
+        "wall_s": 59.0,
+        "rc": 1,
+        "figures": {},  # the report was not written: its lines in the output stand in for it
+        "output_tail": 'noise\n{"summary": ' + json.dumps(summary) + "}\nTraceback ...\n",
+    }
+    text = "\n".join(gen._fidelity_errors(record))
+    assert "| precision fp8-rowwise | 2.90e-04 | 1.60e-03 | 0.0156, 0.0625 |" in text
+    empty = "\n".join(gen._fidelity_errors({**record, "output_tail": "Traceback"}))
+    assert "No figures (exit 1)" in empty
+
+
+def test_the_gpu_page_splits_a_day_into_its_windows_in_the_order_they_ran(monkeypatch):
+    gen = _gen_gpu(monkeypatch)
+    ended = ["2026-11-26 16:58:55 UTC", "2026-11-26 10:44:23 UTC", "2026-11-26 16:48:37 UTC"]
+    windows = gen._windows([{"ended": e} for e in ended])
+    assert [[r["ended"][11:16] for r in w] for w in windows] == [["10:44"], ["16:48", "16:58"]]
