@@ -48,9 +48,16 @@ class _Timer:
         return [b - a for a, b in zip(self.marks, self.marks[1:], strict=False)]
 
 
+PROBE = 500.0
+"""Products/s of the synthetic compute probe at the machine's level 1.0."""
+
+
 @dataclass
 class Machine:
     between_cv: float = 0.02
+    """Between-process spread (log-normal offset) of a run that waits (``busy`` below 0.5) ..."""
+    busy_between_cv: float | None = None
+    """... and of one that keeps the host busy, and of the compute probe (None: ``between_cv``)."""
     drift: float = -0.03
     """Relative change of the machine's level over ``span_s``."""
     span_s: float = 300.0
@@ -79,11 +86,15 @@ class Machine:
         stall_x: float = 5.0,
         gap_s: float = 0.0,
         settings: MeasureSettings = SETTINGS,
+        busy: float = math.nan,
+        probe: bool = False,
     ) -> tuple[dict[str, float], RunFigures]:
         """One fresh-process run of a configuration whose long-run throughput at level 1.0 is
-        ``throughput`` items/s; ``gap_s`` of other work passes first."""
+        ``throughput`` items/s; ``gap_s`` of other work passes first. ``busy`` is what the run
+        reports as ``host_busy`` (its class of between-run spread; NaN: not reported, spread
+        ``between_cv``); with ``probe`` it also times the compute probe, as a control run does."""
         self.clock_s += gap_s
-        offset = math.exp(self.rng.normal(0.0, self.between_cv))
+        offset = math.exp(self.rng.normal(0.0, self.spread(busy)))
         base_s = ITEMS / throughput
 
         def step() -> None:
@@ -105,4 +116,19 @@ class Machine:
             "latency_mean_ms": m.latency_mean_ms,
             **latency_quantiles({"steps": m.step_latencies_ms}, 0.95),
         }
+        if not math.isnan(busy):
+            metrics["host_busy"] = busy
+        if probe:
+            probe_offset = math.exp(self.rng.normal(0.0, self.spread(1.0)))
+            metrics |= {
+                "probe_throughput": PROBE * probe_offset * self.level(self.clock_s),
+                "probe_cv": 0.01,
+                "probe_n_windows": 10.0,
+            }
         return metrics, RunFigures.of(metrics, self.clock_s)
+
+    def spread(self, busy: float) -> float:
+        """The between-process spread of a run as busy as ``busy``."""
+        if self.busy_between_cv is not None and busy >= 0.5:
+            return self.busy_between_cv
+        return self.between_cv

@@ -33,29 +33,40 @@ the study driver (``search.study.driver``) schedules them.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from search.analysis.drift import DriftLine, split_sessions
+from search.analysis.run_figures import (
+    BUSY,
+    BUSY_CPU_S_PER_S,
+    STALL_FACTOR,
+    WAITING,
+    RunFigures,
+    busy_class,
+    stall_steps,
+)
 from search.measurement.statistics import t_quantile
 
 __all__ = [
     "MIN_BETWEEN_DF",
+    "BUSY",
+    "BUSY_CPU_S_PER_S",
     "NEAREST_CONTROLS",
     "NoiseFloor",
+    "WAITING",
     "RunFigures",
     "SESSION_GRACE_S",
     "STALL_FACTOR",
+    "busy_class",
     "by_device",
     "stall_steps",
 ]
 
 
-STALL_FACTOR = 2.0
-"""A step slower than this multiple of its run's median step counts as a stall."""
 NEAREST_CONTROLS = 2
 """Control runs nearest in time that a configuration's variability is compared with."""
 MIN_BETWEEN_DF = 3
@@ -67,62 +78,6 @@ start, study and end runs, and the re-validation replicates)."""
 SESSION_GRACE_S = 60.0
 """A figure measured more than this before the latest session's first control run belongs to an
 earlier session: the latest session's drift line does not correct it."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunFigures:
-    """What the noise model needs of one run of one configuration (a fresh process)."""
-
-    time_s: float
-    """When the run ended, s since the epoch."""
-    throughput: float
-    """Mean window throughput, items/s."""
-    cv: float
-    """Window-to-window coefficient of variation (fraction)."""
-    n_windows: int
-    n_steps: int
-    stalls: int
-    """Steps slower than ``STALL_FACTOR`` times the run's median step."""
-    session: str = ""
-    """The invocation that measured it, for control runs ('' where unknown: sessions are then
-    told apart by gaps of ``search.analysis.drift.SESSION_GAP_S``)."""
-    step_s: float = 0.0
-    """Mean step time, s (0.0 where unknown: steps then count as equally long)."""
-    device: str = ""
-    """Which device measured it, for control runs (host, GPU index and UUID, as
-    ``search.measurement.environment.device_label`` names it); '' where unknown."""
-
-    @property
-    def steps_time_s(self) -> float:
-        """Time its timed steps took, s (their count where the step time is unknown)."""
-        return self.n_steps * (self.step_s or 1.0)
-
-    @property
-    def se_rel(self) -> float:
-        """Relative standard error of the run's mean throughput, from its windows."""
-        return self.cv / math.sqrt(self.n_windows)
-
-    @classmethod
-    def of(cls, metrics: Mapping[str, float], time_s: float) -> RunFigures:
-        """The figures of a complete trial's stored metrics
-        (``search.execution.figures.trial_metrics``)."""
-        return cls(
-            time_s=time_s,
-            throughput=float(metrics["throughput"]),
-            cv=float(metrics["throughput_cv"]),
-            n_windows=int(metrics["n_windows"]),
-            n_steps=int(metrics["n_steps"]),
-            stalls=int(metrics.get("stall_steps", 0)),
-            step_s=float(metrics.get("latency_mean_ms", 0.0)) / 1000.0,
-        )
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> RunFigures:
-        """The figures ``as_dict`` stored (JSON keeps their types); fields added since default."""
-        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
 
 
 def by_device(controls: Sequence[RunFigures], lines: Sequence[DriftLine] = ()) -> list[str]:
@@ -158,12 +113,6 @@ def by_device(controls: Sequence[RunFigures], lines: Sequence[DriftLine] = ()) -
             f"{len(values)} run(s){spread}{drift}"
         )
     return lines_out
-
-
-def stall_steps(step_latencies_ms: Sequence[float]) -> int:
-    """How many steps took longer than ``STALL_FACTOR`` times the median step."""
-    steps = np.asarray(step_latencies_ms, dtype=float)
-    return int(np.count_nonzero(steps > STALL_FACTOR * np.median(steps)))
 
 
 _FIELD_OF = {
@@ -217,6 +166,11 @@ class NoiseFloor:
     lines: tuple[DriftLine, ...] = ()
     """The drift line of every session, oldest last run first; the fields above are the last
     one's. Empty for a floor built by hand: the fields above then apply to every figure."""
+    classes: tuple[tuple[str, float, int], ...] = ()
+    """(class, σ_b, degrees of freedom) of each class of run (``BUSY``, ``WAITING``), each from
+    the runs of that class alone: the control's, the re-validated candidates' and, for ``BUSY``,
+    the compute probe's timed in every control run (``between_for``). Empty for a floor built by
+    hand: ``between_cv`` then serves every run."""
 
     @property
     def within_cv(self) -> float:
@@ -249,26 +203,34 @@ class NoiseFloor:
         floor = cls(
             controls=controls, between_cv=0.0, between_df=0, lines=lines, **_fields_of(last)
         )
-        rss, explained, df = 0.0, 0.0, 0
-        fitted_runs = [
+        parts = [
             *(
-                (s, line, 2 if line.corrected else 1)
+                _Part.of(s, [line.level(r.time_s)[0] for r in s], 2 if line.corrected else 1)
                 for s, line in zip(sessions, lines, strict=True)
             ),
-            *((g, None, 1) for g in groups),
+            *(_Part.of(g, [floor.level(r.time_s, r.device)[0] for r in g], 1) for g in groups),
         ]
-        for runs, line, fitted in fitted_runs:
-            if len(runs) <= fitted:
-                continue
-            levels = [
-                (line.level(r.time_s) if line else floor.level(r.time_s, r.device))[0] for r in runs
-            ]
-            y = np.log([r.throughput / lv for r, lv in zip(runs, levels, strict=True)])
-            rss += float(np.sum((y - y.mean()) ** 2))
-            explained += (len(runs) - fitted) / len(runs) * sum(r.se_rel**2 for r in runs)
-            df += len(runs) - fitted
-        between_var = max(0.0, (rss - explained) / df) if df > 0 else 0.0
-        return replace(floor, between_cv=math.sqrt(between_var), between_df=df)
+        probes = [
+            _Part.of(p, [1.0] * len(p), 1, probe=True)
+            for s in sessions
+            if len(p := [r for c in s if (r := c.probe_run()) is not None]) > 1
+        ]
+        cv, df = _pooled_between([p for p in parts if p.df > 0])
+        classes = tuple(
+            (name, *_pooled_between([p for p in parts + probes if p.kind == name and p.df > 0]))
+            for name in (BUSY, WAITING)
+        )
+        return replace(floor, between_cv=cv, between_df=df, classes=classes)
+
+    def between_for(self, busy: float) -> tuple[float, int]:
+        """(σ_b, degrees of freedom) for a run as busy as ``busy`` (CPU-seconds per second): its
+        class's (``BUSY`` or ``WAITING``) where that rests on ``MIN_BETWEEN_DF`` or more, else the
+        machine's pooled figure (``between_cv``), which also serves a run of unknown busyness."""
+        name = busy_class(busy)
+        for kind, cv, df in self.classes:
+            if kind == name and df >= MIN_BETWEEN_DF:
+                return cv, df
+        return self.between_cv, self.between_df
 
     @property
     def session(self) -> tuple[RunFigures, ...]:
@@ -313,26 +275,20 @@ class NoiseFloor:
         return min(dfs) if dfs else 0
 
     def single_run(
-        self,
-        throughput: float,
-        low: float,
-        high: float,
-        se_rel: float,
-        n_windows: int,
-        time_s: float,
-        confidence: float,
-        device: str = "",
+        self, run: RunFigures, low: float, high: float, confidence: float
     ) -> tuple[float, float, float]:
-        """(mean, low, high) of one run's throughput, spanning runs: corrected for drift where the
-        floor says so, and never narrower than the run's own interval ``[low, high]``."""
-        factor, drift_var = self.level(time_s, device)
-        components = [(se_rel**2, n_windows - 1)]
-        if self.between_known:
-            components.append((self.between_cv**2, self.between_df))
+        """(mean, low, high) of one run's throughput, spanning runs: the between-run spread of its
+        class (``between_for``), corrected for drift where the floor says so, and never narrower
+        than the run's own interval ``[low, high]``."""
+        factor, drift_var = self.level(run.time_s, run.device)
+        components = [(run.se_rel**2, run.n_windows - 1)]
+        between_cv, between_df = self.between_for(run.busy)
+        if between_df >= MIN_BETWEEN_DF:
+            components.append((between_cv**2, between_df))
         if drift_var:
-            components.append((drift_var, self._drift_df([(time_s, device)])))
+            components.append((drift_var, self._drift_df([(run.time_s, run.device)])))
         half = _half_width(components, confidence)
-        mean = throughput / factor
+        mean = run.throughput / factor
         return (
             mean,
             min(low / factor, mean * math.exp(-half)),
@@ -340,19 +296,28 @@ class NoiseFloor:
         )
 
     def pooled(self, runs: Sequence[RunFigures], confidence: float) -> tuple[float, float, float]:
-        """(mean, low, high) of the mean of ``runs`` (fresh processes of one configuration)."""
+        """(mean, low, high) of the mean of ``runs`` (fresh processes of one configuration).
+
+        The between-run variance is the configuration's own spread pooled with its class's
+        (``between_for``) as a prior of that many degrees of freedom: the posterior mean of a
+        scaled inverse-chi-square prior, ``(df0 σ0² + (k-1) s²) / (df0 + k - 1)`` on
+        ``df0 + k - 1`` degrees of freedom (as limma moderates a gene's variance, Smyth 2004).
+        So a configuration whose processes disagree widens its own interval as far as its k runs
+        can tell, and one that agrees borrows the class's degrees of freedom."""
         k = len(runs)
         corrected = [r.throughput / self.level(r.time_s, r.device)[0] for r in runs]
         mean = float(np.mean(corrected))
         within = float(np.mean([r.se_rel**2 for r in runs]))
         components = [(within / k, sum(r.n_windows - 1 for r in runs))]
-        if self.between_known:
-            components.append((self.between_cv**2 / k, self.between_df))
+        prior_cv, prior_df = self.between_for(float(np.median([r.busy for r in runs])))
+        own = float(np.var(np.log(corrected), ddof=1)) - within if k > 1 else 0.0
+        df = prior_df + k - 1
+        if df >= MIN_BETWEEN_DF:
+            variance = (prior_df * prior_cv**2 + (k - 1) * max(own, 0.0)) / df
+            components.append((variance / k, df))
         drift_var = float(np.mean([self.level(r.time_s, r.device)[1] for r in runs]))
         if drift_var:
             components.append((drift_var, self._drift_df([(r.time_s, r.device) for r in runs])))
-        # A configuration whose processes disagree more than the machine's do is not stable
-        # (``judge``): its interval is the machine's.
         half = _half_width(components, confidence)
         return mean, mean * math.exp(-half), mean * math.exp(half)
 
@@ -366,6 +331,9 @@ class NoiseFloor:
             if self.between_df
             else "between-run CV unknown yet (needs 2 control runs in one invocation)"
         )
+        by_class = [f"{kind} runs {cv:.1%} ({df} df)" for kind, cv, df in self.classes if df]
+        if by_class:
+            between += f" [{', '.join(by_class)}]"
         span_s = self.session_end - self.session_start
         span = f"{span_s / 60:.0f} min" if span_s >= 120 else f"{span_s:.0f} s"
         drift = (
@@ -405,6 +373,11 @@ class NoiseFloor:
             "noise_drift": self.drift,
             "noise_drift_p": self.drift_p,
             "noise_control_runs": float(len(self.controls)),
+            **{
+                f"noise_between_run_cv_{kind}": cv
+                for kind, cv, df in self.classes
+                if df >= MIN_BETWEEN_DF
+            },
         }
 
     def nearest(self, time_s: float, device: str = "") -> list[RunFigures]:
@@ -412,6 +385,41 @@ class NoiseFloor:
         where it made any."""
         own = [c for c in self.controls if device and c.device == device]
         return sorted(own or self.controls, key=lambda c: abs(c.time_s - time_s))[:NEAREST_CONTROLS]
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One group of fresh runs of one configuration (a session's control runs, its probes, a
+    re-validated candidate), reduced to what the between-run variance needs."""
+
+    kind: str | None
+    """``BUSY``, ``WAITING`` or None (busyness unknown) by the runs' median busyness."""
+    rss: float
+    """Sum of squared deviations of the runs' log level-corrected means from their average."""
+    explained: float
+    """What the runs' own within-run errors explain of ``rss``."""
+    df: int
+
+    @classmethod
+    def of(
+        cls, runs: Sequence[RunFigures], levels: Sequence[float], fitted: int, probe: bool = False
+    ) -> _Part:
+        kind = BUSY if probe else busy_class(float(np.median([r.busy for r in runs])))
+        if len(runs) <= fitted:
+            return cls(kind, 0.0, 0.0, 0)
+        y = np.log([r.throughput / lv for r, lv in zip(runs, levels, strict=True)])
+        explained = (len(runs) - fitted) / len(runs) * sum(r.se_rel**2 for r in runs)
+        return cls(kind, float(np.sum((y - y.mean()) ** 2)), explained, len(runs) - fitted)
+
+
+def _pooled_between(parts: Sequence[_Part]) -> tuple[float, int]:
+    """σ_b and its degrees of freedom from ``parts``: the method-of-moments estimate (as
+    DerSimonian and Laird's), floored at zero."""
+    df = sum(p.df for p in parts)
+    if df == 0:
+        return 0.0, 0
+    variance = (sum(p.rss for p in parts) - sum(p.explained for p in parts)) / df
+    return math.sqrt(max(0.0, variance)), df
 
 
 def _half_width(components: Sequence[tuple[float, float]], confidence: float) -> float:

@@ -131,11 +131,13 @@ def _disagreement(
     y = np.log([r.throughput / floor.level(r.time_s, r.device)[0] for r in runs])
     spread = float(np.var(y, ddof=1))
     within = float(np.mean([r.se_rel**2 for r in runs]))
-    expected = floor.between_cv**2 + within
+    # against the spread of runs of its own class: one that computes may move as the probe does
+    between_cv, between_df = floor.between_for(float(np.median([r.busy for r in runs])))
+    expected = between_cv**2 + within
     excess = math.sqrt(max(spread - expected, 0.0))
     if excess < settings.excess_between_cv:
         return Verdict(True)
-    df_expected = floor.between_df or sum(r.n_windows - 1 for r in runs)
+    df_expected = between_df or sum(r.n_windows - 1 for r in runs)
     p = float(stats.f.sf(spread / expected, len(runs) - 1, df_expected)) if expected else 0.0
     if p >= alpha:
         return Verdict(True)
@@ -166,16 +168,7 @@ def assess(
     # noise floor has it under the spanning names.
     within_low = metrics.get("throughput_within_ci_low", metrics["throughput_ci_low"])
     within_high = metrics.get("throughput_within_ci_high", metrics["throughput_ci_high"])
-    mean, low, high = floor.single_run(
-        run.throughput,
-        within_low,
-        within_high,
-        run.se_rel,
-        run.n_windows,
-        time_s,
-        confidence,
-        device,
-    )
+    mean, low, high = floor.single_run(run, within_low, within_high, confidence)
     out = {
         **metrics,
         "throughput_within_ci_low": within_low,
@@ -212,6 +205,7 @@ def assess_pooled(
         n_steps=sum(r.n_steps for r in runs),
         stalls=sum(r.stalls for r in runs),
         step_s=float(np.mean([r.step_s for r in runs])),
+        busy=float(np.median([r.busy for r in runs])),
         device=runs[0].device if len({r.device for r in runs}) == 1 else "",
     )
     out = {**metrics, "throughput": mean, "throughput_ci_low": low, "throughput_ci_high": high}

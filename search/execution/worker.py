@@ -28,6 +28,7 @@ from search.core.records import COMPLETE, FAILED, INFEASIBLE
 from search.execution.compiling import read_stats, use_compile_cache
 from search.execution.faults import MemoryLimit, OnExceeded, classify, over_memory_limit
 from search.execution.fidelity import changes_numerics, check_fidelity
+from search.execution.host_figures import host_busy, probe_metrics
 from search.execution.knobs import Knobs, TrainStep
 from search.execution.readings import MonitoredTimer, telemetry_metrics
 from search.execution.serving import ServeStep
@@ -120,6 +121,9 @@ class _Measured:
     """Of a serving step; None for a training step."""
     compile: dict[str, float]
     """What compiling took (``CompileStats.metrics``); empty when the step ran eagerly."""
+    host: dict[str, float]
+    """``host_busy`` (CPU-seconds per second while measuring) and, where the request asked, the
+    compute probe's figures (``search.execution.host_figures``)."""
 
 
 def _measure(
@@ -135,13 +139,19 @@ def _measure(
         with _make_step(workload, knobs, device, request.seed) as step:
             phases = step.take_phases if isinstance(step, ServeStep) else None
             screen = _screen(request.race, probe, getattr(step, "items_per_request", None))
-            measurement = measure(step, step.items_per_step, request.measure, timer, phases, screen)
+            with host_busy() as busy:
+                measurement = measure(
+                    step, step.items_per_step, request.measure, timer, phases, screen
+                )
             peak_mb = probe.peak_mb()
             compiling = _compile_figures(step, measurement)
             # After the windows and the memory reading, as cheap as one more step or two
             work = _counted(step) if request.count else {}
     finally:
         timer.close()
+    host = {"host_busy": busy.value}
+    if request.probe_compute:  # after the step is gone: the probe has the device to itself
+        host |= probe_metrics(device, request.measure)
     return _Measured(
         measurement=measurement,
         peak_mb=peak_mb,
@@ -150,6 +160,7 @@ def _measure(
         items_per_step=step.items_per_step,
         items_per_request=getattr(step, "items_per_request", None),
         compile=compiling,
+        host=host,
     )
 
 
@@ -176,6 +187,7 @@ def _checked(
     readings = telemetry_metrics(
         timed, measured.items_per_step * measurement.steps_per_window, request.measure.confidence
     )
+    readings = {**readings, **measured.host}
     throttles = ", ".join(sorted({r for w in timed for r in getattr(w, "throttle_reasons", ())}))
     # After the measurement and its memory reading: the check's own models must not count.
     errors: dict[str, float] = {}

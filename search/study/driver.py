@@ -154,7 +154,8 @@ class StudyDriver:
         if self.control is None:
             return None
         started = time.monotonic()
-        result = run_isolated(repeat_run(self.request(self.control), self.settings))
+        request = replace(repeat_run(self.request(self.control), self.settings), probe_compute=True)
+        result = run_isolated(request)
         self.control_s += time.monotonic() - started
         self.control_runs += 1
         if result.state == COMPLETE and result.measurement is not None:

@@ -78,13 +78,17 @@ def _floor(between_cv: float, df: int = 20, cv: float = 0.01) -> NoiseFloor:
     )
 
 
-def test_the_judged_interval_is_the_machines_between_run_spread_over_the_runs():
+def test_the_judged_interval_pools_the_runs_own_spread_with_the_machines_as_a_prior():
     pooled = pool([run(100.0), run(102.0), run(98.0)], TIMES, confidence=0.95)
     m, verdict = assess_pooled(pooled.metrics, pooled.runs, _floor(0.03), STABLE, 0.95)
     assert verdict.stable
-    # between 3%, within 1% / sqrt(5) per run; k = 3; df by Welch-Satterthwaite
-    var = (0.03**2 + 0.01**2 / 5) / 3
-    df = var**2 / ((0.03**2 / 3) ** 2 / 20 + (0.01**2 / 5 / 3) ** 2 / 12)
+    # the machine's 3% on 20 df as the prior, the runs' own spread (less their within-run
+    # errors, 1% / sqrt(5) each) on 2 df: posterior on 22 df; k = 3; Welch-Satterthwaite
+    within = 0.01**2 / 5
+    own = np.var(np.log([100.0, 102.0, 98.0]), ddof=1) - within
+    between = (20 * 0.03**2 + 2 * own) / 22
+    var = (between + within) / 3
+    df = var**2 / ((between / 3) ** 2 / 22 + (within / 3) ** 2 / 12)
     half = stats.t.ppf(0.975, df) * var**0.5
     assert m["throughput_ci_high"] == pytest.approx(m["throughput"] * np.exp(half))
     assert m["throughput_ci_low"] == pytest.approx(m["throughput"] * np.exp(-half))

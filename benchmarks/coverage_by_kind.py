@@ -1,0 +1,215 @@
+"""Do the tool's intervals cover the long-run mean for every kind of configuration, here?
+
+    python benchmarks/coverage_by_kind.py [--rounds 6] [--busy-core] [--json PATH]
+
+A ground truth of known kinds (``benchmarks/kinds.py``): steady (waits), overhead-bound (Python),
+compute-bound (real matrix products) and stalling (2% of micro-batches 10x), each at batch 8 and
+32 in micro-batches of 1 and at batch 32 in micro-batches of 8, measured on this machine in fresh
+worker processes with the tool's default measurement settings. Each round is one study's worth,
+scheduled as the tool schedules one: 2 control runs (the steady kind at batch 8, micro-batch 1,
+each timing the compute probe), every configuration once in a random order with a control run
+after the sixth, a control run at the end. Each run's interval spanning runs and its stability
+verdict come from its round's noise floor alone (``search.analysis.stability.assess``).
+
+The long-run mean of a configuration is the mean of its runs in the other rounds (leave one out),
+so a miss can be the reference's: with 6 rounds its standard error is the between-process spread
+over the square root of 5. Printed per kind: coverage at the nominal level with its
+Clopper-Pearson 95% interval, the median half-width against what the kind's between-process
+spread requires (the normal quantile times the spread of its runs), and how often a run was
+called unstable. ``--busy-core`` keeps one core spinning in another process throughout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+HERE = Path(__file__).resolve().parent
+# The worker processes import the workload by name: put this folder on their path.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH", "")) if p
+)
+sys.path[:0] = [str(HERE), str(HERE.parent)]
+
+from coverage import clopper_pearson  # noqa: E402
+
+from search.analysis.noise_floor import NoiseFloor, RunFigures  # noqa: E402
+from search.analysis.stability import assess  # noqa: E402
+from search.config.compose import compose_config, load_settings  # noqa: E402
+from search.core.records import COMPLETE  # noqa: E402
+from search.execution.figures import trial_metrics  # noqa: E402
+from search.execution.isolation import run_isolated  # noqa: E402
+from search.execution.trial import TrialRequest  # noqa: E402
+
+KINDS = ("steady", "overhead", "compute", "stalling")
+SHAPES = ((8, 1), (32, 1), (32, 8))
+CONTROL = {"kind": "steady", "batch_size": 8, "micro_batch_size": 1, "precision": "fp32"}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--busy-core", action="store_true", help="keep one core spinning")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    settings = load_settings(compose_config(["+space=llm"]))
+    configs = [
+        {"kind": k, "batch_size": b, "micro_batch_size": m, "precision": "fp32"}
+        for k in KINDS
+        for b, m in SHAPES
+    ]
+    spinner = _spin() if args.busy_core else None
+    started = time.time()
+    try:
+        runs = _rounds(configs, settings, args.rounds, random.Random(args.seed))
+    finally:
+        if spinner is not None:
+            spinner.kill()
+    rows = _judged(runs, configs, settings)
+    summary = _by_kind(rows, settings.measure.confidence)
+    print(
+        f"\n{args.rounds} rounds, {(time.time() - started) / 60:.1f} min, busy core: "
+        f"{args.busy_core}"
+    )
+    for kind, s in summary.items():
+        print(
+            f"{kind:9s} covered {s['covered']}/{s['n']} = {s['coverage']:.0%} "
+            f"[{s['ci_low']:.0%}, {s['ci_high']:.0%}]; median half-width {s['half_width']:.1%}, "
+            f"{s['width_ratio']:.2f}x the {s['spread']:.1%} spread requires; unstable "
+            f"{s['unstable']}/{s['n']}"
+        )
+    if args.json:
+        args.json.write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+    return 0
+
+
+def _spin() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
+
+
+def _run(config: dict[str, Any], settings, probe: bool = False) -> dict[str, Any] | None:
+    request = TrialRequest(
+        workload={"_target_": "kinds.Kinds"},
+        config=config,
+        device="cpu",
+        seed=settings.seed,
+        measure=settings.measure,
+        timeout_s=300.0,
+        fidelity=False,
+        count=False,
+        probe_compute=probe,
+    )
+    result = run_isolated(request)
+    if result.state != COMPLETE:
+        print(f"  {config}: {result.state}: {result.failure}", flush=True)
+        return None
+    return {"metrics": trial_metrics(result, settings.measure.confidence), "time_s": time.time()}
+
+
+def _rounds(configs, settings, rounds: int, rng: random.Random) -> list[dict[str, Any]]:
+    """Every round's control runs and configuration runs, in the order they ran."""
+    out: list[dict[str, Any]] = []
+    for r in range(rounds):
+        order = list(range(len(configs)))
+        rng.shuffle(order)
+        schedule = [None, None, *order[:6], None, *order[6:], None]  # None: a control run
+        for i in schedule:
+            got = _run(CONTROL if i is None else configs[i], settings, probe=i is None)
+            if got is not None:
+                out.append({**got, "round": r, "config": i})
+        print(f"  round {r + 1}/{rounds} done", flush=True)
+    return out
+
+
+def _judged(runs, configs, settings) -> list[dict[str, Any]]:
+    """Each configuration run with its interval and verdict from its round's floor, and the
+    long-run mean of the other rounds."""
+    confidence, rows = settings.measure.confidence, []
+    for r in sorted({run["round"] for run in runs}):
+        controls = [
+            replace(RunFigures.of(x["metrics"], x["time_s"]), session=str(r))
+            for x in runs
+            if x["round"] == r and x["config"] is None
+        ]
+        floor = NoiseFloor.estimate(controls)
+        for x in (x for x in runs if x["round"] == r and x["config"] is not None):
+            others = [
+                y["metrics"]["throughput"]
+                for y in runs
+                if y["config"] == x["config"] and y["round"] != r
+            ]
+            if len(others) < 2:
+                continue
+            spanned, verdict = assess(x["metrics"], x["time_s"], floor, settings.stable, confidence)
+            truth = float(np.mean(others))
+            rows.append(
+                {
+                    "round": r,
+                    "config": configs[x["config"]],
+                    "throughput": x["metrics"]["throughput"],
+                    "host_busy": x["metrics"].get("host_busy"),
+                    "interval": [spanned["throughput_ci_low"], spanned["throughput_ci_high"]],
+                    "long_run_mean": truth,
+                    "covered": spanned["throughput_ci_low"]
+                    <= truth
+                    <= spanned["throughput_ci_high"],
+                    "stable": verdict.stable,
+                    "reason": verdict.reason,
+                    "floor": floor.line(),
+                }
+            )
+    return rows
+
+
+def _by_kind(rows, confidence: float) -> dict[str, dict[str, Any]]:
+    z = float(stats.norm.ppf(0.5 + confidence / 2))
+    summary = {}
+    for kind in KINDS:
+        mine = [r for r in rows if r["config"]["kind"] == kind]
+        if not mine:
+            continue
+        covered = sum(r["covered"] for r in mine)
+        low, high = clopper_pearson(covered, len(mine))
+        half = statistics.median(
+            float(np.log(r["interval"][1] / r["interval"][0]) / 2) for r in mine
+        )
+        spread = _spread(mine)
+        summary[kind] = {
+            "covered": covered,
+            "n": len(mine),
+            "coverage": covered / len(mine),
+            "ci_low": low,
+            "ci_high": high,
+            "half_width": half,
+            "spread": spread,
+            "width_ratio": half / (z * spread) if spread else float("nan"),
+            "unstable": sum(not r["stable"] for r in mine),
+        }
+    return summary
+
+
+def _spread(rows) -> float:
+    """Between-process spread of log throughput, pooled over the kind's configurations."""
+    by_config: dict[str, list[float]] = {}
+    for r in rows:
+        by_config.setdefault(json.dumps(r["config"], sort_keys=True), []).append(r["throughput"])
+    ss = sum(float(np.sum((np.log(v) - np.log(v).mean()) ** 2)) for v in by_config.values())
+    df = sum(len(v) - 1 for v in by_config.values())
+    return float(np.sqrt(ss / df)) if df else float("nan")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

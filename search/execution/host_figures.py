@@ -1,0 +1,90 @@
+"""Two figures a run's process measures of itself, for the noise floor
+(``search.analysis.noise_floor``): how busy it kept the host, and, in a control run, how fast a
+fixed matrix product ran in it.
+
+Why: one machine figure for the between-run variance does not fit every configuration. A run that
+computes on the host (matrix products, Python) moves with the host's speed between fresh processes:
+another core, other cache and memory placement, a neighbour's load. On a 2-core AMD EPYC a 512³
+fp32 matrix product moved by 14.6% (CV, 5 fresh processes, interleaved) while a step that sleeps 2
+ms moved by 0.9%. A control that waits therefore speaks for configurations that wait, not for
+those that compute. The busy figure says which a run is; the probe gives the control runs a
+yardstick for the configurations that compute.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+
+import torch
+
+from search.measurement.protocol import Measurement, MeasureSettings, measure
+from search.measurement.timers import make_timer
+
+__all__ = ["PROBE_SHAPE", "HostBusy", "host_busy", "probe_metrics"]
+
+PROBE_SHAPE = {"cpu": (384, torch.float32), "cuda": (4096, torch.bfloat16)}
+"""The probe's square matrix size and dtype by device type: a product of 1-2 ms on a 2-core CPU,
+about 0.2 ms on an H100 (bf16 tensor cores), so that each window holds many."""
+
+
+@dataclass
+class HostBusy:
+    """CPU-seconds the process used per second of wall time, over a ``with host_busy()`` block."""
+
+    value: float = math.nan
+    """Every thread's user and system time over the wall time: 2.0 for two busy threads, near 0
+    for a process that waits (NaN until the block ends)."""
+
+
+@contextmanager
+def host_busy() -> Iterator[HostBusy]:
+    """Measure how busy the process keeps the host while the block runs. On a CUDA device a
+    waiting host spins on the device, so a GPU run reads as busy: there every run is judged by
+    the same yardstick, as before."""
+    figure = HostBusy()
+    cpu_s, wall_s = time.process_time(), time.perf_counter()
+    try:
+        yield figure
+    finally:
+        elapsed_s = time.perf_counter() - wall_s
+        if elapsed_s > 0:
+            figure.value = (time.process_time() - cpu_s) / elapsed_s
+
+
+def probe_metrics(device: torch.device, settings: MeasureSettings) -> dict[str, float]:
+    """Time the compute probe (a fixed matrix product on ``device``) in this process: products
+    per second, its window CV and windows, as ``RunFigures`` reads them (``probe_*``)."""
+    measured = _measure_probe(device, settings)
+    return {
+        "probe_throughput": measured.throughput,
+        "probe_cv": measured.throughput_cv,
+        "probe_n_windows": float(measured.n_windows),
+    }
+
+
+def _measure_probe(device: torch.device, settings: MeasureSettings) -> Measurement:
+    size, dtype = PROBE_SHAPE.get(device.type, PROBE_SHAPE["cpu"])
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    a = torch.randn(size, size, generator=generator, dtype=torch.float32).to(device, dtype)
+    b = torch.randn(size, size, generator=generator, dtype=torch.float32).to(device, dtype)
+    out = torch.empty_like(a)
+
+    def step() -> None:
+        torch.mm(a, b, out=out)
+
+    # About a second: short beside a control run, long enough for a 1% interval.
+    short = replace(
+        settings,
+        warmup_steps=3,
+        warmup_s=0.2,
+        window_s=0.1,
+        min_windows=5,
+        max_windows=10,
+        max_time_s=1.5,
+        race=False,
+    )
+    return measure(step, 1, short, make_timer(device))

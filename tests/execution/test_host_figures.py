@@ -1,0 +1,50 @@
+"""What a run's process measures of itself for the noise floor: how busy it kept the host, and,
+in a control run, the compute probe."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import replace
+
+import torch
+from tiny import TINY_GPT
+from trial_workloads import request
+
+from search.analysis.noise_floor import BUSY, WAITING, RunFigures, busy_class
+from search.core.records import COMPLETE
+from search.execution.figures import trial_metrics
+from search.execution.host_figures import host_busy, probe_metrics
+from search.execution.worker import run_trial
+from search.measurement.protocol import MeasureSettings
+
+
+def test_a_process_that_waits_reads_idle_and_one_that_computes_busy():
+    with host_busy() as waiting:
+        time.sleep(0.3)
+    a = torch.randn(256, 256)
+    with host_busy() as computing:
+        started = time.perf_counter()
+        while time.perf_counter() - started < 0.3:
+            a @ a
+    assert waiting.value < 0.2 and busy_class(waiting.value) == WAITING
+    assert computing.value > 0.8 and busy_class(computing.value) == BUSY
+    assert busy_class(math.nan) is None
+
+
+def test_the_probe_times_a_matrix_product_with_an_interval():
+    figures = probe_metrics(torch.device("cpu"), MeasureSettings())
+    assert figures["probe_throughput"] > 0 and figures["probe_n_windows"] >= 5
+    assert 0 <= figures["probe_cv"] < 1
+
+
+def test_every_run_reports_its_busyness_and_a_control_run_its_probe():
+    plain = run_trial(request(TINY_GPT, micro_batch_size=2))
+    control = run_trial(replace(request(TINY_GPT, micro_batch_size=2), probe_compute=True))
+    assert plain.state == control.state == COMPLETE
+    assert plain.telemetry["host_busy"] > 0.5, "a CPU training step computes"
+    assert "probe_throughput" not in plain.telemetry
+    run = RunFigures.of(trial_metrics(control, 0.95), time.time())
+    probe = run.probe_run()
+    assert run.busy > 0.5 and probe is not None and probe.throughput > 0
+    assert probe.busy == 1.0 and probe.probe == 0.0 and probe.n_windows >= 5
