@@ -60,6 +60,9 @@ class RunFigures:
     none was timed."""
     probe_cv: float = 0.0
     probe_windows: int = 0
+    probe_steps: int = 0
+    probe_stalls: int = 0
+    probe_step_s: float = 0.0
 
     def probe_run(self) -> RunFigures | None:
         """The compute probe timed in this run's process, as a run of its own (None without)."""
@@ -70,7 +73,9 @@ class RunFigures:
             throughput=self.probe,
             cv=self.probe_cv,
             n_windows=self.probe_windows,
-            stalls=0,
+            n_steps=self.probe_steps or self.probe_windows,
+            stalls=self.probe_stalls,
+            step_s=self.probe_step_s,
             busy=1.0,
             probe=0.0,
         )
@@ -101,6 +106,9 @@ class RunFigures:
             probe=float(metrics.get("probe_throughput", 0.0)),
             probe_cv=float(metrics.get("probe_cv", 0.0)),
             probe_windows=int(metrics.get("probe_n_windows", 0)),
+            probe_steps=int(metrics.get("probe_n_steps", 0)),
+            probe_stalls=int(metrics.get("probe_stall_steps", 0)),
+            probe_step_s=float(metrics.get("probe_step_ms", 0.0)) / 1000.0,
         )
 
     def as_dict(self) -> dict[str, Any]:

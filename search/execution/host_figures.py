@@ -1,6 +1,6 @@
 """Two figures a run's process measures of itself, for the noise floor
 (``search.analysis.noise_floor``): how busy it kept the host, and, in a control run, how fast a
-fixed matrix product ran in it.
+fixed matrix product ran in it, in windows as long as a trial's.
 
 Why: one machine figure for the between-run variance does not fit every configuration. A run that
 computes on the host (matrix products, Python) moves with the host's speed between fresh processes:
@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from search.analysis.run_figures import stall_steps
 from search.measurement.protocol import Measurement, MeasureSettings, measure
 from search.measurement.timers import make_timer
 
@@ -63,6 +64,9 @@ def probe_metrics(device: torch.device, settings: MeasureSettings) -> dict[str, 
         "probe_throughput": measured.throughput,
         "probe_cv": measured.throughput_cv,
         "probe_n_windows": float(measured.n_windows),
+        "probe_n_steps": float(measured.n_steps),
+        "probe_stall_steps": float(stall_steps(measured.step_latencies_ms)),
+        "probe_step_ms": measured.latency_mean_ms,
     }
 
 
@@ -76,15 +80,15 @@ def _measure_probe(device: torch.device, settings: MeasureSettings) -> Measureme
     def step() -> None:
         torch.mm(a, b, out=out)
 
-    # About a second: short beside a control run, long enough for a 1% interval.
+    # Five windows as long as a trial's: a busy run's window CV and stalls are judged against
+    # the probe's (``search.analysis.stability``), so its windows must be alike.
     short = replace(
         settings,
         warmup_steps=3,
         warmup_s=0.2,
-        window_s=0.1,
         min_windows=5,
-        max_windows=10,
-        max_time_s=1.5,
+        max_windows=5,
+        max_time_s=0.2 + 5 * settings.window_s,
         race=False,
     )
     return measure(step, 1, short, make_timer(device))

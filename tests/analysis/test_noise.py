@@ -616,3 +616,44 @@ def test_an_earlier_invocation_is_corrected_by_its_own_line_with_its_own_df():
     )
     _, low, high = floor.single_run(run, 8990.0, 9010.0, 0.95)
     assert high / low > 1.01, "the line's own uncertainty (4 df) widens the interval"
+
+
+def test_a_run_that_computes_is_judged_against_the_probe_where_the_control_waits():
+    """Window CVs measured on a 2-core AMD EPYC: 1-5% for the waiting control, 12-14% for matrix
+    products. A computing run as jittery as the probe is stable; one far beyond it is not."""
+
+    def control(t):
+        return RunFigures(
+            time_s=t,
+            throughput=CONTROL,
+            cv=0.02,
+            n_windows=10,
+            n_steps=100,
+            stalls=0,
+            step_s=0.01,
+            busy=0.2,
+            probe=500.0,
+            probe_cv=0.13,
+            probe_windows=5,
+            probe_steps=250,
+            probe_stalls=0,
+            probe_step_s=0.002,
+        )
+
+    controls = [control(float(t)) for t in range(4)]
+    floor = NoiseFloor.estimate(controls)
+    computing = RunFigures(
+        time_s=2.0,
+        throughput=900.0,
+        cv=0.13,
+        n_windows=10,
+        n_steps=100,
+        stalls=0,
+        step_s=0.01,
+        busy=1.7,
+    )
+    assert judge(computing, floor, STABLE).stable
+    waiting_as_jittery = replace(computing, busy=0.2)
+    assert judge(waiting_as_jittery, floor, STABLE).reason.startswith("dispersion")
+    far_beyond = replace(computing, cv=0.40)
+    assert judge(far_beyond, floor, STABLE).reason.startswith("dispersion")
