@@ -57,7 +57,7 @@ def main(argv: list[str]) -> int:
     space, _ = load_space(settings.space, device)
     confidence = settings.measure.confidence
 
-    def run(config: dict[str, Any]) -> tuple[dict[str, float], float] | None:
+    def run(config: dict[str, Any], probe: bool = False) -> tuple[dict[str, float], float] | None:
         request = TrialRequest(
             workload=space.workload,
             config=config,
@@ -65,6 +65,7 @@ def main(argv: list[str]) -> int:
             seed=settings.seed,
             measure=settings.measure,
             timeout_s=settings.runner.timeout_s,
+            probe_compute=probe,  # a control run times the compute probe, as in a study
         )
         result = run_isolated(request)
         if result.state != COMPLETE:
@@ -79,7 +80,7 @@ def main(argv: list[str]) -> int:
     controls: list[RunFigures] = []
 
     def control_run() -> None:
-        out = run(control)
+        out = run(control, probe=True)
         if out is not None:
             controls.append(RunFigures.of(*out))
             print(f"  control: {out[0]['throughput']:.4g}/s", flush=True)
