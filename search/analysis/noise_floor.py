@@ -47,6 +47,7 @@ from search.analysis.run_figures import (
     WAITING,
     RunFigures,
     busy_class,
+    median_busy,
     stall_steps,
 )
 from search.measurement.statistics import t_quantile
@@ -215,9 +216,9 @@ class NoiseFloor:
             for s in sessions
             if len(p := [r for c in s if (r := c.probe_run()) is not None]) > 1
         ]
-        cv, df = _pooled_between([p for p in parts if p.df > 0])
+        cv, df = _pooled_between(parts)
         classes = tuple(
-            (name, *_pooled_between([p for p in parts + probes if p.kind == name and p.df > 0]))
+            (name, *_pooled_between([p for p in parts + probes if p.kind == name]))
             for name in (BUSY, WAITING)
         )
         return replace(floor, between_cv=cv, between_df=df, classes=classes)
@@ -309,7 +310,7 @@ class NoiseFloor:
         mean = float(np.mean(corrected))
         within = float(np.mean([r.se_rel**2 for r in runs]))
         components = [(within / k, sum(r.n_windows - 1 for r in runs))]
-        prior_cv, prior_df = self.between_for(float(np.median([r.busy for r in runs])))
+        prior_cv, prior_df = self.between_for(median_busy(runs))
         own = float(np.var(np.log(corrected), ddof=1)) - within if k > 1 else 0.0
         df = prior_df + k - 1
         if df >= MIN_BETWEEN_DF:
@@ -404,7 +405,7 @@ class _Part:
     def of(
         cls, runs: Sequence[RunFigures], levels: Sequence[float], fitted: int, probe: bool = False
     ) -> _Part:
-        kind = BUSY if probe else busy_class(float(np.median([r.busy for r in runs])))
+        kind = BUSY if probe else busy_class(median_busy(runs))
         if len(runs) <= fitted:
             return cls(kind, 0.0, 0.0, 0)
         y = np.log([r.throughput / lv for r, lv in zip(runs, levels, strict=True)])

@@ -17,6 +17,7 @@ __all__ = [
     "STALL_FACTOR",
     "WAITING",
     "busy_class",
+    "median_busy",
     "stall_steps",
 ]
 
@@ -126,6 +127,11 @@ def busy_class(busy: float) -> str | None:
     if math.isnan(busy):
         return None
     return BUSY if busy >= BUSY_CPU_S_PER_S else WAITING
+
+
+def median_busy(runs: Sequence[RunFigures]) -> float:
+    """The median busyness of ``runs`` (fresh runs of one configuration): their class's key."""
+    return float(np.median([r.busy for r in runs])) if runs else math.nan
 
 
 def stall_steps(step_latencies_ms: Sequence[float]) -> int:

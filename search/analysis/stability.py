@@ -18,7 +18,7 @@ import numpy as np
 from scipy import stats
 
 from search.analysis.noise_floor import NoiseFloor
-from search.analysis.run_figures import BUSY, STALL_FACTOR, RunFigures, busy_class
+from search.analysis.run_figures import BUSY, STALL_FACTOR, RunFigures, busy_class, median_busy
 from search.core.records import with_requests
 
 __all__ = ["StableSettings", "Verdict", "assess", "assess_pooled", "judge"]
@@ -145,7 +145,7 @@ def _disagreement(
     spread = float(np.var(y, ddof=1))
     within = float(np.mean([r.se_rel**2 for r in runs]))
     # against the spread of runs of its own class: one that computes may move as the probe does
-    between_cv, between_df = floor.between_for(float(np.median([r.busy for r in runs])))
+    between_cv, between_df = floor.between_for(median_busy(runs))
     expected = between_cv**2 + within
     excess = math.sqrt(max(spread - expected, 0.0))
     if excess < settings.excess_between_cv:
@@ -218,7 +218,7 @@ def assess_pooled(
         n_steps=sum(r.n_steps for r in runs),
         stalls=sum(r.stalls for r in runs),
         step_s=float(np.mean([r.step_s for r in runs])),
-        busy=float(np.median([r.busy for r in runs])),
+        busy=median_busy(runs),
         device=runs[0].device if len({r.device for r in runs}) == 1 else "",
     )
     out = {**metrics, "throughput": mean, "throughput_ci_low": low, "throughput_ci_high": high}

@@ -151,7 +151,7 @@ def _measure(
         timer.close()
     host = {"host_busy": busy.value}
     if request.probe_compute:  # after the step is gone: the probe has the device to itself
-        host |= probe_metrics(device, request.measure)
+        host |= _probed(device, request)
     return _Measured(
         measurement=measurement,
         peak_mb=peak_mb,
@@ -162,6 +162,16 @@ def _measure(
         compile=compiling,
         host=host,
     )
+
+
+def _probed(device: torch.device, request: TrialRequest) -> dict[str, float]:
+    """The compute probe's figures; nothing when it fails: a control run that measured its
+    configuration keeps its figures, and the floor does without that run's probe."""
+    try:
+        return probe_metrics(device, request.measure)
+    except Exception:
+        traceback.print_exc()  # into the worker's stderr
+        return {}
 
 
 def _compile_figures(step: TrainStep | ServeStep, measurement: Measurement) -> dict[str, float]:

@@ -48,3 +48,16 @@ def test_every_run_reports_its_busyness_and_a_control_run_its_probe():
     probe = run.probe_run()
     assert run.busy > 0.5 and probe is not None and probe.throughput > 0
     assert probe.busy == 1.0 and probe.probe == 0.0 and probe.n_windows >= 5
+
+
+def test_a_probe_that_fails_leaves_the_control_run_complete_without_it(monkeypatch):
+    import search.execution.worker as worker
+
+    def fails(device, settings):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(worker, "probe_metrics", fails)
+    control = run_trial(replace(request(TINY_GPT, micro_batch_size=2), probe_compute=True))
+    assert control.state == COMPLETE, control.failure
+    assert "probe_throughput" not in control.telemetry and control.telemetry["host_busy"] > 0
+    assert RunFigures.of(trial_metrics(control, 0.95), time.time()).probe_run() is None
