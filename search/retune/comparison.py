@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
+from search.measurement.statistics import t_quantile
 from search.retune.figure import Figure
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "compare",
     "runs_needed",
     "sensitivity",
+    "sensitivity_interval",
     "shift",
 ]
 
@@ -135,14 +137,24 @@ def runs_needed(
 
 
 def sensitivity(*figures: Figure) -> float:
-    """How much the workload's speed follows the machine's: the slope of log throughput on the
-    log of the reference step run just before it, pooled within nights (each figure's runs about
-    their own means, so a change between nights does not enter), clipped to [0, 1]. 0 where the
-    references did not vary.
+    """How much the workload's speed follows the machine's: the estimate of
+    ``sensitivity_interval``."""
+    return sensitivity_interval(*figures)[0]
+
+
+def sensitivity_interval(*figures: Figure, confidence: float = 0.95) -> tuple[float, float, float]:
+    """How much the workload's speed follows the machine's, with its interval: the slope of log
+    throughput on the log of the reference step run just before it, pooled within nights (each
+    figure's runs about their own means, so a change between nights does not enter), and its
+    t-interval (residual degrees of freedom: runs less one mean per night less the slope), all
+    clipped to [0, 1]. The estimate is 0 and the interval [0, 1] where the references did not
+    vary or too few runs stand behind the slope: nothing is known of it then.
 
     A workload whose speed follows the reference step (1) is corrected by it in full; one that
     does not (a sleeping workload, a GPU-bound one on a host that slowed) is not corrected at all:
-    dividing it by the reference step would only add the reference's own noise."""
+    dividing it by the reference step would only add the reference's own noise. Four runs a night
+    rarely pin the slope down, and the verdict does not call a change the model's unless it holds
+    at both ends of this interval (``verdict.conclude``)."""
     xs, ys = [], []
     for f in figures:
         if len(f.references) >= 2 and len(f.references) == len(f.runs):
@@ -151,10 +163,19 @@ def sensitivity(*figures: Figure) -> float:
             xs.append(x - x.mean())
             ys.append(y - y.mean())
     if not xs:
-        return 0.0
+        return 0.0, 0.0, 1.0
     x, y = np.concatenate(xs), np.concatenate(ys)
     spread = float(np.dot(x, x))
-    return float(np.clip(np.dot(x, y) / spread, 0.0, 1.0)) if spread > 0 else 0.0
+    if spread <= 0:
+        return 0.0, 0.0, 1.0
+    slope = float(np.dot(x, y) / spread)
+    df = len(x) - len(xs) - 1
+    if df < 1:
+        return float(np.clip(slope, 0.0, 1.0)), 0.0, 1.0
+    residual = y - slope * x
+    half = t_quantile(confidence, df) * math.sqrt(float(np.dot(residual, residual)) / df / spread)
+    low, estimate, high = np.clip([slope - half, slope, slope + half], 0.0, 1.0)
+    return float(estimate), float(low), float(high)
 
 
 def at_machine_speed(f: Figure, beta: float) -> list[float]:

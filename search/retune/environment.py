@@ -59,7 +59,7 @@ def machine_lines(
     software: Sequence[str],
     base: Tuned,
     today: Tuned,
-    beta: float = 0.0,
+    betas: tuple[float, float, float] = (0.0, 0.0, 1.0),
 ) -> list[str]:
     """What the reference step says of the machine, and whether the verdict uses it."""
     if machine is None:
@@ -75,7 +75,8 @@ def machine_lines(
     figures = f"({machine.ratio:.3f}x [{machine.low:.3f}, {machine.high:.3f}])"
     line = (
         f"machine: the reference step is {machine.label.lower()} {figures}; the workload follows "
-        f"it with sensitivity {beta:.2f} (0: not at all, 1: in full)"
+        f"it with sensitivity {betas[0]:.2f} [{betas[1]:.2f}, {betas[2]:.2f}] (0: not at all, 1: "
+        "in full; 95% CI)"
     )
     if software:
         return [

@@ -12,7 +12,7 @@ from search.retune.comparison import (
     at_machine_speed,
     compare,
     runs_needed,
-    sensitivity,
+    sensitivity_interval,
 )
 from search.retune.environment import machine_lines, software_changes, what_changed
 from search.retune.figure import Figure
@@ -94,23 +94,24 @@ def conclude(
         return _unconfirmed(base, today, best, changed)
     ratios = _ratios(best, old, old_today, threshold, confidence)
     software = software_changes(base, today)
-    changed += machine_lines(ratios.machine, software, base, today, ratios.beta)
+    changed += machine_lines(ratios.machine, software, base, today, ratios.betas)
     # The ratio as measured must be surely beyond 1 and beyond the threshold, and the estimate
     # at the same machine speed beyond the threshold too, before the model is called slower or
     # faster: the first alone would blame a slower machine on the model (this machine's speed
     # moves by several percent from one hour to the next, and runs of one invocation share the
     # moment); the second, surely, would lose the power the reference's own noise costs.
+    # The sensitivity rests on a few runs a night, so the estimate at the same machine speed is
+    # also read at both ends of its interval: a change is the model's only where it holds
+    # whether the workload follows the machine as little or as much as its runs allow (on a
+    # night the machine ran 16% slower, an unchanged sleeping workload followed it, at
+    # sensitivity 0.00 [0, 1], and was called a regression).
     adjusted = ratios.adjusted
-    gates = [ratios.best] + ([adjusted] if adjusted is not None and not software else [])
-    verdict, gate = _decide(gates, ratios.moved, threshold)
-    hint = ""
-    if verdict == AMBIGUOUS:
-        samples = (
-            (at_machine_speed(best, ratios.beta), at_machine_speed(old, ratios.beta))
-            if gate is adjusted
-            else (list(best.runs), list(old.runs))
-        )
-        hint = runs_needed(*samples, threshold, confidence)
+    corrected = [] if adjusted is None or software else [adjusted, *ratios.extremes]
+    gates = [ratios.best] + corrected[:1]
+    verdict, gate = _decide(ratios.best, corrected, ratios.moved, threshold)
+    hint = (
+        _hint(best, old, ratios, corrected, threshold, confidence) if verdict == AMBIGUOUS else ""
+    )
     moved = ratios.moved if verdict == MOVED else None
     return Conclusion(
         verdict=verdict,
@@ -120,6 +121,38 @@ def conclude(
         gate=gate,
         hint=hint,
     )
+
+
+def _hint(
+    best: Figure,
+    old: Figure,
+    ratios: _Ratios,
+    corrected: Sequence[Comparison],
+    threshold: float,
+    confidence: float,
+) -> str:
+    """Why an ambiguous verdict is ambiguous: the machine's speed moved and the workload's
+    sensitivity to it is not pinned down, or how much the runs spread and how many would tell."""
+
+    def side(c: Comparison) -> int:
+        return (c.ratio > 1 + threshold) - (c.ratio < 1 - threshold)
+
+    if corrected and len({side(c) for c in corrected}) > 1:
+        low, high = ratios.betas[1:]
+        ends = ", ".join(
+            f"{c.ratio:.3f}x at {b:.2f}" for c, b in zip(corrected[1:], (low, high), strict=True)
+        )
+        return (
+            f"the machine's speed moved too and how far this workload follows it is known only "
+            f"within sensitivity [{low:.2f}, {high:.2f}]: the best reads {ends}; more "
+            "confirmation rounds (retune.confirm) pin the sensitivity down"
+        )
+    samples = (
+        (at_machine_speed(best, ratios.betas[0]), at_machine_speed(old, ratios.betas[0]))
+        if corrected
+        else (list(best.runs), list(old.runs))
+    )
+    return runs_needed(*samples, threshold, confidence)
 
 
 def _unconfirmed(base: Tuned, today: Tuned, best: Figure | None, changed: list[str]) -> Conclusion:
@@ -149,8 +182,11 @@ class _Ratios:
     """The reference step, today vs the baseline, where both measured it."""
     adjusted: Comparison | None
     """``best`` at the same machine speed, where both measured the reference step."""
-    beta: float
-    """The workload's ``sensitivity`` to the machine's speed (0 where it was not measured)."""
+    betas: tuple[float, float, float]
+    """The workload's ``sensitivity`` to the machine's speed with its 95% interval
+    (``sensitivity_interval``; (0, 0, 1) where it was not measured)."""
+    extremes: list[Comparison]
+    """``adjusted`` at both ends of the sensitivity's interval, for the verdict only."""
     moved: Comparison | None
     """Today's recommendation vs the old one, both today, where they differ."""
 
@@ -176,9 +212,9 @@ def _ratios(
     what = "best, today vs baseline" + (" (the same configuration)" if same_config else "")
     best_vs = compare(what, best.runs, old.runs, threshold, confidence)
     comparisons.append(best_vs)
-    machine, beta, adjusted = _at_machine_speed(best, old, threshold, confidence)
-    if machine is not None and adjusted is not None:
-        comparisons += [machine, adjusted]
+    machine, betas, speeds = _at_machine_speed(best, old, threshold, confidence)
+    if machine is not None and speeds:
+        comparisons += [machine, speeds[0]]
     moved_vs = None
     if old_today is not None and not same_config and len(old_today.runs) >= MIN_RUNS:
         moved_vs = compare(
@@ -193,20 +229,22 @@ def _ratios(
         listed=comparisons,
         best=best_vs,
         machine=machine,
-        adjusted=adjusted,
-        beta=beta,
+        adjusted=speeds[0] if speeds else None,
+        betas=betas,
+        extremes=speeds[1:],
         moved=moved_vs,
     )
 
 
 def _at_machine_speed(
     best: Figure, old: Figure, threshold: float, confidence: float
-) -> tuple[Comparison | None, float, Comparison | None]:
-    """The reference step today vs the baseline, the workload's ``sensitivity`` to it, and today's
-    best vs the baseline's at the same machine speed; (None, 0.0, None) where either side
-    measured the reference step in fewer than ``MIN_RUNS`` runs."""
+) -> tuple[Comparison | None, tuple[float, float, float], list[Comparison]]:
+    """The reference step today vs the baseline, the workload's ``sensitivity_interval`` to it,
+    and today's best vs the baseline's at the same machine speed, at the sensitivity's estimate
+    and at both ends of its interval; (None, (0, 0, 1), []) where either side measured the
+    reference step in fewer than ``MIN_RUNS`` runs."""
     if len(best.references) < MIN_RUNS or len(old.references) < MIN_RUNS:
-        return None, 0.0, None
+        return None, (0.0, 0.0, 1.0), []
     machine = compare(
         "machine: the reference step, today vs baseline",
         best.references,
@@ -214,23 +252,30 @@ def _at_machine_speed(
         threshold,
         confidence,
     )
-    beta = sensitivity(best, old)
-    adjusted = compare(
-        "best, today vs baseline, at the same machine speed",
-        at_machine_speed(best, beta),
-        at_machine_speed(old, beta),
-        threshold,
-        confidence,
-    )
-    return machine, beta, adjusted
+    betas = sensitivity_interval(best, old, confidence=confidence)
+    speeds = [
+        compare(
+            "best, today vs baseline, at the same machine speed",
+            at_machine_speed(best, beta),
+            at_machine_speed(old, beta),
+            threshold,
+            confidence,
+        )
+        for beta in betas
+    ]
+    return machine, betas, speeds
 
 
 def _decide(
-    gates: Sequence[Comparison], moved_vs: Comparison | None, threshold: float
+    best_vs: Comparison,
+    corrected: Sequence[Comparison],
+    moved_vs: Comparison | None,
+    threshold: float,
 ) -> tuple[str, Comparison]:
-    """The overall verdict and the comparison it rests on (see ``conclude``): ``gates`` are
-    today's best vs the baseline's and, where it counts, the same at the same machine speed."""
-    best_vs, gate = gates[0], gates[-1]
+    """The overall verdict and the comparison it rests on (see ``conclude``): ``corrected`` are
+    today's best vs the baseline's at the same machine speed, at the sensitivity's estimate and
+    at the ends of its interval, where it counts (else empty)."""
+    gate = corrected[0] if corrected else best_vs
 
     def slower(c: Comparison) -> bool:
         return c.ratio < 1 - threshold and c.high < 1
@@ -238,16 +283,16 @@ def _decide(
     def faster(c: Comparison) -> bool:
         return c.ratio > 1 + threshold and c.low > 1
 
-    def agrees(c: Comparison, direction: int) -> bool:
-        return c.ratio < 1 - threshold if direction < 0 else c.ratio > 1 + threshold
+    def within(c: Comparison) -> bool:
+        return 1 - threshold <= c.low and c.high <= 1 + threshold
 
-    if slower(best_vs) and all(agrees(g, -1) for g in gates[1:]):
+    if slower(best_vs) and all(c.ratio < 1 - threshold for c in corrected):
         verdict = REGRESSION
     elif moved_vs is not None and faster(moved_vs):
         verdict, gate = MOVED, moved_vs
-    elif faster(best_vs) and all(agrees(g, +1) for g in gates[1:]):
+    elif faster(best_vs) and all(c.ratio > 1 + threshold for c in corrected):
         verdict = IMPROVED
-    elif 1 - threshold <= gate.low and gate.high <= 1 + threshold:
+    elif all(within(c) for c in corrected or [best_vs]):
         verdict = SAME  # surely no material change (at the same machine speed, where measured)
     else:
         verdict = AMBIGUOUS  # a change beyond the threshold can be neither shown nor ruled out

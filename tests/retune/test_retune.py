@@ -18,7 +18,13 @@ import optuna
 import pytest
 
 from search.config.compose import ConfigError
-from search.retune.comparison import compare, runs_needed, sensitivity, shift
+from search.retune.comparison import (
+    compare,
+    runs_needed,
+    sensitivity,
+    sensitivity_interval,
+    shift,
+)
 from search.retune.figure import Figure
 from search.retune.tuned import Tuned, baseline, save_tuned, tuned_runs
 from search.retune.verdict import AMBIGUOUS, IMPROVED, MOVED, REGRESSION, SAME, conclude
@@ -217,6 +223,35 @@ def test_a_steady_workload_is_not_corrected_by_a_noisy_reference_step():
     conclusion = conclude(tuned(base), tuned(today, "retune 2"), today, 0.05)
     assert conclusion.verdict == REGRESSION
     assert any("sensitivity 0.0" in c for c in conclusion.changed)
+
+
+def test_the_sensitivity_interval_is_narrow_only_where_the_runs_pin_the_slope_down():
+    refs = runs(50, 0.1)
+    assert sensitivity_interval(Figure.measured(A, [r * 2 for r in refs], refs)) == pytest.approx(
+        (1.0, 1.0, 1.0)
+    )
+    assert sensitivity_interval(Figure.measured(A, runs(100), [50.0] * 6)) == (0.0, 0.0, 1.0)
+    # four runs a night of a workload that does not follow the reference: the slope is unknown
+    estimate, low, high = sensitivity_interval(
+        Figure.measured(A, [1140.0, 1160.0, 1000.0, 1110.0], [13.6, 12.5, 14.1, 14.4]),
+        Figure.measured(A, [1250.0, 1330.0, 1270.0, 1310.0], [16.0, 16.6, 15.8, 16.4]),
+    )
+    assert estimate == 0.0 and low == 0.0 and high > 0.5  # 0.72
+
+
+def test_a_machine_that_slowed_is_no_regression_where_the_sensitivity_is_unknown():
+    # An unchanged sleeping workload read 0.842x of its baseline on a night the reference step
+    # read 0.837x; its runs did not follow the reference within either night (sensitivity 0.00
+    # [0, 0.72] here), so uncorrected it was called a regression. At 0.72 it reads 0.96x.
+    base = Figure.measured(A, [1250.0, 1330.0, 1270.0, 1310.0], [16.0, 16.6, 15.8, 16.4])
+    today = Figure.measured(A, [1140.0, 1160.0, 1000.0, 1110.0], [13.6, 12.5, 14.1, 14.4])
+    conclusion = conclude(tuned(base), tuned(today, "retune 2"), today, 0.1)
+    assert conclusion.verdict == AMBIGUOUS
+    assert conclusion.hint.startswith("the machine's speed moved too"), conclusion.hint
+    assert any("sensitivity 0.00 [0.00, 0.72]" in c for c in conclusion.changed)
+    # the same slowdown on a night the machine kept its speed is the model's
+    steady = Figure.measured(A, [1140.0, 1160.0, 1000.0, 1110.0], [16.0, 16.6, 15.8, 16.4])
+    assert conclude(tuned(base), tuned(steady, "retune 2"), steady, 0.1).verdict == REGRESSION
 
 
 def test_only_software_changes_turn_the_machine_speed_off():
