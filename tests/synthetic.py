@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from search.analysis.noise_floor import RunFigures, stall_steps
+from search.analysis.run_figures import MICRO_BATCH_PHASE, micro_batch_metrics
 from search.core.metrics import latency_quantiles
 from search.measurement.protocol import MeasureSettings, measure
 
@@ -88,23 +89,36 @@ class Machine:
         settings: MeasureSettings = SETTINGS,
         busy: float = math.nan,
         probe: bool = False,
+        micro_batches: int = 1,
     ) -> tuple[dict[str, float], RunFigures]:
         """One fresh-process run of a configuration whose long-run throughput at level 1.0 is
         ``throughput`` items/s; ``gap_s`` of other work passes first. ``busy`` is what the run
         reports as ``host_busy`` (its class of between-run spread; NaN: not reported, spread
-        ``between_cv``); with ``probe`` it also times the compute probe, as a control run does."""
+        ``between_cv``); with ``probe`` it also times the compute probe, as a control run does.
+        A step is ``micro_batches`` micro-batches, each with its own noise and stalls, timed as a
+        training step times them."""
         self.clock_s += gap_s
         offset = math.exp(self.rng.normal(0.0, self.spread(busy)))
         base_s = ITEMS / throughput
 
-        def step() -> None:
-            speed = offset * self.level(self.clock_s)
-            duration = base_s / speed * max(0.05, 1 + self.rng.normal(0.0, step_cv))
-            if stall_p and self.rng.random() < stall_p:
-                duration *= stall_x
-            self.clock_s += duration
+        micro_ms: list[float] = []
 
-        m = measure(step, ITEMS, settings, _Timer(self))
+        def step() -> None:
+            for _ in range(micro_batches):
+                speed = offset * self.level(self.clock_s)
+                duration = base_s / micro_batches / speed
+                duration *= max(0.05, 1 + self.rng.normal(0.0, step_cv))
+                if stall_p and self.rng.random() < stall_p:
+                    duration *= stall_x
+                self.clock_s += duration
+                micro_ms.append(duration * 1000.0)
+
+        def phases() -> dict[str, list[float]]:
+            taken = {MICRO_BATCH_PHASE: list(micro_ms)}
+            micro_ms.clear()
+            return taken
+
+        m = measure(step, ITEMS, settings, _Timer(self), phases)
         metrics = {
             "throughput": m.throughput,
             "throughput_ci_low": m.throughput_ci_low,
@@ -113,6 +127,7 @@ class Machine:
             "n_windows": m.n_windows,
             "n_steps": m.n_steps,
             "stall_steps": stall_steps(m.step_latencies_ms),
+            **micro_batch_metrics(m.phase_samples_ms),
             "latency_mean_ms": m.latency_mean_ms,
             **latency_quantiles({"steps": m.step_latencies_ms}, 0.95),
         }

@@ -13,16 +13,20 @@ import numpy as np
 __all__ = [
     "BUSY",
     "BUSY_CPU_S_PER_S",
+    "MICRO_BATCH_PHASE",
     "RunFigures",
     "STALL_FACTOR",
     "WAITING",
     "busy_class",
     "median_busy",
+    "micro_batch_metrics",
     "stall_steps",
 ]
 
 STALL_FACTOR = 2.0
 """A step slower than this multiple of its run's median step counts as a stall."""
+MICRO_BATCH_PHASE = "micro_batch_ms"
+"""The phase a training step marks: each micro-batch's forward and backward, ms."""
 BUSY, WAITING = "busy", "waiting"
 """The two classes of between-run spread: runs that keep the host computing, runs that wait."""
 BUSY_CPU_S_PER_S = 0.5
@@ -64,6 +68,12 @@ class RunFigures:
     probe_steps: int = 0
     probe_stalls: int = 0
     probe_step_s: float = 0.0
+    micro_batches: int = 0
+    """Micro-batches timed (0 where they were not: a serving step, or figures stored before)."""
+    micro_stalls: int = 0
+    """Micro-batches slower than ``STALL_FACTOR`` times the run's median micro-batch."""
+    micro_time_s: float = 0.0
+    """Time its timed micro-batches took, s."""
 
     def probe_run(self) -> RunFigures | None:
         """The compute probe timed in this run's process, as a run of its own (None without)."""
@@ -79,6 +89,11 @@ class RunFigures:
             step_s=self.probe_step_s,
             busy=1.0,
             probe=0.0,
+            # The probe's step is one product, as short as a micro-batch: its stalls stand for
+            # the machine's at that grain too.
+            micro_batches=self.probe_steps,
+            micro_stalls=self.probe_stalls,
+            micro_time_s=self.probe_steps * self.probe_step_s,
         )
 
     @property
@@ -110,6 +125,9 @@ class RunFigures:
             probe_steps=int(metrics.get("probe_n_steps", 0)),
             probe_stalls=int(metrics.get("probe_stall_steps", 0)),
             probe_step_s=float(metrics.get("probe_step_ms", 0.0)) / 1000.0,
+            micro_batches=int(metrics.get("micro_batches_timed", 0)),
+            micro_stalls=int(metrics.get("stall_micro_batches", 0)),
+            micro_time_s=float(metrics.get("micro_batch_time_s", 0.0)),
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -138,3 +156,16 @@ def stall_steps(step_latencies_ms: Sequence[float]) -> int:
     """How many steps took longer than ``STALL_FACTOR`` times the median step."""
     steps = np.asarray(step_latencies_ms, dtype=float)
     return int(np.count_nonzero(steps > STALL_FACTOR * np.median(steps)))
+
+
+def micro_batch_metrics(phases_ms: Mapping[str, Sequence[float]]) -> dict[str, float]:
+    """The stored figures of a run's timed micro-batches (``MICRO_BATCH_PHASE``): how many, how
+    many stalled, and the time they took; empty where none were timed."""
+    times_ms = phases_ms.get(MICRO_BATCH_PHASE, ())
+    if not len(times_ms):
+        return {}
+    return {
+        "micro_batches_timed": float(len(times_ms)),
+        "stall_micro_batches": float(stall_steps(times_ms)),
+        "micro_batch_time_s": float(np.sum(times_ms)) / 1000.0,
+    }

@@ -98,32 +98,65 @@ def _of_its_class(run: RunFigures, near: Sequence[RunFigures]) -> Sequence[RunFi
     return probes or near
 
 
-def _against_control(
-    run: RunFigures, near: Sequence[RunFigures], settings: StableSettings, alpha: float
-) -> Verdict:
-    """The stall and window-dispersion tests of ``judge``."""
+@dataclass(frozen=True)
+class _Grain:
+    """One grain the stalls are counted at (steps or micro-batches): a run's count of stalls, of
+    units and their time, and the control runs it is compared with."""
+
+    name: str
+    stalls: int
+    units: int
+    time_s: float
+    near: Sequence[RunFigures]
+    micro: bool
+
+    def control(self) -> tuple[int, float]:
+        """The control runs' stalls and time at this grain."""
+        if self.micro:
+            return sum(c.micro_stalls for c in self.near), sum(c.micro_time_s for c in self.near)
+        return sum(c.stalls for c in self.near), sum(c.steps_time_s for c in self.near)
+
+
+def _stall_test(grain: _Grain, settings: StableSettings, alpha: float) -> Verdict:
+    """Whether ``grain``'s stalls come at a higher rate per second than the control's, by an
+    excess share of its units of at least ``stable.excess_stalls``."""
     # Stalls the machine causes (preemption, a neighbour's burst) come at a rate per second, so a
     # configuration with longer steps catches more of them per step: compare rates over the time
     # the steps took (conditional binomial test of two Poisson rates), not shares of steps.
-    ctl_stalls = sum(c.stalls for c in near)
-    ctl_time = sum(c.steps_time_s for c in near)
-    run_time = run.steps_time_s
-    expected = ctl_stalls * run_time / ctl_time if ctl_time else 0.0
-    excess_share = (run.stalls - expected) / max(run.n_steps, 1)
-    if excess_share >= settings.excess_stalls and run.stalls:
-        p = float(
-            stats.binomtest(
-                run.stalls, run.stalls + ctl_stalls, run_time / (run_time + ctl_time), "greater"
-            ).pvalue
-        )
-        if p < alpha:
-            return Verdict(
-                False,
-                f"stalls: {run.stalls} of {run.n_steps} steps over {STALL_FACTOR:g}x the median "
-                f"step, {expected:.1f} expected at the control's rate of "
-                f"{ctl_stalls / ctl_time if ctl_time else 0.0:.2g}/s "
-                f"(binomial p={p:.2g} < {alpha:.2g})",
+    ctl_stalls, ctl_time = grain.control()
+    expected = ctl_stalls * grain.time_s / ctl_time if ctl_time else 0.0
+    excess_share = (grain.stalls - expected) / max(grain.units, 1)
+    if excess_share < settings.excess_stalls or not grain.stalls:
+        return Verdict(True)
+    share = grain.time_s / (grain.time_s + ctl_time)
+    p = float(stats.binomtest(grain.stalls, grain.stalls + ctl_stalls, share, "greater").pvalue)
+    if p >= alpha:
+        return Verdict(True)
+    unit = grain.name[:-1]
+    return Verdict(
+        False,
+        f"stalls: {grain.stalls} of {grain.units} {grain.name} over {STALL_FACTOR:g}x the median "
+        f"{unit}, {expected:.1f} expected at the control's rate of "
+        f"{ctl_stalls / ctl_time if ctl_time else 0.0:.2g}/s (binomial p={p:.2g} < {alpha:.2g})",
+    )
+
+
+def _against_control(
+    run: RunFigures, near: Sequence[RunFigures], settings: StableSettings, alpha: float
+) -> Verdict:
+    """The stall and window-dispersion tests of ``judge``: stalls counted over steps and, where
+    both sides timed them, over micro-batches, each at half of the stall test's ``alpha``."""
+    grains = [_Grain("steps", run.stalls, run.n_steps, run.steps_time_s, near, False)]
+    if run.micro_batches and all(c.micro_batches for c in near):
+        grains.append(
+            _Grain(
+                "micro-batches", run.micro_stalls, run.micro_batches, run.micro_time_s, near, True
             )
+        )
+    for grain in grains:
+        verdict = _stall_test(grain, settings, alpha / len(grains))
+        if not verdict.stable:
+            return verdict
     ctl_df = sum(c.n_windows - 1 for c in near)
     ctl_var = sum(c.cv**2 * (c.n_windows - 1) for c in near) / ctl_df if ctl_df else 0.0
     excess = math.sqrt(max(run.cv**2 - ctl_var, 0.0))

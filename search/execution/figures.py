@@ -5,7 +5,7 @@ a trial runs."""
 
 from __future__ import annotations
 
-from search.analysis.noise_floor import stall_steps
+from search.analysis.run_figures import micro_batch_metrics, stall_steps
 from search.core.metrics import latency_quantiles
 from search.core.records import COMPLETE, SCREENED, with_requests
 from search.execution.trial import TrialResult
@@ -37,6 +37,7 @@ def trial_metrics(result: TrialResult, confidence: float) -> dict[str, float]:
         "outliers_mild": m.outliers_mild,
         "outliers_severe": m.outliers_severe,
         "stall_steps": stall_steps(m.step_latencies_ms),
+        **micro_batch_metrics(m.phase_samples_ms),
         "measure_time_s": m.elapsed_s,
         # 1: racing stopped it early, out of reach of the front (``search.analysis.racing``)
         "screened": float(m.stop_reason == SCREENED),

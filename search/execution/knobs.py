@@ -24,6 +24,7 @@ from typing import TypeVar
 import torch
 from torch import nn
 
+from search.analysis.run_figures import MICRO_BATCH_PHASE
 from search.core.errors import KnobError
 from search.core.knobs import NUMERIC_KNOBS
 from search.execution.compiling import (
@@ -35,6 +36,7 @@ from search.execution.compiling import (
 )
 from search.execution.fp8 import FP8_PRECISIONS, convert_fp8, fp8_unsupported
 from search.execution.kernels import KERNELS, apply_kernels, kernels_unsupported
+from search.execution.marks import Mark, elapsed_ms, mark
 from search.execution.optimizers import (
     OPTIMIZER_IMPLEMENTATIONS,
     optimizer_unsupported,
@@ -277,6 +279,8 @@ class TrainStep:
         self._previous_matmul_precision = torch.get_float32_matmul_precision()
         self._pool = ThreadPoolExecutor(knobs.streams, thread_name_prefix="lane")
         self._loss = compiled(workload.loss, knobs.compile)
+        self._marks: list[tuple[Mark, Mark]] = []
+        """Each micro-batch's start and end since the last ``take_phases``."""
         self.compile_stats: CompileStats | None = None
         """What compiling took (``compile`` on); None when the step runs eagerly."""
         if knobs.compile != "off":
@@ -287,6 +291,7 @@ class TrainStep:
             except BaseException:
                 self.close()  # no `with` block will: the constructor did not return
                 raise
+            self._marks.clear()
 
     def __call__(self) -> None:
         """One full optimizer step. On CUDA it does not synchronize, so the caller can time it.
@@ -311,6 +316,17 @@ class TrainStep:
             if p.grad is not None
         }
         return float(torch.stack(losses).sum()), grads
+
+    def take_phases(self) -> dict[str, list[float]]:
+        """Each micro-batch's time (forward and backward), ms, for the steps since the last take
+        (``MICRO_BATCH_PHASE``). Call it with the device synchronised.
+
+        A stall in one micro-batch of many hides inside the step's time (2% of micro-batches
+        stalling 10x, 32 to a step, lengthen no step past twice the median), so the stall test
+        also counts micro-batches (``search.analysis.stability``)."""
+        times = [elapsed_ms(start, end) for start, end in self._marks]
+        self._marks.clear()
+        return {MICRO_BATCH_PHASE: times}
 
     def close(self) -> None:
         """Restore the float32 matmul precision found at construction; stop the lane threads."""
@@ -350,6 +366,7 @@ class TrainStep:
         losses = []
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             for batch in self._lane_batches[lane]:
+                start = mark(self.device)
                 batch = map_tensors(lambda t: t.to(self.device, non_blocking=True), batch)
                 # Autocast is thread-local, so each lane enters it itself; backward runs outside it.
                 # Its cache of weights cast to low precision is not: one map for the whole process.
@@ -368,6 +385,7 @@ class TrainStep:
                 scaled = loss if self._grad_scaler is None else self._grad_scaler.scale(loss)
                 scaled.backward()
                 losses.append(loss.detach())
+                self._marks.append((start, mark(self.device)))  # list.append: thread-safe
         return losses
 
 

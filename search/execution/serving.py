@@ -14,7 +14,6 @@ that; ``take_phases`` reads them once the device is synchronised (after each tim
 from __future__ import annotations
 
 import functools
-import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -36,11 +35,11 @@ from search.execution.knobs import (
     make_streams,
     refuse_unsupported,
 )
+from search.execution.marks import Mark, elapsed_ms, mark
 from search.workloads.base import ServingWorkload, is_counting
 
 __all__ = ["Generated", "Mark", "PHASES", "ServeStep"]
 
-Mark = torch.cuda.Event | float
 """A point in a step: a recorded CUDA event, or the host clock (s) on a CPU."""
 
 PHASES = ("ttft_ms", "tpot_ms")
@@ -132,9 +131,9 @@ class ServeStep:
         out: dict[str, list[float]] = {name: [] for name in PHASES}
         for start, micro_batches in self._marks:
             for first, end in micro_batches:
-                out["ttft_ms"].append(_elapsed_ms(start, first))
+                out["ttft_ms"].append(elapsed_ms(start, first))
                 if self.gen_len > 1:
-                    out["tpot_ms"].append(_elapsed_ms(first, end) / (self.gen_len - 1))
+                    out["tpot_ms"].append(elapsed_ms(first, end) / (self.gen_len - 1))
         self._marks.clear()
         return {name: values for name, values in out.items() if values}
 
@@ -235,16 +234,4 @@ class ServeStep:
         return forced[i][:, position].to(logits.device)
 
     def _mark(self) -> Mark:
-        if self.device.type != "cuda":
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record(torch.cuda.current_stream(self.device))
-        return event
-
-
-def _elapsed_ms(start: Mark, end: Mark) -> float:
-    if isinstance(start, float):
-        assert isinstance(end, float)
-        return (end - start) * 1000.0
-    assert isinstance(end, torch.cuda.Event)
-    return start.elapsed_time(end)
+        return mark(self.device)

@@ -137,7 +137,7 @@ def _measure(
     timer = MonitoredTimer(make_timer(device), make_monitor(device))
     try:
         with _make_step(workload, knobs, device, request.seed) as step:
-            phases = step.take_phases if isinstance(step, ServeStep) else None
+            phases = step.take_phases
             screen = _screen(request.race, probe, getattr(step, "items_per_request", None))
             with host_busy() as busy:
                 measurement = measure(

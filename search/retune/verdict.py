@@ -100,11 +100,8 @@ def conclude(
     # faster: the first alone would blame a slower machine on the model (this machine's speed
     # moves by several percent from one hour to the next, and runs of one invocation share the
     # moment); the second, surely, would lose the power the reference's own noise costs.
-    # The sensitivity rests on a few runs a night, so the estimate at the same machine speed is
-    # also read at both ends of its interval: a change is the model's only where it holds
-    # whether the workload follows the machine as little or as much as its runs allow (on a
-    # night the machine ran 16% slower, an unchanged sleeping workload followed it, at
-    # sensitivity 0.00 [0, 1], and was called a regression).
+    # Read at both ends of the sensitivity's interval too (a few runs a night): an unchanged
+    # workload that followed a 16% slower machine at sensitivity 0.00 [0, 0.7] was a regression.
     adjusted = ratios.adjusted
     corrected = [] if adjusted is None or software else [adjusted, *ratios.extremes]
     gates = [ratios.best] + corrected[:1]

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from search.analysis.noise_floor import RunFigures
+from search.analysis.run_figures import MICRO_BATCH_PHASE
 from search.core.metrics import (
     METRICS,
     POOL_MAX,
@@ -144,7 +145,13 @@ class Run:
             steps_ms=tuple(float(x) for x in m.step_latencies_ms),
             throttle_reasons=result.throttle_reasons,
             time_s=time_s,
-            phases_ms={k: tuple(float(x) for x in v) for k, v in m.phase_samples_ms.items()},
+            # The micro-batch times are kept as their stall figures (in the metrics), not raw:
+            # thousands a run, and no metric pools them.
+            phases_ms={
+                k: tuple(float(x) for x in v)
+                for k, v in m.phase_samples_ms.items()
+                if k != MICRO_BATCH_PHASE
+            },
         )
 
     def as_dict(self) -> dict:
@@ -186,6 +193,11 @@ def pool_runs(kept: Sequence[Run], confidence: float) -> Pooled:
         "n_windows": float(sum(run["n_windows"] for run in runs)),
         "n_steps": float(len(steps)),
         "stall_steps": float(sum(run["stall_steps"] for run in runs)),
+        **{
+            name: float(sum(run[name] for run in runs))
+            for name in ("micro_batches_timed", "stall_micro_batches", "micro_batch_time_s")
+            if all(name in run for run in runs)
+        },
         **(
             {"items_per_request": runs[0]["items_per_request"]}
             if "items_per_request" in runs[0]

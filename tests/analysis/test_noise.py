@@ -234,6 +234,36 @@ def test_rare_stalls_are_unstable_even_when_the_mean_is_tight():
         assert not verdict.stable and verdict.reason.startswith("stalls"), verdict
 
 
+def test_micro_batch_stalls_that_hide_inside_the_step_are_unstable():
+    """2% of micro-batches stall 10x, 32 micro-batches to a step: no step reaches twice the
+    median (one stall lengthens it by 28%), yet the run is unstable in at least 19 of 20
+    repetitions, by the stalls of its micro-batches."""
+    unstable = by_micro = 0
+    for seed in range(20):
+        machine = Machine(between_cv=0.0, drift=0.0, seed=900 + seed)
+        floor = _controls(machine)
+        metrics, run = machine.run(
+            2000.0, stall_p=0.02, stall_x=10.0, micro_batches=32, settings=LONG
+        )
+        assert run.micro_batches == 32 * run.n_steps and run.micro_stalls > 0
+        verdict = judge(run, floor, STABLE)
+        unstable += not verdict.stable
+        by_micro += "micro-batches over 2x the median micro-batch" in verdict.reason
+    assert unstable >= 19 and by_micro >= 19
+
+
+def test_steady_micro_batches_are_stable():
+    """16 micro-batches to a step, 3% Gaussian noise on each, no tail: stable in at least 98 of
+    100 repetitions (the tests' false-alarm rate is 1%)."""
+    unstable = 0
+    for seed in range(100):
+        machine = Machine(between_cv=0.0, drift=0.0, seed=1300 + seed)
+        floor = _controls(machine)
+        _, run = machine.run(2000.0, step_cv=0.03, micro_batches=16, settings=LONG)
+        unstable += not judge(run, floor, STABLE).stable
+    assert unstable <= 2
+
+
 def test_moderate_gaussian_step_noise_is_stable():
     """3% Gaussian noise on every step, no tail, against a control with 1%: stable in at least
     198 of 200 repetitions (the tests' false-alarm rate is 1%)."""

@@ -83,6 +83,15 @@ def test_micro_batching_runs_forward_on_micro_batches():
     assert set(sample_counts) == {2} and len(sample_counts) % 4 == 0
 
 
+def test_a_step_times_each_micro_batch_for_the_stall_test():
+    with TrainStep(GPT(**TINY), Knobs(batch_size=8, micro_batch_size=2, streams=2), CPU) as step:
+        step()
+        step()
+        times_ms = step.take_phases()["micro_batch_ms"]
+        assert len(times_ms) == 2 * 4 and all(t > 0 for t in times_ms)
+        assert step.take_phases() == {"micro_batch_ms": []}, "a take empties the marks"
+
+
 def test_two_lanes_match_one_lane_and_run_on_two_threads():
     loss, grads = loss_and_grads(Knobs(batch_size=8, micro_batch_size=2))
     threads = set()
