@@ -132,7 +132,7 @@ def _stall_test(grain: _Grain, settings: StableSettings, alpha: float) -> Verdic
     p = float(stats.binomtest(grain.stalls, grain.stalls + ctl_stalls, share, "greater").pvalue)
     if p >= alpha:
         return Verdict(True)
-    unit = grain.name[:-1]
+    unit = grain.name.removesuffix("es") if grain.micro else grain.name.removesuffix("s")
     return Verdict(
         False,
         f"stalls: {grain.stalls} of {grain.units} {grain.name} over {STALL_FACTOR:g}x the median "
