@@ -230,10 +230,22 @@ def _best_rate(run, amount: float, device: torch.device, budget_s: float) -> flo
             return best
 
 
+SMALLEST_PEAK_N = 256
+"""The smallest square product the peak is measured on (``_matmul_rate``)."""
+
+
 def _matmul_rate(device: torch.device, n: int, precision: str, budget_s: float) -> float:
+    """The best rate of an ``n`` x ``n`` product in ``precision``, or of a smaller one where a
+    product of ``n`` would take more than a quarter of ``budget_s``: a CPU without bf16
+    instructions runs a bf16 product of 1024 at 1.3 GFLOP/s, 1.6 s each, and the rounds of the
+    budget then took 5 s of every first run; such a rate is as low at 256 (compute-bound either
+    way), and autocast's rule lifts it to fp32's (``measure_peak``)."""
     torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
-    a = torch.randn(n, n, device=device).to(_DTYPES[precision])
-    return _best_rate(lambda: a @ a, 2.0 * n**3, device, budget_s)
+    small = torch.randn(SMALLEST_PEAK_N, SMALLEST_PEAK_N, device=device).to(_DTYPES[precision])
+    rate = _best_rate(lambda: small @ small, 2.0 * SMALLEST_PEAK_N**3, device, 0.0)
+    size = n if 2.0 * n**3 / rate <= budget_s / 4 else SMALLEST_PEAK_N
+    a = torch.randn(size, size, device=device).to(_DTYPES[precision])
+    return _best_rate(lambda: a @ a, 2.0 * size**3, device, budget_s)
 
 
 def _copy_rate(device: torch.device, elements: int, budget_s: float) -> float:

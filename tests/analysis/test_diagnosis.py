@@ -209,3 +209,23 @@ def test_a_mixed_precision_peak_is_at_least_fp32s_which_autocast_also_runs():
 @pytest.mark.parametrize("name", ["NVIDIA A10G", "NVIDIA L40", "NVIDIA RTX A1000", "NVIDIA H1000"])
 def test_other_gpus_are_not_taken_for_a_known_one_by_a_part_of_their_name(name):
     assert table_peak(name) is None
+
+
+def test_a_precision_too_slow_for_the_budget_is_measured_on_a_smaller_product(monkeypatch):
+    # A CPU without bf16 instructions: a bf16 product of 1024 took 1.6 s, and the peak's rounds
+    # took 5 s of every first run. Sizes are chosen from a first product of 256.
+    from search.analysis import diagnosis
+
+    def timed_at(rate_flop_per_s: float) -> list[int]:
+        sizes: list[int] = []
+
+        def best_rate(run, amount, device, budget_s):
+            sizes.append(round((amount / 2) ** (1 / 3)))
+            return rate_flop_per_s
+
+        monkeypatch.setattr(diagnosis, "_best_rate", best_rate)
+        diagnosis._matmul_rate(torch.device("cpu"), 1024, "fp32", 0.5)
+        return sizes
+
+    assert timed_at(1.3e9) == [256, 256], "1.6 s a product of 1024: over a quarter of 0.5 s"
+    assert timed_at(150e9) == [256, 1024], "14 ms a product of 1024: the full size"
