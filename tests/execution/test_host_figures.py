@@ -4,9 +4,15 @@ in a control run, the compute probe."""
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 
+import pytest
 import torch
 from tiny import TINY_GPT
 from trial_workloads import request
@@ -61,3 +67,30 @@ def test_a_probe_that_fails_leaves_the_control_run_complete_without_it(monkeypat
     assert control.state == COMPLETE, control.failure
     assert "probe_throughput" not in control.telemetry and control.telemetry["host_busy"] > 0
     assert RunFigures.of(trial_metrics(control, 0.95), time.time()).probe_run() is None
+
+
+@pytest.mark.skipif(
+    not Path(f"/proc/self/task/{threading.get_native_id()}/schedstat").exists(),
+    reason="the kernel keeps no schedstat",
+)
+def test_a_process_that_computes_beside_others_still_reads_busy():
+    # Twice as many spinning processes as cores: a computing thread gets about a third of a core,
+    # and by its time on a core alone read 0.46 beside the suite's other processes, taken for one
+    # that waits.
+    code = "import time\nend = time.time() + 6\nwhile time.time() < end: pass"
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", code]) for _ in range(2 * (os.cpu_count() or 1))
+    ]
+    try:
+        time.sleep(1.0)  # every spinner started
+        with host_busy() as computing:
+            started = time.perf_counter()
+            while time.perf_counter() - started < 0.5:
+                sum(range(10_000))
+        with host_busy() as waiting:
+            time.sleep(0.3)
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+    assert busy_class(computing.value) == BUSY, computing.value
+    assert busy_class(waiting.value) == WAITING, waiting.value
