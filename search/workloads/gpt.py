@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -51,28 +53,35 @@ class _Block(nn.Module):
         return x + self.drop(self.mlp(self.ln_mlp(x)))
 
 
+@dataclass(frozen=True)
+class _DecoderConfig:
+    """What ``_Decoder`` is built from, beside it as torchtitan keeps a model's arguments: the
+    training workload passes its own settings, the serving one a sequence as long as a prompt and
+    its generated tokens."""
+
+    vocab_size: int
+    seq_len: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    d_ff: int
+    dropout: float = 0.0
+
+
 class _Decoder(nn.Module):
     """Token + learned position embeddings, blocks, final LayerNorm, output tied to the input
     embedding."""
 
-    def __init__(
-        self,
-        vocab_size: int,
-        seq_len: int,
-        d_model: int,
-        n_layers: int,
-        n_heads: int,
-        d_ff: int,
-        dropout: float,
-    ):
+    def __init__(self, config: _DecoderConfig):
         super().__init__()
-        self.tok_emb = nn.Embedding(vocab_size, d_model)
-        self.pos_emb = nn.Embedding(seq_len, d_model)
-        self.drop = nn.Dropout(dropout)
+        c = config
+        self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)
+        self.pos_emb = nn.Embedding(c.seq_len, c.d_model)
+        self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(
-            _Block(d_model, n_heads, d_ff, dropout) for _ in range(n_layers)
+            _Block(c.d_model, c.n_heads, c.d_ff, c.dropout) for _ in range(c.n_layers)
         )
-        self.ln_f = nn.LayerNorm(d_model)
+        self.ln_f = nn.LayerNorm(c.d_model)
         self.apply(_init_weights)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -90,56 +99,57 @@ def _init_weights(module: nn.Module) -> None:
         nn.init.zeros_(module.bias)
 
 
+@dataclass(eq=False)
 class GPT(Workload):
-    """Next-token prediction on random token ids; throughput is counted in tokens."""
+    """Next-token prediction on random token ids; throughput is counted in tokens.
+
+    Its fields are the keyword arguments a space's ``workload`` passes (and
+    ``space.workload.d_model=...`` overrides), checked in ``__post_init__``; ``d_ff`` defaults to
+    4 * ``d_model``. Compared by identity, as a hand-written class is."""
 
     unit = "tokens"
 
-    def __init__(
-        self,
-        vocab_size: int,
-        seq_len: int,
-        d_model: int,
-        n_layers: int,
-        n_heads: int,
-        d_ff: int | None = None,
-        dropout: float = 0.0,
-    ):
-        d_ff = 4 * d_model if d_ff is None else d_ff
+    vocab_size: int
+    seq_len: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    d_ff: int | None = None
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.d_ff is None:
+            self.d_ff = 4 * self.d_model
         check_gpt_shape(
-            vocab_size=vocab_size,
-            seq_len=seq_len,
-            d_model=d_model,
-            n_layers=n_layers,
-            n_heads=n_heads,
-            d_ff=d_ff,
+            vocab_size=self.vocab_size,
+            seq_len=self.seq_len,
+            d_model=self.d_model,
+            n_layers=self.n_layers,
+            n_heads=self.n_heads,
+            d_ff=self.d_ff,
         )
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"`0 <= dropout < 1` must hold, but got dropout={dropout}.")
-        self.config: dict[str, Any] = dict(
-            vocab_size=vocab_size,
-            seq_len=seq_len,
-            d_model=d_model,
-            n_layers=n_layers,
-            n_heads=n_heads,
-            d_ff=d_ff,
-            dropout=dropout,
-        )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"`0 <= dropout < 1` must hold, but got dropout={self.dropout}.")
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The settings by name, ``d_ff`` resolved: what the model is built from."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(GPT)}
 
     def build_model(self) -> nn.Module:
-        return _Decoder(**self.config)
+        return _Decoder(_DecoderConfig(**self.config))
 
     def make_batch(self, size: int, generator: torch.Generator) -> torch.Tensor:
         # One extra token per row: inputs are [:, :-1], targets the same row shifted by one.
-        shape = (size, self.config["seq_len"] + 1)
-        return torch.randint(self.config["vocab_size"], shape, generator=generator)
+        shape = (size, self.seq_len + 1)
+        return torch.randint(self.vocab_size, shape, generator=generator)
 
     def loss(self, model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
         logits = model(batch[:, :-1])
         return F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
 
     def items_per_sample(self) -> int:
-        return self.config["seq_len"]
+        return self.seq_len
 
     def flops_per_item(self) -> float:
         """6 per weight of every matrix product (forward 2, backward 4) plus causal attention's

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -9,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from search.workloads.base import ServingWorkload
-from search.workloads.gpt import _Block, _Decoder, check_gpt_shape
+from search.workloads.gpt import _Block, _Decoder, _DecoderConfig, check_gpt_shape
 
 __all__ = ["GPTServe", "KVCache"]
 
@@ -17,64 +19,65 @@ KVCache = list[tuple[torch.Tensor, torch.Tensor]]
 """Each block's keys and values so far, ``(batch, heads, positions, head_dim)`` each."""
 
 
+@dataclass(eq=False)
 class GPTServe(ServingWorkload):
     """Autoregressive inference of the built-in GPT (``search.workloads.GPT``) on random prompts.
 
     ``kv_cache=True`` keeps every block's keys and values, so each new token runs the model on one
     position; ``False`` keeps only the tokens and runs the whole prefix again for every new token
-    (more compute, no cache memory). Both compute the same logits.
+    (more compute, no cache memory). Both compute the same logits. Its fields are the keyword
+    arguments a space's ``workload`` passes, checked in ``__post_init__``, as ``GPT``'s.
     """
 
-    def __init__(
-        self,
-        vocab_size: int,
-        prompt_len: int,
-        gen_len: int,
-        d_model: int,
-        n_layers: int,
-        n_heads: int,
-        d_ff: int | None = None,
-        kv_cache: bool = True,
-    ):
-        sizes = dict(
-            vocab_size=vocab_size,
-            prompt_len=prompt_len,
-            gen_len=gen_len,
-            d_model=d_model,
-            n_layers=n_layers,
-            n_heads=n_heads,
-            d_ff=4 * d_model if d_ff is None else d_ff,
-        )
+    vocab_size: int
+    prompt_len: int
+    gen_len: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    d_ff: int | None = None
+    kv_cache: bool = True
+
+    def __post_init__(self) -> None:
+        if self.d_ff is None:
+            self.d_ff = 4 * self.d_model
+        sizes = {k: v for k, v in self.config.items() if k != "kv_cache"}
         check_gpt_shape(**sizes)
-        if not isinstance(kv_cache, bool):
-            raise ValueError(f"`kv_cache` must be true or false, but got kv_cache={kv_cache!r}.")
-        self.config: dict[str, Any] = {**sizes, "kv_cache": kv_cache}
+        if not isinstance(self.kv_cache, bool):
+            raise ValueError(
+                f"`kv_cache` must be true or false, but got kv_cache={self.kv_cache!r}."
+            )
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The settings by name, ``d_ff`` resolved."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(GPTServe)}
 
     def build_model(self) -> nn.Module:
         c = self.config
         return _Decoder(
-            c["vocab_size"],
-            c["prompt_len"] + c["gen_len"],
-            c["d_model"],
-            c["n_layers"],
-            c["n_heads"],
-            c["d_ff"],
-            dropout=0.0,
+            _DecoderConfig(
+                vocab_size=c["vocab_size"],
+                seq_len=c["prompt_len"] + c["gen_len"],
+                d_model=c["d_model"],
+                n_layers=c["n_layers"],
+                n_heads=c["n_heads"],
+                d_ff=c["d_ff"],
+                dropout=0.0,
+            )
         )
 
     def make_prompts(self, size: int, generator: torch.Generator) -> torch.Tensor:
-        return torch.randint(
-            self.config["vocab_size"], (size, self.config["prompt_len"]), generator=generator
-        )
+        return torch.randint(self.vocab_size, (size, self.prompt_len), generator=generator)
 
     def generation_length(self) -> int:
-        return self.config["gen_len"]
+        return self.gen_len
 
     def forward(
         self, model: nn.Module, tokens: torch.Tensor, state: Any
     ) -> tuple[torch.Tensor, Any]:
         decoder = cast(_Decoder, model)
-        if not self.config["kv_cache"]:
+        if not self.kv_cache:
             prefix = tokens if state is None else torch.cat([state, tokens], dim=1)
             logits, _ = _run(decoder, prefix, None)
             return logits, prefix

@@ -9,6 +9,8 @@ module imports it only when a model is built, so the rest of the package never n
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import Any, ClassVar, cast
 
 import torch
@@ -19,39 +21,37 @@ from search.workloads.base import Workload, require_positive_ints
 __all__ = ["Llama"]
 
 
+@dataclass(eq=False)
 class Llama(Workload):
     """Next-token prediction on random token ids with ``transformers.LlamaForCausalLM``;
-    throughput is counted in tokens (every position of every sequence)."""
+    throughput is counted in tokens (every position of every sequence). Its fields are the
+    keyword arguments a space's ``workload`` passes, checked in ``__post_init__``, as ``GPT``'s."""
 
     unit = "tokens"
     requires: ClassVar[dict[str, str]] = {"transformers": "pip install 'search[llama]'"}
 
-    def __init__(
-        self,
-        vocab_size: int,
-        seq_len: int,
-        hidden_size: int,
-        n_layers: int,
-        n_heads: int,
-        n_kv_heads: int,
-        intermediate_size: int,
-    ):
-        self.config: dict[str, Any] = dict(
-            vocab_size=vocab_size,
-            seq_len=seq_len,
-            hidden_size=hidden_size,
-            n_layers=n_layers,
-            n_heads=n_heads,
-            n_kv_heads=n_kv_heads,
-            intermediate_size=intermediate_size,
-        )
+    vocab_size: int
+    seq_len: int
+    hidden_size: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    intermediate_size: int
+
+    def __post_init__(self) -> None:
         require_positive_ints(**self.config)
-        if hidden_size % n_heads or n_heads % n_kv_heads:
+        if self.hidden_size % self.n_heads or self.n_heads % self.n_kv_heads:
             raise ValueError(
                 "`hidden_size % n_heads == 0` and `n_heads % n_kv_heads == 0` must hold, but got "
-                f"(hidden_size={hidden_size}, n_heads={n_heads}, n_kv_heads={n_kv_heads}); pick "
-                "heads that divide the width, and key-value heads that divide the heads."
+                f"(hidden_size={self.hidden_size}, n_heads={self.n_heads}, "
+                f"n_kv_heads={self.n_kv_heads}); pick heads that divide the width, and key-value "
+                "heads that divide the heads."
             )
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The settings by name."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(Llama)}
 
     def build_model(self) -> nn.Module:
         from transformers import LlamaConfig, LlamaForCausalLM
@@ -71,8 +71,8 @@ class Llama(Workload):
         return LlamaForCausalLM(config)
 
     def make_batch(self, size: int, generator: torch.Generator) -> torch.Tensor:
-        shape = (size, self.config["seq_len"])
-        return torch.randint(self.config["vocab_size"], shape, generator=generator)
+        shape = (size, self.seq_len)
+        return torch.randint(self.vocab_size, shape, generator=generator)
 
     def loss(self, model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
         _use_rope(model)
@@ -110,7 +110,7 @@ class Llama(Workload):
         model.liger_rope = liger_rope
 
     def items_per_sample(self) -> int:
-        return self.config["seq_len"]
+        return self.seq_len
 
     def flops_per_item(self) -> float:
         """6 per weight of every matrix product (the projections with grouped key-value heads,
