@@ -31,7 +31,7 @@ import numpy as np
 from scipy import stats
 
 from search.analysis.noise_floor import NoiseFloor, RunFigures
-from search.analysis.stability import assess
+from search.analysis.stability import Yardstick, assess
 from search.config.compose import compose_config, load_settings, resolve_device
 from search.config.prepare import control_config, load_space
 from search.core.records import COMPLETE
@@ -118,7 +118,7 @@ def main(argv: list[str]) -> int:
     for i, (metrics, t) in search_time.items():
         if len(later[i]) < 2:
             continue
-        spanned, _ = assess(metrics, t, floor, settings.stable, confidence)
+        spanned, _ = assess(metrics, t, Yardstick(floor, settings.stable, confidence))
         truth = float(np.mean(later[i]))
         rows.append(
             {

@@ -46,7 +46,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 from coverage import clopper_pearson  # noqa: E402
 
 from search.analysis.noise_floor import NoiseFloor, RunFigures  # noqa: E402
-from search.analysis.stability import assess  # noqa: E402
+from search.analysis.stability import Yardstick, assess  # noqa: E402
 from search.config.compose import compose_config, load_settings  # noqa: E402
 from search.core.records import COMPLETE  # noqa: E402
 from search.execution.figures import trial_metrics  # noqa: E402
@@ -153,7 +153,9 @@ def _judged(runs, configs, settings) -> list[dict[str, Any]]:
             ]
             if len(others) < 2:
                 continue
-            spanned, verdict = assess(x["metrics"], x["time_s"], floor, settings.stable, confidence)
+            spanned, verdict = assess(
+                x["metrics"], x["time_s"], Yardstick(floor, settings.stable, confidence)
+            )
             truth = float(np.mean(others))
             rows.append(
                 {

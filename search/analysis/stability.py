@@ -21,7 +21,7 @@ from search.analysis.noise_floor import NoiseFloor
 from search.analysis.run_figures import BUSY, STALL_FACTOR, RunFigures, busy_class, median_busy
 from search.core.records import with_requests
 
-__all__ = ["StableSettings", "Verdict", "assess", "assess_pooled", "judge"]
+__all__ = ["StableSettings", "Verdict", "Yardstick", "assess", "assess_pooled", "judge"]
 
 
 class StableSettings(Protocol):
@@ -33,6 +33,17 @@ class StableSettings(Protocol):
     excess_stalls: float
     excess_between_cv: float
     max_cv: float | None
+
+
+@dataclass(frozen=True)
+class Yardstick:
+    """What a run's figures are judged by, the same for every run judged at one moment: the
+    machine's noise floor (the intervals spanning runs, and the control runs to compare with),
+    the stability limits and the confidence of the intervals."""
+
+    floor: NoiseFloor
+    settings: StableSettings
+    confidence: float
 
 
 @dataclass(frozen=True)
@@ -198,9 +209,7 @@ def _disagreement(
 def assess(
     metrics: Mapping[str, float],
     time_s: float,
-    floor: NoiseFloor,
-    settings: StableSettings,
-    confidence: float,
+    yardstick: Yardstick,
     device: str = "",
     second: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, float], Verdict]:
@@ -209,12 +218,13 @@ def assess(
     (``search.measurement.environment.device_label``) picks the drift line and control runs of the
     device that measured it. With ``second``, what a compiled trial's second process measured,
     both runs are judged together (``_with_second``)."""
+    floor = yardstick.floor
     run = replace(RunFigures.of(metrics, time_s), device=device)
     # The run's own interval, as measured (not corrected for drift). A trial stored before the
     # noise floor has it under the spanning names.
     within_low = metrics.get("throughput_within_ci_low", metrics["throughput_ci_low"])
     within_high = metrics.get("throughput_within_ci_high", metrics["throughput_ci_high"])
-    mean, low, high = floor.single_run(run, within_low, within_high, confidence)
+    mean, low, high = floor.single_run(run, within_low, within_high, yardstick.confidence)
     out = {
         **metrics,
         "throughput_within_ci_low": within_low,
@@ -225,23 +235,21 @@ def assess(
     }
     if floor.level(time_s, device)[0] != 1.0:
         out["throughput_uncorrected"] = run.throughput
-    verdict = judge(run, floor, settings, throttled=bool(metrics.get("throttled", 0.0)))
+    throttled = bool(metrics.get("throttled", 0.0))
+    verdict = judge(run, floor, yardstick.settings, throttled=throttled)
     if second is not None:
-        return _with_second(with_requests(out), verdict, run, second, floor, settings, confidence)
+        return _with_second(with_requests(out), verdict, run, second, yardstick)
     return with_requests(out), verdict
 
 
 def assess_pooled(
-    metrics: Mapping[str, float],
-    runs: Sequence[RunFigures],
-    floor: NoiseFloor,
-    settings: StableSettings,
-    confidence: float,
+    metrics: Mapping[str, float], runs: Sequence[RunFigures], yardstick: Yardstick
 ) -> tuple[dict[str, float], Verdict]:
     """A re-validated candidate's pooled figures with the throughput interval of the mean of its
     fresh runs (``NoiseFloor.pooled``), and its verdict: the stall and dispersion tests on all its
     runs together (their median CV, their steps summed) and the disagreement of their means."""
-    mean, low, high = floor.pooled(runs, confidence)
+    floor = yardstick.floor
+    mean, low, high = floor.pooled(runs, yardstick.confidence)
     median_run = sorted(runs, key=lambda r: r.cv)[len(runs) // 2]
     together = RunFigures(
         time_s=float(np.median([r.time_s for r in runs])),
@@ -255,7 +263,7 @@ def assess_pooled(
         device=runs[0].device if len({r.device for r in runs}) == 1 else "",
     )
     out = {**metrics, "throughput": mean, "throughput_ci_low": low, "throughput_ci_high": high}
-    return with_requests(out), judge(together, floor, settings, replicates=runs)
+    return with_requests(out), judge(together, floor, yardstick.settings, replicates=runs)
 
 
 def _with_second(
@@ -263,9 +271,7 @@ def _with_second(
     verdict: Verdict,
     first: RunFigures,
     second: Mapping[str, Any],
-    floor: NoiseFloor,
-    settings: StableSettings,
-    confidence: float,
+    yardstick: Yardstick,
 ) -> tuple[dict[str, float], Verdict]:
     """A compiled trial judged on its two fresh processes: ``metrics`` and ``verdict`` are its
     first run's (``assess``), ``first`` that run's figures, ``second`` what its second process
@@ -277,7 +283,7 @@ def _with_second(
         why = f"the second fresh process: {second['state']}: {second['failure']}"
         return {**metrics, "compile_processes": 1.0}, Verdict(False, why)
     again = replace(RunFigures.of(second["metrics"], second["time_s"]), device=first.device)
-    pooled, together = assess_pooled(metrics, [first, again], floor, settings, confidence)
+    pooled, together = assess_pooled(metrics, [first, again], yardstick)
     throughputs = np.array([first.throughput, again.throughput])
     pooled |= {
         "compile_processes": 2.0,

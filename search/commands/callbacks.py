@@ -18,7 +18,8 @@ from search.measurement.environment import device_label
 from search.reporting import results
 from search.reporting.report import knobs_text, shown_metrics, si, trial_line
 from search.study.driver import StudyDriver
-from search.study.liveness import Heartbeat, Recovery
+from search.study.driver_inputs import Bench, DriverCallbacks
+from search.study.liveness import Heartbeat, Liveness, Recovery
 from search.tracking.tracker import Tracker
 
 __all__ = ["study_driver"]
@@ -43,16 +44,15 @@ def study_driver(
         settings=ctx.settings,
         space=ctx.space,
         study=study,
-        fingerprint=ctx.fingerprint,
-        request=ctx.request,
-        log_trial=log_trial,
-        progress=progress,
-        recovery=recovery,
-        heartbeat=heartbeat,
-        control=ctx.control,
-        on_control=on_control,
-        warn=lambda line: ctx.out.print(line, markup=False),
-        where=device_label(ctx.env),
+        bench=Bench(ctx.fingerprint, where=device_label(ctx.env), control=ctx.control),
+        callbacks=DriverCallbacks(
+            request=ctx.request,
+            log_trial=log_trial,
+            progress=progress,
+            on_control=on_control,
+            warn=lambda line: ctx.out.print(line, markup=False),
+        ),
+        liveness=Liveness(recovery, heartbeat),
     )
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,17 +30,23 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 from search.analysis.noise_floor import NoiseFloor, RunFigures
 from search.analysis.pareto import constraint_values
 from search.analysis.racing import Race, can_race, race_against
-from search.config.compose import redact
 from search.core.metrics import ranked_on
 from search.core.records import COMPLETE, FAILED, TrialRecord, fault_kind
 from search.execution.figures import trial_metrics
 from search.execution.isolation import run_isolated
 from search.execution.trial import TrialRequest, TrialResult
 from search.space.search_space import SearchSpace
+from search.study.driver_inputs import Bench, DriverCallbacks
 from search.study.guards import KnownOutcomes, Proposal, Verdict, guards
 from search.study.guided import HANDED_OVER, WHY, GuidedSampler, seen_of
-from search.study.liveness import Heartbeat, Recovery, measuring_here, owner
-from search.study.measured import again_if_compiled, measured_record, second_process
+from search.study.liveness import Liveness, measuring_here, owner
+from search.study.measured import (
+    Judging,
+    MeasuredTrial,
+    again_if_compiled,
+    measured_record,
+    second_process,
+)
 from search.study.outcome import StudyOutcome
 from search.study.repeat_runs import noise_floor, save_control
 from search.study.samplers import GUIDED, SAMPLERS, optuna_names, suggest
@@ -85,17 +90,14 @@ def repeat_run(request: TrialRequest, settings: Settings) -> TrialRequest:
 
 
 class StudyDriver:
-    """Measures ``settings.study.n_trials`` new configurations of ``space`` into one Optuna study.
+    """Measures ``settings.study.n_trials`` new configurations of ``space`` into one Optuna study,
+    on ``bench``, calling out through ``callbacks`` (``DriverCallbacks``): each trial's request,
+    its record logged elsewhere (MLflow) after it is told to Optuna, the progress after it.
 
-    ``request(config)`` makes the trial request of a configuration; ``log_trial(record, result)``
-    records a measured trial elsewhere (MLflow) after it is told to Optuna, and returns its run id
-    (None when not logged), which is kept in the study;
-    ``progress(record, history)`` is called after each measured trial with the study's history.
-
-    With a ``control`` configuration, it is measured in fresh processes too (``run_control``):
-    ``noise.start_runs`` times before the first trial, then after a trial whenever the control's
-    share of the time so far stays within ``noise.budget``; ``on_control(result, floor)`` is
-    called after each control run.
+    With a control configuration (``Bench.control``), it is measured in fresh processes too
+    (``run_control``): ``noise.start_runs`` times before the first trial, then after a trial
+    whenever the control's share of the time so far stays within ``noise.budget``;
+    ``callbacks.on_control(result, floor)`` is called after each control run.
     """
 
     def __init__(
@@ -104,25 +106,16 @@ class StudyDriver:
         settings: Settings,
         space: SearchSpace,
         study: optuna.Study,
-        fingerprint: str,
-        request: Callable[[Mapping[str, Any]], TrialRequest],
-        log_trial: Callable[[TrialRecord, TrialResult], str | None],
-        progress: Callable[[TrialRecord, list[TrialRecord]], None],
-        recovery: Recovery | None = None,
-        heartbeat: Heartbeat | None = None,
-        control: Mapping[str, Any] | None = None,
-        on_control: Callable[[TrialResult, NoiseFloor], None] | None = None,
-        warn: Callable[[str], None] | None = None,
-        where: str = "",
+        bench: Bench,
+        callbacks: DriverCallbacks,
+        liveness: Liveness | None = None,
     ):
-        self.settings, self.space, self.study, self.fingerprint = (
-            settings,
-            space,
-            study,
-            fingerprint,
-        )
-        self.request, self.log_trial, self.progress = request, log_trial, progress
-        self.recovery, self.heartbeat = recovery, heartbeat
+        self.settings, self.space, self.study = settings, space, study
+        self.fingerprint = fingerprint = bench.fingerprint
+        self.request, self.log_trial = callbacks.request, callbacks.log_trial
+        self.progress = callbacks.progress
+        liveness = liveness or Liveness()
+        self.recovery, self.heartbeat = liveness.recovery, liveness.heartbeat
         self.outcome = StudyOutcome(study_name=study.study_name)
         self.known = KnownOutcomes.load(study, space, fingerprint, settings.runner.memory_limit_mb)
         self.guards = guards(study, space, self.known)
@@ -132,11 +125,13 @@ class StudyDriver:
         # start.
         self._reseed(len(study.trials))
         self.started_s = time.monotonic()
-        self.control, self.on_control = control, on_control
-        self.warn = warn or (lambda line: None)
-        self.where = where
+        self.control, self.on_control = bench.control, callbacks.on_control
+        self.warn = callbacks.warn or (lambda line: None)
+        self.where = bench.where
         """The device that measures, as figures name it
         (``search.measurement.environment.device_label``)."""
+        objectives = [o.metric for o in space.objectives]
+        self.judging = Judging(settings, objectives, self.floor, self.where)
         self.shared_cpu = False
         """Whether another process of this machine was seen measuring on its CPU at once."""
         self.control_s = 0.0
@@ -315,20 +310,13 @@ class StudyDriver:
         again = again_if_compiled(request, result, run_isolated)
         second = second_process(again, request.measure.confidence) if again else None
         self.new_s += time.monotonic() - started
-        record, values, stored = measured_record(
-            trial.number,
-            config,
-            result,
-            settings=self.settings,
-            objectives=[o.metric for o in self.space.objectives],
-            floor=self.floor,
-            where=self.where,
-            why=self._why(trial),
-            second=second,
+        measured = measured_record(
+            trial.number, config, result, judging=self.judging, why=self._why(trial), second=second
         )
-        frozen = self._store(trial, record, values, stored, result, second)
+        frozen = self._store(trial, measured)
         if frozen is None:
             return False
+        record = measured.record
         run_id = self.log_trial(record, result)
         if run_id is not None:
             record_synced_run(self.study, trial.number, run_id)
@@ -338,29 +326,17 @@ class StudyDriver:
         self.progress(record, self.history())
         return True
 
-    def _store(
-        self,
-        trial: Trial,
-        record: TrialRecord,
-        values: list[float | None],
-        stored: dict[str, float],
-        result: TrialResult,
-        second: Mapping[str, Any] | None,
-    ) -> FrozenTrial | None:
-        """Keep ``record`` on ``trial`` and tell it; None when another process had already failed
-        it as stale."""
+    def _store(self, trial: Trial, measured: MeasuredTrial) -> FrozenTrial | None:
+        """Keep ``measured`` on ``trial`` and tell it; None when another process had already
+        failed it as stale."""
         try:  # Optuna first: the measurement is kept whatever happens to MLflow after
             return store_measured(
                 trial,
-                record,
-                values,
+                measured,
                 fingerprint=self.fingerprint,
                 memory_limit_mb=self.settings.runner.memory_limit_mb,
-                stderr_tail=redact(result.stderr_tail),
-                stored_metrics=stored if record.state == COMPLETE else None,
                 runs_dir=Path(self.settings.runs_dir),
-                constraints=self._constraints(record.stable),
-                second_process=second,
+                constraints=self._constraints(measured.record.stable),
             )
         except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
             if not self.study._storage.get_trial(trial._trial_id).state.is_finished():

@@ -20,6 +20,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import optuna
@@ -34,6 +35,7 @@ __all__ = [
     "HEARTBEAT_ATTR",
     "HOST",
     "Heartbeat",
+    "Liveness",
     "MACHINE",
     "Recovery",
     "SQLITE_BUSY_S",
@@ -260,6 +262,17 @@ class Heartbeat:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=5)
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """A process's part in telling live trials from stale ones on a shared study: the recovery
+    that fails stale trials before each proposal, and the heartbeat that keeps the trial it
+    measures alive. None of either: the study driver does without (a test, a study that keeps
+    no heartbeats)."""
+
+    recovery: Recovery | None = None
+    heartbeat: Heartbeat | None = None
 
 
 HEARTBEAT_ATTR = "heartbeat_s"

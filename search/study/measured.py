@@ -8,11 +8,11 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from search.analysis.noise_floor import NoiseFloor
-from search.analysis.stability import assess
+from search.analysis.stability import Yardstick, assess
 from search.config.compose import redact
 from search.core.metrics import objective_values
 from search.core.records import COMPLETE, FAILED, SCREENED, TrialRecord
@@ -22,7 +22,37 @@ from search.execution.trial import TrialRequest, TrialResult
 if TYPE_CHECKING:
     from search.config.settings import Settings
 
-__all__ = ["again_if_compiled", "measured_record", "second_process"]
+__all__ = ["Judging", "MeasuredTrial", "again_if_compiled", "measured_record", "second_process"]
+
+
+@dataclass(frozen=True)
+class Judging:
+    """How each trial a driver measures is judged, the same for all of them: the settings (the
+    stability limits, the confidence of the intervals), the objectives it is ranked on, the noise
+    floor as the study knows it when the trial ends (a callable: read only for a complete run)
+    and the device that measured it (``search.measurement.environment.device_label``)."""
+
+    settings: Settings
+    objectives: Sequence[str]
+    floor: Callable[[], NoiseFloor]
+    where: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasuredTrial:
+    """A trial just measured, as ``search.study.trial_store.store_measured`` keeps it."""
+
+    record: TrialRecord
+    """Its figures judged against the noise floor now."""
+    values: list[float | None]
+    """The figures Optuna ranks it on, one per objective."""
+    stored: dict[str, float]
+    """The first run's own figures, which the trial keeps: the record's may span runs or be
+    corrected for drift, and ``assess`` derives those again when the trial is read."""
+    stderr_tail: str = ""
+    """The end of the worker's stderr, redacted: kept with a failed trial."""
+    second_process: Mapping[str, Any] | None = None
+    """What a compiled trial's second process measured (``second_process``)."""
 
 
 def again_if_compiled(
@@ -58,32 +88,21 @@ def measured_record(
     config: dict[str, Any],
     result: TrialResult,
     *,
-    settings: Settings,
-    objectives: Sequence[str],
-    floor: Callable[[], NoiseFloor],
-    where: str,
+    judging: Judging,
     why: str,
     second: Mapping[str, Any] | None = None,
-) -> tuple[TrialRecord, list[float | None], dict[str, float]]:
-    """The record of trial ``number``, measured just now on device ``where`` and judged against
-    ``floor()`` (read only for a complete run), on its ``second_process`` too where it had one;
-    the figures Optuna ranks it on, one per objective; the first run's own figures, as the trial
-    keeps them."""
+) -> MeasuredTrial:
+    """Trial ``number``, measured just now and judged as ``judging`` says, on its
+    ``second_process`` too where it had one."""
+    settings = judging.settings
     measured_at = time.time()
     stored = trial_metrics(result, settings.measure.confidence)
     metrics, stable, reason = stored, False, ""
     if result.state == COMPLETE:
-        metrics, verdict = assess(
-            stored,
-            measured_at,
-            floor(),
-            settings.stable,
-            settings.measure.confidence,
-            where,
-            second,
-        )
+        yardstick = Yardstick(judging.floor(), settings.stable, settings.measure.confidence)
+        metrics, verdict = assess(stored, measured_at, yardstick, judging.where, second)
         stable, reason = verdict.stable, verdict.reason
-    values = objective_values(metrics, objectives)
+    values = objective_values(metrics, judging.objectives)
     state, failure = result.state, redact(result.failure)
     unusable = _unusable(values) if state == COMPLETE else ""
     if unusable:
@@ -100,7 +119,13 @@ def measured_record(
         reason=reason,
         why=why,
     )
-    return record, values, stored
+    return MeasuredTrial(
+        record=record,
+        values=values,
+        stored=stored,
+        stderr_tail=redact(result.stderr_tail),
+        second_process=second,
+    )
 
 
 def _unusable(values: list[float | None]) -> str:

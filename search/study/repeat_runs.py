@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import optuna
 
 from search.analysis.noise_floor import NoiseFloor, RunFigures
-from search.analysis.stability import assess_pooled
+from search.analysis.stability import Yardstick, assess_pooled
 from search.study.retried_writes import retried
 from search.study.revalidate import Pooled, Run
 
@@ -79,15 +79,16 @@ def _judged(
     for number, runs in groups.items():
         others = NoiseFloor.estimate(controls, [g for m, g in groups.items() if m != number])
         verdicts[number] = assess_pooled(
-            stored[number].metrics, runs, others, settings.stable, confidence
+            stored[number].metrics, runs, Yardstick(others, settings.stable, confidence)
         )[1]
     floor = NoiseFloor.estimate(controls, [g for n, g in groups.items() if verdicts[n].stable])
+    reported = Yardstick(floor, settings.stable, confidence)
     judged = {}
     for number, pooled in stored.items():
         if number not in verdicts:
             judged[number] = pooled  # failed or throttled: its stored verdict stands
             continue
-        metrics, _ = assess_pooled(pooled.metrics, pooled.runs, floor, settings.stable, confidence)
+        metrics, _ = assess_pooled(pooled.metrics, pooled.runs, reported)
         verdict = verdicts[number]
         judged[number] = Pooled(metrics, verdict.stable, verdict.reason, pooled.runs)
     return floor, judged

@@ -20,7 +20,7 @@ retried while the storage fails (``search.study.retried_writes``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,11 +28,12 @@ import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from search.analysis.noise_floor import NoiseFloor
-from search.analysis.stability import assess
+from search.analysis.stability import Yardstick, assess
 from search.config.compose import redact
 from search.core.errors import StoreError
 from search.core.records import COMPLETE, FAILED, TrialRecord
 from search.space.search_space import SearchSpace
+from search.study.measured import MeasuredTrial
 from search.study.repeat_runs import noise_floor
 from search.study.retried_writes import keep_unsaved, retried
 
@@ -63,41 +64,41 @@ OUTCOME_ATTRS = ("config", "fingerprint", "state", "failure", "metrics", "unit",
 
 def store_measured(
     trial: Trial,
-    record: TrialRecord,
-    values: Sequence[float | None],
+    measured: MeasuredTrial,
     *,
     fingerprint: str,
     memory_limit_mb: float | None,
-    stderr_tail: str = "",
-    stored_metrics: Mapping[str, float] | None = None,
     runs_dir: Path | None = None,
     constraints: Mapping[str, float] | None = None,
-    second_process: Mapping[str, Any] | None = None,
 ) -> FrozenTrial:
-    """Keep a measured trial's record in its user attrs and tell it: COMPLETE with ``values`` and
-    ``constraints`` (``pareto.constraint_values``), else FAIL. ``stored_metrics``: the run's own
-    figures, kept instead of the record's (which may span runs or be corrected for drift:
-    ``search.analysis.stability.assess`` derives those again when read); ``second_process``: what
-    a compiled trial's second process measured (``search.study.measured.second_process``).
+    """Keep a measured trial in its user attrs and tell it: COMPLETE with its ranked values and
+    ``constraints`` (``pareto.constraint_values``), else FAIL. A complete trial keeps its run's
+    own figures (``MeasuredTrial.stored``) instead of the record's, which may span runs or be
+    corrected for drift (``search.analysis.stability.assess`` derives those again when read);
+    a compiled trial keeps what its second process measured too.
 
     Writes are retried while the storage fails (``retried``); when every attempt fails, the
     measurement goes to ``runs_dir/unsaved.jsonl`` (``sync`` adds it to the study) and
     ``StoreError`` says so."""
+    record = measured.record
+    figures = measured.stored if record.state == COMPLETE else record.metrics
     attrs = {
         "config": dict(record.config),
         "fingerprint": fingerprint,
         "state": record.state,
         "failure": record.failure,
-        "metrics": dict(record.metrics if stored_metrics is None else stored_metrics),
+        "metrics": dict(figures),
         "unit": record.unit,
         "memory_limit_mb": memory_limit_mb,
         "measured_at": record.time_s,
     }
-    if second_process is not None:
-        attrs["second_process"] = dict(second_process)
-    if record.state == FAILED and stderr_tail:
-        attrs["stderr_tail"] = stderr_tail[-4000:]
-    told = [float(v) for v in values if v is not None] if record.state == COMPLETE else None
+    if measured.second_process is not None:
+        attrs["second_process"] = dict(measured.second_process)
+    if record.state == FAILED and measured.stderr_tail:
+        attrs["stderr_tail"] = measured.stderr_tail[-4000:]
+    told = (
+        [float(v) for v in measured.values if v is not None] if record.state == COMPLETE else None
+    )
 
     def write() -> FrozenTrial:
         for key, value in attrs.items():
@@ -214,9 +215,7 @@ def record_of(
         metrics, verdict = assess(
             metrics,
             time_s,
-            floor,
-            settings.stable,
-            settings.measure.confidence,
+            Yardstick(floor, settings.stable, settings.measure.confidence),
             str(attrs.get("measured_on", "")),
             attrs.get("second_process"),  # a compiled trial: judged on its two processes
         )

@@ -12,7 +12,7 @@ import torch
 from synthetic import Machine
 
 from search.analysis.noise_floor import NoiseFloor, RunFigures, by_device, stall_steps
-from search.analysis.stability import assess, judge
+from search.analysis.stability import Yardstick, assess, judge
 from search.config.compose import ConfigError
 from search.config.prepare import control_config
 from search.config.settings import StableSettings
@@ -55,7 +55,7 @@ def test_intervals_that_span_runs_cover_the_long_run_mean():
         machine, floor, trials = simulate_study(seed)
         reference = machine.mean_level() * math.exp(machine.between_cv**2 / 2)
         for level, metrics, t in trials:
-            spanned, _ = assess(metrics, t, floor, STABLE, 0.95)
+            spanned, _ = assess(metrics, t, Yardstick(floor, STABLE, 0.95))
             truth = level * reference
             covered += spanned["throughput_ci_low"] <= truth <= spanned["throughput_ci_high"]
             within_covered += metrics["throughput_ci_low"] <= truth <= metrics["throughput_ci_high"]
@@ -97,7 +97,7 @@ def _coverage_by_kind(
         floor = floor if classes else replace(floor, classes=())
         for level, busy, metrics, t in trials:
             truth = level * math.exp(machine.spread(busy) ** 2 / 2)
-            spanned, _ = assess(metrics, t, floor, STABLE, 0.95)
+            spanned, _ = assess(metrics, t, Yardstick(floor, STABLE, 0.95))
             kind = covered["busy" if busy >= 0.5 else "waiting"]
             kind[0] += spanned["throughput_ci_low"] <= truth <= spanned["throughput_ci_high"]
             kind[1] += 1
@@ -161,8 +161,8 @@ def test_significant_drift_is_corrected_so_runs_minutes_apart_compare_fairly():
     assert floor.corrected and floor.drift == pytest.approx(-0.10, abs=0.03)
     assert "significant" in floor.line() and "corrected" in floor.line()
     raw_ratio = late.throughput / early.throughput
-    a, _ = assess(early_metrics, early.time_s, floor, STABLE, 0.95)
-    b, _ = assess(late_metrics, late.time_s, floor, STABLE, 0.95)
+    a, _ = assess(early_metrics, early.time_s, Yardstick(floor, STABLE, 0.95))
+    b, _ = assess(late_metrics, late.time_s, Yardstick(floor, STABLE, 0.95))
     assert raw_ratio < 0.96  # the same configuration, measured 8 minutes apart
     assert b["throughput"] / a["throughput"] == pytest.approx(1.0, abs=0.03)
     assert b["throughput_uncorrected"] == late.throughput
@@ -199,7 +199,7 @@ def test_an_earlier_session_is_its_own_group_and_not_a_drift():
 def test_no_control_runs_means_within_run_intervals_and_says_so():
     floor = NoiseFloor.estimate([])
     metrics, _ = Machine(seed=5).run(1000.0)
-    spanned, verdict = assess(metrics, 0.0, floor, STABLE, 0.95)
+    spanned, verdict = assess(metrics, 0.0, Yardstick(floor, STABLE, 0.95))
     assert spanned["throughput_ci_low"] == metrics["throughput_ci_low"]
     assert verdict.stable and "no control run" in floor.line()
 
@@ -485,7 +485,7 @@ def test_a_trial_stored_before_the_noise_floor_keeps_its_own_interval():
     metrics = {"throughput": 100.0, "throughput_ci_low": 98.0, "throughput_ci_high": 102.0}
     metrics |= {"throughput_cv": 0.02, "n_windows": 5, "n_steps": 5}
     floor = NoiseFloor.estimate(_runs([100.0, 110.0, 90.0]))
-    out, _ = assess(metrics, 1e9, floor, STABLE, 0.95)
+    out, _ = assess(metrics, 1e9, Yardstick(floor, STABLE, 0.95))
     assert (out["throughput_within_ci_low"], out["throughput_within_ci_high"]) == (98.0, 102.0)
     assert out["throughput_ci_low"] < 98.0 < 102.0 < out["throughput_ci_high"]
 
@@ -615,8 +615,8 @@ def test_each_device_s_drift_corrects_its_own_figures_only():
     assert floor.level(late, "n2 GPU 0 GPU-cccc") == (1.0, 0.0), "an unknown device: no line"
     metrics = {"throughput": 9000.0, "throughput_ci_low": 8900.0, "throughput_ci_high": 9100.0}
     metrics |= {"throughput_cv": 0.01, "n_windows": 10, "n_steps": 50}
-    on_a, _ = assess(metrics, late, floor, STABLE, 0.95, device=a)
-    on_b, _ = assess(metrics, late, floor, STABLE, 0.95, device=b)
+    on_a, _ = assess(metrics, late, Yardstick(floor, STABLE, 0.95), device=a)
+    on_b, _ = assess(metrics, late, Yardstick(floor, STABLE, 0.95), device=b)
     assert on_b["throughput"] == 9000.0 and "throughput_uncorrected" not in on_b
     assert on_a["throughput"] > 9200.0 and on_a["throughput_uncorrected"] == 9000.0
     (said_a,) = [x for x in by_device(floor.controls, floor.lines) if x.startswith(f"    {a}")]

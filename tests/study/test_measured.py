@@ -12,7 +12,7 @@ from search.config.compose import compose_config, load_settings
 from search.config.settings import MeasureSettings
 from search.core.records import COMPLETE, SCREENED
 from search.execution.trial import TrialRequest, TrialResult
-from search.study.measured import again_if_compiled, measured_record, second_process
+from search.study.measured import Judging, again_if_compiled, measured_record, second_process
 
 SETTINGS = load_settings(compose_config(["+space=llm", "device=cpu"]))
 CONFIG = {"batch_size": 8, "micro_batch_size": 8, "precision": "fp32", "compile": "default"}
@@ -60,18 +60,15 @@ def test_only_a_compiled_trial_that_completed_unscreened_runs_again_warm_without
 
 
 def record(first: TrialResult, again: TrialResult | None, between_cv: float = 0.02):
-    rec, _, stored = measured_record(
+    measured = measured_record(
         3,
         CONFIG,
         first,
-        settings=SETTINGS,
-        objectives=["throughput"],
-        floor=lambda: floor(between_cv),
-        where="",
+        judging=Judging(SETTINGS, ["throughput"], lambda: floor(between_cv), ""),
         why="",
         second=second_process(again, 0.95) if again is not None else None,
     )
-    return rec, stored
+    return measured.record, measured.stored
 
 
 def test_two_processes_that_agree_give_the_mean_the_warm_compile_time_and_their_spread():
@@ -111,27 +108,17 @@ def test_a_compiled_trial_read_back_from_the_study_is_judged_on_its_two_processe
         (result(100.0), result(104.0, compile_s=2.5)),
         (result(100.0), result(160.0)),
     ):
-        rec, values, stored = measured_record(
+        measured = measured_record(
             len(judged),
             CONFIG,
             first,
-            settings=SETTINGS,
-            objectives=["throughput"],
-            floor=lambda: floor(0.01),
-            where="",
+            judging=Judging(SETTINGS, ["throughput"], lambda: floor(0.01), ""),
             why="",
             second=second_process(again, 0.95),
         )
+        rec = measured.record
         trial = study.ask()
-        frozen = store_measured(
-            trial,
-            rec,
-            values,
-            fingerprint="f",
-            memory_limit_mb=None,
-            stored_metrics=stored,
-            second_process=second_process(again, 0.95),
-        )
+        frozen = store_measured(trial, measured, fingerprint="f", memory_limit_mb=None)
         judged.append((rec, record_of(frozen, floor(0.01), SETTINGS, {})))
     for measured, read in judged:
         assert read.stable == measured.stable and read.reason == measured.reason

@@ -8,7 +8,7 @@ from scipy import stats
 from tiny import measurement
 
 from search.analysis.noise_floor import NoiseFloor, RunFigures
-from search.analysis.stability import assess_pooled
+from search.analysis.stability import Yardstick, assess_pooled
 from search.config.settings import StableSettings
 from search.core.metrics import quantile_upper_bound
 from search.core.records import COMPLETE, FAILED, TrialRecord
@@ -80,7 +80,7 @@ def _floor(between_cv: float, df: int = 20, cv: float = 0.01) -> NoiseFloor:
 
 def test_the_judged_interval_pools_the_runs_own_spread_with_the_machines_as_a_prior():
     pooled = pool([run(100.0), run(102.0), run(98.0)], TIMES, confidence=0.95)
-    m, verdict = assess_pooled(pooled.metrics, pooled.runs, _floor(0.03), STABLE, 0.95)
+    m, verdict = assess_pooled(pooled.metrics, pooled.runs, Yardstick(_floor(0.03), STABLE, 0.95))
     assert verdict.stable
     # the machine's 3% on 20 df as the prior, the runs' own spread (less their within-run
     # errors, 1% / sqrt(5) each) on 2 df: posterior on 22 df; k = 3; Welch-Satterthwaite
@@ -96,20 +96,20 @@ def test_the_judged_interval_pools_the_runs_own_spread_with_the_machines_as_a_pr
 
 def test_processes_that_disagree_beyond_the_machine_make_the_candidate_unstable():
     pooled = pool([run(100.0), run(130.0), run(80.0)], TIMES, confidence=0.95)
-    _, verdict = assess_pooled(pooled.metrics, pooled.runs, _floor(0.01), STABLE, 0.95)
+    _, verdict = assess_pooled(pooled.metrics, pooled.runs, Yardstick(_floor(0.01), STABLE, 0.95))
     assert not verdict.stable and verdict.reason.startswith("disagreement")
     # The same spread on a machine whose runs move that much anyway is the machine's.
-    _, verdict = assess_pooled(pooled.metrics, pooled.runs, _floor(0.25), STABLE, 0.95)
+    _, verdict = assess_pooled(pooled.metrics, pooled.runs, Yardstick(_floor(0.25), STABLE, 0.95))
     assert verdict.stable
 
 
 def test_noisy_runs_or_a_failed_run_make_the_candidate_unstable():
     noisy = pool([run(100.0, cv=0.3), run(100.0, cv=0.2), run(100.0)], TIMES, 0.95)
-    _, verdict = assess_pooled(noisy.metrics, noisy.runs, _floor(0.01), STABLE, 0.95)
+    _, verdict = assess_pooled(noisy.metrics, noisy.runs, Yardstick(_floor(0.01), STABLE, 0.95))
     assert verdict.reason.startswith("dispersion")
     # One disturbed run among steady ones: the median CV is the control's and the means agree.
     one = pool([run(100.0, cv=0.3), run(100.0), run(100.0)], TIMES, 0.95)
-    assert assess_pooled(one.metrics, one.runs, _floor(0.01), STABLE, 0.95)[1].stable
+    assert assess_pooled(one.metrics, one.runs, Yardstick(_floor(0.01), STABLE, 0.95))[1].stable
     failed = pool(
         [run(100.0), TrialResult(state=FAILED, failure="oom: out of memory")], TIMES[:2], 0.95
     )

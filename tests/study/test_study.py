@@ -14,6 +14,7 @@ from search.execution.trial import TrialRequest
 from search.measurement.protocol import MeasureSettings
 from search.space.parse import parse_space
 from search.study.driver import StudyDriver
+from search.study.driver_inputs import Bench, DriverCallbacks
 from search.study.opening import open_study
 
 FINGERPRINT = "abc123"
@@ -109,10 +110,10 @@ def driver(study, space, config=None, measured=None):
         settings=config or cfg(),
         space=space,
         study=study,
-        fingerprint=FINGERPRINT,
-        request=request,
-        log_trial=lambda record, result: None,
-        progress=lambda record, d: None,
+        bench=Bench(FINGERPRINT),
+        callbacks=DriverCallbacks(
+            request=request, log_trial=lambda record, result: None, progress=lambda record, d: None
+        ),
     )
 
 
@@ -173,10 +174,10 @@ def test_an_error_in_the_loop_leaves_no_trial_running():
         settings=cfg(),
         space=make_space(),
         study=study,
-        fingerprint=FINGERPRINT,
-        request=broken_request,
-        log_trial=lambda r, res: None,
-        progress=lambda r, d: None,
+        bench=Bench(FINGERPRINT),
+        callbacks=DriverCallbacks(
+            request=broken_request, log_trial=lambda r, res: None, progress=lambda r, d: None
+        ),
     )
     with pytest.raises(RuntimeError):
         d.run()
@@ -325,10 +326,12 @@ def test_a_trial_another_process_took_for_stale_does_not_stop_the_study():
         settings=cfg(n_trials=1),
         space=space,
         study=study,
-        fingerprint=FINGERPRINT,
-        request=taken_for_stale,
-        log_trial=lambda record, result: logged.append(record.number),
-        progress=lambda r, d: None,
+        bench=Bench(FINGERPRINT),
+        callbacks=DriverCallbacks(
+            request=taken_for_stale,
+            log_trial=lambda record, result: logged.append(record.number),
+            progress=lambda r, d: None,
+        ),
     )
     outcome = d.run()
     assert outcome.lost_to_recovery == [0] and outcome.records and outcome.records[0].number != 0
@@ -349,12 +352,14 @@ def test_a_trial_is_told_to_optuna_before_it_is_logged_and_its_run_id_kept():
         settings=cfg(n_trials=2),
         space=space,
         study=study,
-        fingerprint=FINGERPRINT,
-        request=lambda c: TrialRequest(
-            workload=space.workload, config=c, device="cpu", seed=0, measure=QUICK
+        bench=Bench(FINGERPRINT),
+        callbacks=DriverCallbacks(
+            request=lambda c: TrialRequest(
+                workload=space.workload, config=c, device="cpu", seed=0, measure=QUICK
+            ),
+            log_trial=log_trial,
+            progress=lambda r, d: None,
         ),
-        log_trial=log_trial,
-        progress=lambda r, d: None,
     ).run()
     assert seen == [TrialState.COMPLETE, TrialState.COMPLETE]
     assert [r.run_id for r in outcome.records] == [f"run-{r.number}" for r in outcome.records]
@@ -382,12 +387,14 @@ def test_a_run_id_the_storage_will_not_take_does_not_stop_the_study(monkeypatch)
         settings=cfg(n_trials=2),
         space=space,
         study=study,
-        fingerprint=FINGERPRINT,
-        request=lambda c: TrialRequest(
-            workload=space.workload, config=c, device="cpu", seed=0, measure=QUICK
+        bench=Bench(FINGERPRINT),
+        callbacks=DriverCallbacks(
+            request=lambda c: TrialRequest(
+                workload=space.workload, config=c, device="cpu", seed=0, measure=QUICK
+            ),
+            log_trial=lambda record, result: f"run-{record.number}",
+            progress=lambda r, d: None,
         ),
-        log_trial=lambda record, result: f"run-{record.number}",
-        progress=lambda r, d: None,
     ).run()
     assert [r.state for r in outcome.records] == ["complete", "complete"]
     assert all(t.state == TrialState.COMPLETE for t in study.trials)
@@ -434,14 +441,15 @@ def test_the_control_is_measured_at_the_start_and_kept_in_the_study():
         settings=cfg(n_trials=1),
         space=space,
         study=study,
-        fingerprint=FINGERPRINT,
-        request=lambda c: TrialRequest(
-            workload=space.workload, config=c, device="cpu", seed=0, measure=QUICK
+        bench=Bench(FINGERPRINT, control=control),
+        callbacks=DriverCallbacks(
+            request=lambda c: TrialRequest(
+                workload=space.workload, config=c, device="cpu", seed=0, measure=QUICK
+            ),
+            log_trial=lambda record, result: None,
+            progress=lambda record, h: None,
+            on_control=lambda result, floor: seen.append((result.state, floor.between_df)),
         ),
-        log_trial=lambda record, result: None,
-        progress=lambda record, h: None,
-        control=control,
-        on_control=lambda result, floor: seen.append((result.state, floor.between_df)),
     )
     d.run()
     assert [state for state, _ in seen[:2]] == ["complete", "complete"]
@@ -751,13 +759,15 @@ def test_another_process_measuring_on_this_cpu_is_warned_of_once():
             settings=cfg(n_trials=2),
             space=space,
             study=study,
-            fingerprint=FINGERPRINT,
-            request=lambda c: TrialRequest(
-                workload=space.workload, config=c, device="cpu", seed=0, measure=QUICK
+            bench=Bench(FINGERPRINT),
+            callbacks=DriverCallbacks(
+                request=lambda c: TrialRequest(
+                    workload=space.workload, config=c, device="cpu", seed=0, measure=QUICK
+                ),
+                log_trial=lambda record, result: None,
+                progress=lambda record, history: None,
+                warn=lines.append,
             ),
-            log_trial=lambda record, result: None,
-            progress=lambda record, history: None,
-            warn=lines.append,
         )
         d.run()
         assert len(lines) == 1 and f"(pid {other.pid})" in lines[0]
@@ -772,13 +782,15 @@ def test_another_process_measuring_on_this_cpu_is_warned_of_once():
         settings=cfg(n_trials=1),
         space=space,
         study=study,
-        fingerprint=FINGERPRINT,
-        request=lambda c: TrialRequest(
-            workload=space.workload, config=c, device="cpu", seed=0, measure=QUICK
+        bench=Bench(FINGERPRINT),
+        callbacks=DriverCallbacks(
+            request=lambda c: TrialRequest(
+                workload=space.workload, config=c, device="cpu", seed=0, measure=QUICK
+            ),
+            log_trial=lambda record, result: None,
+            progress=lambda record, history: measured.append(record.number),
+            warn=lines.append,
         ),
-        log_trial=lambda record, result: None,
-        progress=lambda record, history: measured.append(record.number),
-        warn=lines.append,
     ).run()
     assert measured and lines == []
 
@@ -817,12 +829,14 @@ def test_a_configuration_the_front_dominates_is_screened_and_kept(race):
         settings=cfg(n_trials=1, extra=[f"measure.race={str(race).lower()}"]),
         space=space,
         study=study,
-        fingerprint=FINGERPRINT,
-        request=lambda c: TrialRequest(
-            workload=space.workload, config=c, device="cpu", seed=0, measure=RACED
+        bench=Bench(FINGERPRINT),
+        callbacks=DriverCallbacks(
+            request=lambda c: TrialRequest(
+                workload=space.workload, config=c, device="cpu", seed=0, measure=RACED
+            ),
+            log_trial=lambda record, result: None,
+            progress=lambda record, h: None,
         ),
-        log_trial=lambda record, result: None,
-        progress=lambda record, h: None,
     )
     d.run()
     (record,) = d.outcome.records

@@ -1,0 +1,46 @@
+"""What an invocation hands its study driver besides the settings, the space and the study: the
+bench it measures on, and the callbacks through which it makes each trial's request and logs,
+prints and warns as the study goes on (``search.commands.callbacks`` makes them)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from search.analysis.noise_floor import NoiseFloor
+from search.core.records import TrialRecord
+from search.execution.trial import TrialRequest, TrialResult
+
+__all__ = ["Bench", "DriverCallbacks"]
+
+
+@dataclass(frozen=True)
+class Bench:
+    """What this process measures on, as every trial and control run it stores is marked: the
+    fingerprint of the workload on this device and torch (which of the study's trials are
+    comparable with its own), the device's label as the figures name it
+    (``search.measurement.environment.device_label``), and the control configuration measured
+    in fresh processes to read the machine's noise (None: no control runs)."""
+
+    fingerprint: str
+    where: str = ""
+    control: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class DriverCallbacks:
+    """What the study driver calls out to: the driver proposes, measures and tells; the
+    invocation decides how a configuration is run and what is logged and printed."""
+
+    request: Callable[[Mapping[str, Any]], TrialRequest]
+    """The trial request of a configuration."""
+    log_trial: Callable[[TrialRecord, TrialResult], str | None]
+    """Record a measured trial elsewhere (MLflow) after it is told to Optuna: its run id (None
+    when not logged), which the study keeps."""
+    progress: Callable[[TrialRecord, list[TrialRecord]], None]
+    """Called after each measured trial with the study's history."""
+    on_control: Callable[[TrialResult, NoiseFloor], None] | None = None
+    """Called after each control run with the noise floor as it stands."""
+    warn: Callable[[str], None] | None = None
+    """Say one line of warning (another process measuring on the same CPU)."""
