@@ -16,7 +16,7 @@ from search.core.records import COMPLETE, TrialRecord
 from search.execution.trial import TrialResult
 from search.measurement.environment import device_label
 from search.reporting import results
-from search.reporting.report import knobs_text, shown_metrics, si, trial_line
+from search.reporting.report import Columns, StudyProgress, knobs_text, si, trial_line
 from search.study.driver import StudyDriver
 from search.study.driver_inputs import Bench, DriverCallbacks
 from search.study.liveness import Heartbeat, Liveness, Recovery
@@ -99,8 +99,7 @@ def _trial_printer(
     ctx: Context, tracker: Tracker
 ) -> Callable[[TrialRecord, list[TrialRecord]], None]:
     """Print a trial's line (with its regime, also tagged on its run) as the study goes on."""
-    knob_names = list(ctx.space.searched)
-    shown = shown_metrics([o.metric for o in ctx.space.objectives])
+    columns = Columns.of(ctx.space, ctx.settings.measure.confidence)
     started = time.monotonic()
     measured = itertools.count(1)
 
@@ -115,13 +114,13 @@ def _trial_printer(
         ctx.out.print(
             trial_line(
                 record,
-                next(measured),
-                ctx.settings.study.n_trials,
-                len(front),
-                time.monotonic() - started,
-                knob_names,
-                ctx.settings.measure.confidence,
-                shown,
+                StudyProgress(
+                    next(measured),
+                    ctx.settings.study.n_trials,
+                    len(front),
+                    time.monotonic() - started,
+                ),
+                columns,
                 diagnosis,
             ),
             markup=False,

@@ -17,6 +17,7 @@ from search.reporting import results
 from search.reporting.compiled import compile_lines, revalidated_twins
 from search.reporting.oracle import oracle, oracle_lines, oracle_values, write_oracle_plot
 from search.reporting.report import (
+    Columns,
     front_cells,
     pareto_table,
     shown_metrics,
@@ -25,6 +26,7 @@ from search.reporting.report import (
     summary_markdown,
     write_noise_plot,
 )
+from search.reporting.study_result import StudyResult
 from search.reporting.walls import memory_walls, wall_lines
 from search.study.driver import StudyDriver
 from search.study.outcome import StudyOutcome
@@ -51,25 +53,20 @@ def finish(ctx: Context, driver: StudyDriver, outcome: StudyOutcome, tracker: Tr
     """Re-validate the front and take the last control runs, then write, log and print what the
     study found: its front and recommendation, the machine's noise, the regimes and the oracle."""
     settings, space = ctx.settings, ctx.space
-    study, fp = driver.study, ctx.fingerprint
     revalidate_front(ctx, driver)
     driver.run_control()  # the end of the study: drift needs both ends
     floor = driver.floor()
     history = driver.history()
-    done = judged_revalidations(study, fp, settings)
-    front = results.final_front(history, done, settings, space)
+    found = _study_result(ctx, driver, floor, history)
+    front, best, done, final = found.front, found.best, found.revalidated, found.records
     if settings.revalidate.processes and done:
         _print_revalidated(ctx, history, front, done)
     results.mark_front(tracker, outcome.study_name, front)
-    best = results.recommend(front, settings.slo)
     study_dir = Path(settings.runs_dir) / outcome.study_name
-    final = results.with_revalidation(history, done)  # every file shows the final verdicts
-    diagnoses = {r.number: d for r in final if (d := ctx.diagnosis(r, final)) is not None}
-    _write_files(ctx, tracker, study_dir, final, front, best, diagnoses)
+    _write_files(ctx, tracker, study_dir, found)
     mine = {r.number for r in outcome.records}
     ours = [r for r in history if r.number in mine]
-    paired = _paired(final, mine)
-    _log_final(ctx, tracker, floor, ours, done, study_dir, driver.control_s, diagnoses, paired)
+    _log_final(ctx, tracker, found, study_dir, driver.control_s, ours)
     if best is not None:
         tracker.set_tags(tracker.parent_id, {"best_trial": str(best.number)})
         tracker.log_metrics(tracker.parent_id, {f"best_{k}": v for k, v in best.metrics.items()})
@@ -83,9 +80,9 @@ def finish(ctx: Context, driver: StudyDriver, outcome: StudyOutcome, tracker: Tr
         passed_over=results.passed_over(history, front, best, done, settings.slo, space),
     ):
         out.print(line, markup=False)
-    unit = history[0].unit if history else "items"
-    _print_front(ctx, front, best, unit, diagnoses)
-    regimes = _regime_lines(diagnoses, best, ctx.peak.source if ctx.peak else None)
+    unit = found.unit
+    _print_front(ctx, found)
+    regimes = _regime_lines(found.diagnoses, best, ctx.peak.source if ctx.peak else None)
     compiling = compile_lines(final, best, done, floor)
     walls = wall_lines(memory_walls(history))
     for line in regimes + compiling + walls:
@@ -99,11 +96,29 @@ def finish(ctx: Context, driver: StudyDriver, outcome: StudyOutcome, tracker: Tr
         "Oracle": oracle_text,
     }
     title = f"{outcome.study_name} on {ctx.env['device_name']}"
-    description = _write_summary(
-        ctx, tracker, study_dir, title, front, best, unit, diagnoses, sections
-    )
+    description = _write_summary(ctx, tracker, study_dir, title, found, sections)
     _print_where(ctx, tracker, study_dir, outcome.study_name, floor)
     return Finished(front=front, best=best, floor=floor, unit=unit, description=description)
+
+
+def _study_result(
+    ctx: Context, driver: StudyDriver, floor: NoiseFloor, history: list[TrialRecord]
+) -> StudyResult:
+    """What the study found on ``floor``: the front after re-validation, the recommendation, and
+    every trial with its final figures, verdict and regime."""
+    settings = ctx.settings
+    done = judged_revalidations(driver.study, ctx.fingerprint, settings)
+    front = results.final_front(history, done, settings, ctx.space)
+    final = results.with_revalidation(history, done)  # every file shows the final verdicts
+    return StudyResult(
+        records=final,
+        front=front,
+        best=results.recommend(front, settings.slo),
+        unit=history[0].unit if history else "items",
+        floor=floor,
+        revalidated=done,
+        diagnoses={r.number: d for r in final if (d := ctx.diagnosis(r, final)) is not None},
+    )
 
 
 def _print_revalidated(
@@ -130,31 +145,21 @@ def _print_revalidated(
     )
 
 
-def _write_files(
-    ctx: Context,
-    tracker: Tracker,
-    study_dir: Path,
-    final: list[TrialRecord],
-    front: list[TrialRecord],
-    best: TrialRecord | None,
-    diagnoses: Mapping[int, Diagnosis],
-) -> None:
+def _write_files(ctx: Context, tracker: Tracker, study_dir: Path, found: StudyResult) -> None:
     """The study's files (``results.write_files``), logged as artifacts of the parent run."""
-    settings, space = ctx.settings, ctx.space
 
     def diagnosed(r: TrialRecord) -> TrialRecord:  # the files carry the diagnosis's figures
-        d = diagnoses.get(r.number)
+        d = found.diagnoses.get(r.number)
         return r if d is None else replace(r, metrics={**r.metrics, **d.metrics()})
 
-    for path in results.write_files(
-        study_dir,
-        final,
-        [diagnosed(r) for r in front],
-        diagnosed(best) if best is not None else None,
-        settings,
-        space,
-        ctx.env["device_name"],
-    ):
+    best = found.best
+    with_figures = replace(
+        found,
+        front=[diagnosed(r) for r in found.front],
+        best=diagnosed(best) if best is not None else None,
+    )
+    device_name = ctx.env["device_name"]
+    for path in results.write_files(study_dir, with_figures, ctx.settings, ctx.space, device_name):
         tracker.log_artifact(path)
 
 
@@ -170,19 +175,18 @@ def _paired(final: Sequence[TrialRecord], mine: set[int]) -> list[TrialRecord]:
 def _log_final(
     ctx: Context,
     tracker: Tracker,
-    floor: NoiseFloor,
-    mine: list[TrialRecord],
-    done: Mapping[int, Pooled],
+    found: StudyResult,
     study_dir: Path,
     control_s: float,
-    diagnoses: Mapping[int, Diagnosis],
-    paired: Sequence[TrialRecord] = (),
+    mine: list[TrialRecord],
 ) -> None:
     """The figures as the final noise floor gives them, on MLflow: the floor and the control's
     level over time on the parent run (with ``noise.png``); the intervals spanning runs, the
     verdict, the re-validated figures and the regime (with the study's batch-doubling pairs) on
-    the runs of this invocation's trials (a later step of the same metrics), and the regime on
-    earlier trials ``paired`` with one of them."""
+    the runs of this invocation's trials ``mine`` (a later step of the same metrics), and the
+    regime on earlier trials paired with one of them."""
+    floor, done, diagnoses = found.floor, found.revalidated, found.diagnoses
+    paired = _paired(found.records, {r.number for r in mine})
     tracker.log_metrics(tracker.parent_id, {**floor.metrics(), "noise_control_time_s": control_s})
     for i, control in enumerate(floor.controls):
         tracker.log_metrics(
@@ -260,23 +264,16 @@ def _write_summary(
     tracker: Tracker,
     study_dir: Path,
     title: str,
-    front: list[TrialRecord],
-    best: TrialRecord | None,
-    unit: str,
-    diagnoses: Mapping[int, Diagnosis],
+    found: StudyResult,
     sections: Mapping[str, list[str]],
 ) -> str:
     """``summary.md`` (an artifact) and the parent run's description: the description."""
-    settings, space = ctx.settings, ctx.space
-    shown = shown_metrics([o.metric for o in space.objectives])
-    cells = front_cells(
-        front, best, list(space.searched), unit, settings.measure.confidence, shown, diagnoses
-    )
-    confidence = settings.measure.confidence
+    columns = Columns.of(ctx.space, ctx.settings.measure.confidence, found.unit)
+    cells = front_cells(found.front, found.best, columns, found.diagnoses)
     summary = study_dir / "summary.md"
-    summary.write_text(summary_markdown(title, cells, best, unit, confidence, sections, None))
+    summary.write_text(summary_markdown(title, cells, found.best, columns, sections, None))
     tracker.log_artifact(summary)
-    description = summary_markdown(title, cells, best, unit, confidence, sections)
+    description = summary_markdown(title, cells, found.best, columns, sections)
     tracker.describe(tracker.parent_id, description)
     return description
 
@@ -324,32 +321,17 @@ def _regime_lines(
     return lines
 
 
-def _print_front(
-    ctx: Context,
-    front: list[TrialRecord],
-    best: TrialRecord | None,
-    unit: str,
-    diagnoses: Mapping[int, Diagnosis],
-) -> None:
+def _print_front(ctx: Context, found: StudyResult) -> None:
     out, processes = ctx.out, ctx.settings.revalidate.processes
+    front, best = found.front, found.best
     if front:
         title = "Pareto-optimal stable configurations" + (
             f" (figures pooled from {processes} fresh processes each)"
             if processes
             else " (search-time figures)"
         )
-        out.print(
-            pareto_table(
-                front,
-                best,
-                list(ctx.space.searched),
-                unit,
-                ctx.settings.measure.confidence,
-                shown_metrics([o.metric for o in ctx.space.objectives]),
-                title,
-                diagnoses,
-            )
-        )
+        columns = Columns.of(ctx.space, ctx.settings.measure.confidence, found.unit)
+        out.print(pareto_table(front, best, columns, title, found.diagnoses))
     else:
         out.print(
             "[yellow]no stable configuration yet[/]: nothing is on the front; "

@@ -11,6 +11,7 @@ import csv
 import math
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +33,13 @@ from search.core.records import (
     fault_kind,
     si,
 )
+from search.reporting.study_result import StudyResult
+from search.space.search_space import SearchSpace
 
 __all__ = [
     "DESCRIPTION_CHARS",
+    "Columns",
+    "StudyProgress",
     "console",
     "front_cells",
     "knobs_text",
@@ -66,6 +71,36 @@ def shown_metrics(objectives: Sequence[str]) -> list[str]:
     )
 
 
+@dataclass(frozen=True)
+class Columns:
+    """What a trial line and the front's table show of each configuration: its knobs by name,
+    throughput with its interval at ``confidence``, the figures beside it (``shown_metrics``),
+    and the unit throughput counts in the table's header (a trial line takes its record's)."""
+
+    knob_names: Sequence[str]
+    confidence: float
+    shown: Sequence[str] = ()
+    unit: str = "items"
+
+    @classmethod
+    def of(cls, space: SearchSpace, confidence: float, unit: str = "items") -> Columns:
+        """The columns of ``space``: its searched knobs, and the figures beside throughput for
+        its objectives."""
+        shown = shown_metrics([o.metric for o in space.objectives])
+        return cls(list(space.searched), confidence, shown, unit)
+
+
+@dataclass(frozen=True)
+class StudyProgress:
+    """Where an invocation's study stands as a trial ends: trials measured so far of the
+    ``total`` it measures, the size of the stable front, and the time since it started, s."""
+
+    done: int
+    total: int
+    front_size: int
+    elapsed_s: float
+
+
 def _figure(metrics: Mapping[str, float], name: str) -> str:
     """A registered metric's value as the terminal shows it (``nan`` where it was not measured)."""
     return f"{metrics.get(name, math.nan):{METRICS[name].fmt}}"
@@ -90,27 +125,26 @@ def throughput_text(metrics: Mapping[str, float], unit: str) -> str:
 
 def trial_line(
     record: TrialRecord,
-    done: int,
-    total: int,
-    front_size: int,
-    elapsed_s: float,
-    knob_names: Sequence[str],
-    confidence: float,
-    shown: Sequence[str],
+    progress: StudyProgress,
+    columns: Columns,
     diagnosis: Diagnosis | None = None,
 ) -> str:
     """``[3/10] #4 batch_size=8 ... -> 41.2k tokens/s [40.1k, 42.3k] ..., stable, mfu 31%
     compute-bound | front 2 | 0:42, ETA 1:30``."""
+    done, total, elapsed_s = progress.done, progress.total, progress.elapsed_s
+    knobs = knobs_text(record.config, columns.knob_names)
     why = f" ({record.why})" if record.why else ""
-    head = f"[{done}/{total}] #{record.number} {knobs_text(record.config, knob_names)}{why} -> "
+    head = f"[{done}/{total}] #{record.number} {knobs}{why} -> "
     if record.state == COMPLETE:
         m = record.metrics
-        figures = ", ".join(f"{METRICS[k].label} {_figure(m, k)} {METRICS[k].unit}" for k in shown)
+        figures = ", ".join(
+            f"{METRICS[k].label} {_figure(m, k)} {METRICS[k].unit}" for k in columns.shown
+        )
         verdict = "stable" if record.stable else f"UNSTABLE ({record.reason.split(':', 1)[0]})"
         if record.screened:
             verdict += ", screened: out of the front's reach"
         body = (
-            f"{throughput_text(m, record.unit)} ({confidence:.0%} CI, "
+            f"{throughput_text(m, record.unit)} ({columns.confidence:.0%} CI, "
             f"{m['n_windows']:.0f} windows, {m['n_steps']:.0f} steps) "
             f"cv {m['throughput_cv']:.1%}, {figures}, {verdict}"
             + (f", mfu {diagnosis.mfu:.1%} {diagnosis.regime}" if diagnosis is not None else "")
@@ -119,7 +153,10 @@ def trial_line(
     else:
         body = f"{record.state.upper()}: {record.failure}"
     eta_s = elapsed_s / done * (total - done)
-    return f"{head}{body} | front {front_size} | {_clock(elapsed_s)} elapsed, ETA {_clock(eta_s)}"
+    return (
+        f"{head}{body} | front {progress.front_size} | {_clock(elapsed_s)} elapsed, "
+        f"ETA {_clock(eta_s)}"
+    )
 
 
 def _compiled_text(m: Mapping[str, float]) -> str:
@@ -216,14 +253,13 @@ def _fault_lines(records: Sequence[TrialRecord]) -> list[str]:
 def front_cells(
     front: Sequence[TrialRecord],
     best: TrialRecord | None,
-    knob_names: Sequence[str],
-    unit: str,
-    confidence: float,
-    shown: Sequence[str],
+    columns: Columns,
     diagnoses: Mapping[int, Diagnosis],
 ) -> tuple[list[str], list[list[str]]]:
     """The front as the terminal and the parent run's description show it: the header and a row
     per configuration, fastest first (MFU and regime where ``diagnoses`` has any)."""
+    knob_names, shown = columns.knob_names, columns.shown
+    unit, confidence = columns.unit, columns.confidence
     header = [
         "trial",
         *knob_names,
@@ -255,18 +291,15 @@ def front_cells(
 def pareto_table(
     front: Sequence[TrialRecord],
     best: TrialRecord | None,
-    knob_names: Sequence[str],
-    unit: str,
-    confidence: float,
-    shown: Sequence[str],
+    columns: Columns,
     title: str,
     diagnoses: Mapping[int, Diagnosis] | None = None,
 ) -> Table:
     """The front, fastest first; with ``diagnoses`` (by trial number) its MFU and regime too."""
-    header, rows = front_cells(front, best, knob_names, unit, confidence, shown, diagnoses or {})
+    header, rows = front_cells(front, best, columns, diagnoses or {})
     table = Table(title=title, title_justify="left")
     for column in header:
-        table.add_column(column, justify="right" if column not in knob_names else "left")
+        table.add_column(column, justify="right" if column not in columns.knob_names else "left")
     for row in rows:
         table.add_row(*row)
     return table
@@ -286,20 +319,19 @@ def summary_markdown(
     title: str,
     front_table: tuple[list[str], list[list[str]]],
     best: TrialRecord | None,
-    unit: str,
-    confidence: float,
+    columns: Columns,
     sections: Mapping[str, Sequence[str]],
     limit: int | None = DESCRIPTION_CHARS,
 ) -> str:
     """A study's summary as MLflow shows a parent run's description: the recommendation, the
-    front as a table (``front_cells``), then ``sections`` (heading: the lines the terminal
-    printed); beyond ``limit`` characters the sections left are cut, with a note pointing to
-    ``summary.md`` (the whole, written with ``limit=None``)."""
+    front as a table (``front_cells`` of the same ``columns``), then ``sections`` (heading: the
+    lines the terminal printed); beyond ``limit`` characters the sections left are cut, with a
+    note pointing to ``summary.md`` (the whole, written with ``limit=None``)."""
     lines = [f"### {title}", ""]
     if best is not None:
         lines.append(
             f"**Recommended: #{best.number} `{config_name(best.config)}`**, "
-            f"{throughput_text(best.metrics, unit)} ({confidence:.0%} CI)"
+            f"{throughput_text(best.metrics, columns.unit)} ({columns.confidence:.0%} CI)"
         )
     else:
         lines.append("**Nothing recommended** (see below)")
@@ -333,21 +365,16 @@ def write_csv(path: Path, front: Sequence[TrialRecord], knob_names: Sequence[str
 
 
 def write_plot(
-    path: Path,
-    history: Sequence[TrialRecord],
-    front: Sequence[TrialRecord],
-    best: TrialRecord | None,
-    x_metric: str,
-    confidence: float,
-    title: str,
+    path: Path, result: StudyResult, x_metric: str, confidence: float, title: str
 ) -> None:
     """Throughput (with its interval) against ``x_metric``, the space's first minimised
-    objective."""
+    objective, for every measured configuration of ``result``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    history, front, best = result.records, result.front, result.best
     style = {
         "unstable": ("tab:gray", "x"),
         "stable": ("tab:blue", "o"),

@@ -22,6 +22,7 @@ from search.core.metrics import ranked_on
 from search.core.records import COMPLETE, TrialRecord
 from search.reporting.compiled import revalidated_twins, twins_to_revalidate
 from search.reporting.report import throughput_text, write_best, write_csv, write_plot
+from search.reporting.study_result import StudyResult
 from search.space.search_space import SearchSpace
 from search.study.revalidate import Pooled
 from search.tracking.tracker import Tracker
@@ -264,13 +265,7 @@ def mark_front(
 
 
 def write_files(
-    study_dir: Path,
-    history: Sequence[TrialRecord],
-    front: Sequence[TrialRecord],
-    best: TrialRecord | None,
-    settings: Settings,
-    space: SearchSpace,
-    device_name: str,
+    study_dir: Path, result: StudyResult, settings: Settings, space: SearchSpace, device_name: str
 ) -> list[Path]:
     """``pareto.csv``, ``pareto.png`` and ``best.yaml`` of a study; returns their paths."""
     study_dir.mkdir(parents=True, exist_ok=True)
@@ -278,15 +273,13 @@ def write_files(
     objectives = ", ".join(
         f"{o.metric} {'max' if o.direction == 'maximize' else 'min'}" for o in space.objectives
     )
-    write_csv(study_dir / "pareto.csv", front, list(space.searched))
+    write_csv(study_dir / "pareto.csv", result.front, list(space.searched))
     x_metric = next(
         (o.metric for o in space.objectives if o.direction == "minimize"), "latency_p95_ms"
     )
     write_plot(
         study_dir / "pareto.png",
-        history,
-        front,
-        best,
+        result,
         x_metric,
         confidence,
         f"{space.name} on {device_name}\nPareto front over: {objectives}",
@@ -298,5 +291,5 @@ def write_files(
         "rule": f"highest lower {confidence:.0%} CI bound of throughput among stable "
         "Pareto-optimal configurations" + (f" meeting slo {settings.slo}" if settings.slo else ""),
     }
-    write_best(study_dir / "best.yaml", best, context)
+    write_best(study_dir / "best.yaml", result.best, context)
     return [study_dir / name for name in ("pareto.csv", "pareto.png", "best.yaml")]

@@ -18,7 +18,14 @@ from search.core.metrics import (
 from search.core.records import COMPLETE, TrialRecord
 from search.execution.figures import trial_metrics
 from search.execution.trial import TrialResult
-from search.reporting.report import pareto_table, shown_metrics, trial_line, write_csv
+from search.reporting.report import (
+    Columns,
+    StudyProgress,
+    pareto_table,
+    shown_metrics,
+    trial_line,
+    write_csv,
+)
 from search.space.parse import parse_space
 from search.study.revalidate import pool
 
@@ -82,13 +89,13 @@ def test_every_metric_is_an_objective_a_space_may_name(name):
 def test_every_metric_renders_in_the_trial_line_table_and_csv(name, tmp_path):
     record = measured()
     shown = shown_metrics([name])
-    line = trial_line(record, 1, 2, 1, 5.0, KNOBS, 0.95, shown)
+    line = trial_line(record, StudyProgress(1, 2, 1, 5.0), Columns(KNOBS, 0.95, shown))
     assert "1.23k tokens/s [1.2k, 1.27k]" in line  # throughput leads every line, with its interval
     for shown_name in shown:
         metric = METRICS[shown_name]
         assert f"{metric.label} {record.metrics[shown_name]:{metric.fmt}} {metric.unit}" in line
     console = Console(file=io.StringIO(), width=300)
-    console.print(pareto_table([record], record, KNOBS, "tokens", 0.95, shown, "front"))
+    console.print(pareto_table([record], record, Columns(KNOBS, 0.95, shown, "tokens"), "front"))
     table = console.file.getvalue()
     for shown_name in shown:
         metric = METRICS[shown_name]
@@ -103,7 +110,9 @@ def test_every_metric_renders_in_the_trial_line_table_and_csv(name, tmp_path):
 def test_the_energy_objective_shows_its_figure_in_the_trial_line():
     # It once raised KeyError: energy_per_item_j was an allowed objective with no label.
     line = trial_line(
-        measured(), 1, 1, 1, 1.0, KNOBS, 0.95, shown_metrics(["throughput", "energy_per_item_j"])
+        measured(),
+        StudyProgress(1, 1, 1, 1.0),
+        Columns(KNOBS, 0.95, shown_metrics(["throughput", "energy_per_item_j"])),
     )
     assert "energy 0.000123 J/item" in line
 

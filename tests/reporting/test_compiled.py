@@ -87,24 +87,26 @@ def test_a_compiled_configuration_no_faster_never_pays_back_and_a_missing_twin_i
 
 
 def test_a_compiled_trial_line_shows_its_compile_time_cache_and_fidelity():
-    from search.reporting.report import trial_line
+    from search.reporting.report import Columns, StudyProgress, trial_line
 
     fast = record(1, "default", 125.0, 64.0, compile_s=32.0)
-    line = trial_line(fast, 1, 2, 1, 10.0, ["compile"], 0.95, [])
+    line = trial_line(fast, StudyProgress(1, 2, 1, 10.0), Columns(["compile"], 0.95, []))
     assert "compiled in 32.0 s (cold), fidelity ok (2e-07 off eager fp32)" in line
-    eager = trial_line(record(0, "off", 100.0, 80.0), 1, 2, 1, 10.0, ["compile"], 0.95, [])
+    eager = trial_line(
+        record(0, "off", 100.0, 80.0), StudyProgress(1, 2, 1, 10.0), Columns(["compile"], 0.95, [])
+    )
     assert "compiled" not in eager
 
 
 def test_a_compiled_trial_s_own_two_processes_give_its_line_and_the_variance_line_a_spread():
-    from search.reporting.report import trial_line
+    from search.reporting.report import Columns, StudyProgress, trial_line
 
     eager = record(0, "off", 100.0, 80.0)
     fast = record(1, "default", 125.0, 64.0, compile_s=32.0)
     fast.metrics.update(
         compile_time_warm_s=2.5, compile_between_process_cv=0.031, compile_processes=2.0
     )
-    line = trial_line(fast, 1, 2, 1, 10.0, ["compile"], 0.95, [])
+    line = trial_line(fast, StudyProgress(1, 2, 1, 10.0), Columns(["compile"], 0.95, []))
     assert "compiled in 32.0 s (cold), 2.5 s in a second process, the two 3.1% apart (CV)" in line
     time_line, _, variance = compile_lines([eager, fast], fast, {}, floor(0.012))
     assert "1 cold (median 32.0 s), 1 warm (median 2.5 s)" in time_line

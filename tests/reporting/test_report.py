@@ -157,13 +157,15 @@ def test_re_validation_takes_what_meets_the_slo_first():
 def test_a_screened_configuration_says_so_in_its_line_and_the_summary():
     from dataclasses import replace
 
-    from search.reporting.report import trial_line
+    from search.reporting.report import Columns, StudyProgress, trial_line
 
     base = _record(7, 500.0, 600.0, 700.0, True)
     screened = replace(
         base, metrics={**base.metrics, "screened": 1.0, "n_windows": 5, "n_steps": 9}
     )
-    line = trial_line(screened, 2, 4, 1, 3.0, ["batch_size"], 0.95, ["latency_p95_ms"])
+    line = trial_line(
+        screened, StudyProgress(2, 4, 1, 3.0), Columns(["batch_size"], 0.95, ["latency_p95_ms"])
+    )
     assert "stable, screened: out of the front's reach" in line
     lines = summary_lines(
         StudyOutcome(study_name="s", records=[SLOW_STABLE, screened]), [SLOW_STABLE]
