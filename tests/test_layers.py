@@ -59,3 +59,28 @@ def test_no_module_over_500_lines_and_no_function_over_60():
                 if lines > FUNCTION_LINES:
                     too_long.append(f"{name}:{node.lineno} {node.name}: {lines} lines")
     assert too_long == [], "split these: " + "; ".join(too_long)
+
+
+FUNCTION_PARAMETERS = 6
+
+
+def test_no_function_takes_over_6_parameters():
+    """Values, not long argument lists. The 60-line cap split long functions into helpers that
+    each took what the whole had in scope, and their argument lists grew to 9 or 13; a value
+    (a dataclass) says what travels together and gives it a name, and a call site stays
+    readable. Counted: every parameter but ``self`` and ``cls``, ``*args`` and ``**kwargs`` one
+    each."""
+    import ast
+
+    too_many = []
+    for path in sorted((REPO / "search").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                a = node.args
+                names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
+                names += [x.arg for x in (a.vararg, a.kwarg) if x is not None]
+                counted = [n for n in names if n not in ("self", "cls")]
+                if len(counted) > FUNCTION_PARAMETERS:
+                    name = path.relative_to(REPO)
+                    too_many.append(f"{name}:{node.lineno} {node.name}: {len(counted)} parameters")
+    assert too_many == [], "pass values instead: " + "; ".join(too_many)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import optuna
@@ -23,6 +22,7 @@ from search.retune.history import write_history
 from search.retune.report import write_report
 from search.retune.tuned import RETUNE, TUNE, Tuned, save_tuned, tuned_runs
 from search.retune.verdict import MOVED, Conclusion, conclude
+from search.study.revalidate import FreshRuns
 from search.tracking.tracker import Tracker
 
 __all__ = ["conclude_tuning"]
@@ -46,12 +46,12 @@ def conclude_tuning(
     tracker.log_metrics(tracker.parent_id, ctx.spent.metrics())
     today = _today(ctx, tracker, base, finished, confirmed)
     code = 0
-    study_dir = Path(settings.runs_dir) / settings.study.name
     if base is not None:
-        today, code = _compare(ctx, tracker, study_dir, base, today, old_today, finished)
+        today, code = _compare(ctx, tracker, base, today, old_today, finished)
     save_tuned(study, today)
     runs = tuned_runs(study)
-    for path in write_history(study_dir, runs, f"{settings.study.name}: recommended, run by run"):
+    title = f"{settings.study.name}: recommended, run by run"
+    for path in write_history(ctx.study_dir(), runs, title):
         tracker.log_artifact(path)
     return code
 
@@ -79,9 +79,7 @@ def _confirm(
         configs,
         ctx.repeat,
         str(ctx.device),
-        rounds,
-        settings.seed + best.number,
-        settings.measure.confidence,
+        FreshRuns(rounds, settings.seed + best.number, settings.measure.confidence),
         _confirm_progress(ctx, unit),
         settings.retune.reference,
     )
@@ -205,7 +203,6 @@ def _today(
 def _compare(
     ctx: Context,
     tracker: Tracker,
-    study_dir: Path,
     base: Tuned,
     today: Tuned,
     old_today: Figure | None,
@@ -219,7 +216,7 @@ def _compare(
     )
     today = replace(today, verdict=conclusion.verdict)
     _print_comparison(ctx, base, today, conclusion)
-    md, js = write_report(study_dir, base, today, conclusion, list(ctx.space.searched))
+    md, js = write_report(ctx.study_dir(), base, today, conclusion, list(ctx.space.searched))
     tracker.set_tags(tracker.parent_id, {"verdict": conclusion.verdict})
     verdict = [c.line() for c in conclusion.comparisons] + [conclusion.line]
     head = "### Re-tune\n\n```\n" + "\n".join(verdict) + "\n```\n\n"

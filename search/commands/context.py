@@ -148,6 +148,10 @@ class Context:
             compile_cache_dir=str(self.compile_cache_dir()),
         )
 
+    def study_dir(self) -> Path:
+        """Where the study's files go: ``runs_dir/<study.name>``."""
+        return Path(self.settings.runs_dir) / self.settings.study.name
+
     def compile_cache_dir(self) -> Path:
         """The compiler's cache of this device, under ``runs_dir``: every study on it shares it, and
         another device (another GPU model, a CPU) keeps its own."""

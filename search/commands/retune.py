@@ -18,7 +18,7 @@ from search.retune.tuned import Tuned
 from search.study.driver import StudyDriver
 from search.study.guards import KnownOutcomes, config_key
 from search.study.repeat_runs import save_revalidation
-from search.study.revalidate import Pooled, revalidate
+from search.study.revalidate import FreshRuns, Pooled, revalidate
 from search.study.samplers import optuna_names
 
 __all__ = ["adopt_remeasured", "remeasure_baseline", "warm_start"]
@@ -69,14 +69,8 @@ def remeasure_baseline(ctx: Context, study: optuna.Study, base: Tuned) -> dict[s
         out.print(f"  [remeasure {i}/{n}] {knobs}: {figure}", markup=False)
 
     started = time.monotonic()
-    pooled = revalidate(
-        candidates,
-        processes,
-        measure,
-        settings.seed + len(study.trials),
-        settings.measure.confidence,
-        progress,
-    )
+    fresh = FreshRuns(processes, settings.seed + len(study.trials), settings.measure.confidence)
+    pooled = revalidate(candidates, fresh, measure, progress)
     ctx.spent.baseline_s += time.monotonic() - started
     return {config_key(c.config): pooled[c.number] for c in candidates}
 

@@ -22,7 +22,7 @@ from search.study.repeat_runs import (
     save_revalidation_run,
     unfinished_revalidations,
 )
-from search.study.revalidate import Run, revalidate
+from search.study.revalidate import FreshRuns, Run, revalidate
 
 __all__ = ["REVALIDATION_ROUNDS", "revalidate_front"]
 
@@ -85,10 +85,8 @@ def _revalidate(ctx: Context, study: optuna.Study, todo: list[TrialRecord]) -> N
     def keep(candidate: TrialRecord, run: Run) -> None:
         save_revalidation_run(study, ctx.fingerprint, candidate.number, run)
 
-    seed = settings.seed + len(study.trials)
-    pooled = revalidate(
-        todo, processes, measure, seed, settings.measure.confidence, progress, kept, keep
-    )
+    fresh = FreshRuns(processes, settings.seed + len(study.trials), settings.measure.confidence)
+    pooled = revalidate(todo, fresh, measure, progress, kept, keep)
     here = device_label(ctx.env)  # the device that measured the replicates, for their drift line
     for number, figures in pooled.items():
         runs = tuple(replace(r, device=here) for r in figures.runs)

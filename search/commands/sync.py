@@ -18,8 +18,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import optuna
+import torch
 from omegaconf import DictConfig
 
+from search.commands.context import Context
 from search.config.compose import ConfigError, load_settings, redact, resolve_device
 from search.config.prepare import fingerprint, load_space
 from search.config.settings import Settings
@@ -58,21 +60,16 @@ def run_sync(cfg_node: DictConfig) -> int:
             shutil.rmtree(runs_dir, ignore_errors=True)
         raise
 
-    env = environment(device)
-    print_fn = fingerprint(space, env)
+    ctx = _context(settings, space, device)
+    print_fn, out = ctx.fingerprint, ctx.out
     history = study_history(study, print_fn, space, settings)
     present, cut_off = tracker.trial_runs(study_name)
     _require_online(tracker, uri)
-    out = console()
     _note_left_out(study, history, out)
     missing = [r for r in history if r.number not in present]
     _record_present(study, history, present)
 
-    copied = (
-        _copy(settings, space, study, tracker, print_fn, env["device_name"], missing, out)
-        if missing
-        else {}
-    )
+    copied = _copy(ctx, study, tracker, missing) if missing else {}
     run_ids = {**present, **copied}
     stale = [run_id for number, run_id in cut_off if number in run_ids]
     for run_id in stale:
@@ -96,6 +93,21 @@ def run_sync(cfg_node: DictConfig) -> int:
         markup=False,
     )
     return 0
+
+
+def _context(settings: Settings, space: SearchSpace, device: torch.device) -> Context:
+    """What sync reads of where it runs: the device's environment and the fingerprint of the
+    trials it copies, and the terminal (no control runs: nothing is measured)."""
+    env = environment(device)
+    return Context(
+        settings=settings,
+        space=space,
+        device=device,
+        env=env,
+        fingerprint=fingerprint(space, env),
+        out=console(),
+        control=None,
+    )
 
 
 def _restore_unsaved(study: optuna.Study, space: SearchSpace, runs_dir: Path) -> None:
@@ -151,17 +163,11 @@ def _note_left_out(study, history: list[TrialRecord], out) -> None:
 
 
 def _copy(
-    settings: Settings,
-    space: SearchSpace,
-    study,
-    tracker: Tracker,
-    print_fn: str,
-    device_name: str,
-    missing: list[TrialRecord],
-    out,
+    ctx: Context, study: optuna.Study, tracker: Tracker, missing: list[TrialRecord]
 ) -> dict[int, str]:
     """Log ``missing`` under one new parent run; ``{trial number: run id}`` of those logged."""
-    study_name = settings.study.name
+    settings, space, out, print_fn = ctx.settings, ctx.space, ctx.out, ctx.fingerprint
+    study_name, device_name = settings.study.name, ctx.env["device_name"]
     tracker.start_parent(
         f"{study_name} sync {time.strftime('%Y-%m-%d %H:%M:%S')}",
         params={},

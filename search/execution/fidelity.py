@@ -332,30 +332,30 @@ def _compare(
     floor = gradient_floor(list(reference_grad_norms.values()))
     errors = {name: rel_error(norm, ref, floor) for name, (norm, ref) in pairs.items()}
     worst = max(errors, key=errors.__getitem__, default=None)
-    loss_error = rel_error(loss, reference_loss)
-    grad_error = errors[worst] if worst is not None else 0.0
-    reason = _reason(knobs, loss, reference_loss, loss_error, worst, pairs, grad_error)
-    return FidelityReport(
-        ok=not reason,
-        reason=reason,
+    figures = FidelityReport(
+        ok=True,
+        reason="",
         loss=loss,
         reference_loss=reference_loss,
-        loss_rel_error=loss_error,
-        grad_norm_rel_error=grad_error,
+        loss_rel_error=rel_error(loss, reference_loss),
+        grad_norm_rel_error=errors[worst] if worst is not None else 0.0,
     )
+    reason = _reason(knobs, figures, worst, pairs)
+    return dataclasses.replace(figures, ok=not reason, reason=reason)
 
 
 def _reason(
     knobs: Knobs,
-    loss: float,
-    reference_loss: float,
-    loss_error: float,
+    figures: FidelityReport,
     worst: str | None,
     pairs: dict[str, tuple[float, float]],
-    grad_error: float,
 ) -> str:
-    """One line saying what failed, non-finite values first; empty when nothing did."""
+    """One line saying what failed, non-finite values first; empty when nothing did. ``figures``:
+    the losses and errors (its ``ok`` and ``reason`` are not read); ``pairs``: each gradient's
+    norm and the reference's, ``worst`` the one furthest apart."""
     tolerance, config = TOLERANCES[knobs.precision], _describe(knobs)
+    loss, reference_loss = figures.loss, figures.reference_loss
+    loss_error, grad_error = figures.loss_rel_error, figures.grad_norm_rel_error
     if not all(
         math.isfinite(value) for value in (reference_loss, *(ref for _, ref in pairs.values()))
     ):

@@ -82,7 +82,7 @@ def run_trial(request: TrialRequest, on_memory_exceeded: OnExceeded | None = Non
         oom = over_memory_limit(measured.peak_mb, request.memory_limit_mb, unit, started)
         if oom is not None:
             return oom
-        return _checked(request, workload, knobs, device, measured, unit, started)
+        return _checked(request, workload, knobs, device, measured, started)
     except KnobError as e:
         return TrialResult(
             state=INFEASIBLE, failure=str(e), unit=unit, duration_s=time.perf_counter() - started
@@ -188,10 +188,10 @@ def _checked(
     knobs: Knobs,
     device: torch.device,
     measured: _Measured,
-    unit: str,
     started: float,
 ) -> TrialResult:
-    """The result of a measured trial: its telemetry, and its fidelity check unless asked not to."""
+    """The result of a measured trial: its telemetry, and its fidelity check unless asked not to;
+    throughput counts the workload's ``unit``."""
     measurement = measured.measurement
     timed = measured.windows[-measurement.n_windows :]
     readings = telemetry_metrics(
@@ -215,7 +215,7 @@ def _checked(
         measurement=measurement,
         peak_memory_mb=measured.peak_mb,
         failure=failure,
-        unit=unit,
+        unit=workload.unit,
         duration_s=duration_s,
         telemetry=readings,
         throttle_reasons=throttles,

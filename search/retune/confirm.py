@@ -13,6 +13,7 @@ from search.execution.trial import TrialRequest, TrialResult
 from search.retune.comparison import MIN_RUNS
 from search.retune.figure import Figure
 from search.retune.reference import REFERENCE_CONFIG, REFERENCE_MEASURE, reference_workload
+from search.study.revalidate import FreshRuns
 
 __all__ = ["Confirmed", "confirm"]
 
@@ -30,15 +31,14 @@ def confirm(
     configs: Sequence[Mapping[str, Any]],
     request: Callable[[Mapping[str, Any]], TrialRequest],
     device: str,
-    rounds: int,
-    seed: int,
-    confidence: float,
+    rounds: FreshRuns,
     progress: Callable[[int, int, TrialResult | None, list[TrialResult]], None],
     with_reference: bool = True,
 ) -> Confirmed:
     """``configs`` (today's recommendation first, and the old one when it differs) measured in
-    ``rounds`` rounds of fresh processes after the recommendation was chosen, each round a fresh run
-    of the reference step and then one of each configuration.
+    ``rounds.count`` rounds of fresh processes after the recommendation was chosen, each round a
+    fresh run of the reference step and then one of each configuration (round ``i`` with seed
+    ``rounds.seed + i``), their figures at ``rounds.confidence``.
 
     A figure chosen as the best of several reads high (the winner's curse: of near-ties, the one
     whose noise fell highest wins); runs made after the choice do not. The reference step, measured
@@ -46,6 +46,7 @@ def confirm(
     in the same rounds are compared at the same moments. A round whose reference run failed is
     left out for every configuration (its runs could not be put at the machine's speed); a failed
     run of a configuration leaves out only that run."""
+    seed, confidence = rounds.seed, rounds.confidence
     runs: list[list[float]] = [[] for _ in configs]
     references: list[list[float]] = [[] for _ in configs]
     failures: list[str] = []
@@ -58,13 +59,13 @@ def confirm(
         fidelity=False,
         count=False,
     )
-    for i in range(rounds):
+    for i in range(rounds.count):
         ref = run_isolated(replace(reference, seed=seed + i)) if with_reference else None
         results = [
             run_isolated(replace(request(c), seed=seed + i, fidelity=False, count=False))
             for c in configs
         ]
-        progress(i + 1, rounds, ref, results)
+        progress(i + 1, rounds.count, ref, results)
         if ref is not None and (ref.state != COMPLETE or ref.measurement is None):
             failures.append(f"round {i + 1}: reference step: {ref.failure}")
             continue

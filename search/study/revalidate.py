@@ -38,7 +38,18 @@ from search.execution.trial import TrialResult
 from search.measurement.nvml import SLOWDOWN_NAMES
 from search.measurement.statistics import t_interval
 
-__all__ = ["Pooled", "Run", "Runs", "Samples", "pool", "pool_runs", "revalidate"]
+__all__ = ["FreshRuns", "Pooled", "Run", "Runs", "Samples", "pool", "pool_runs", "revalidate"]
+
+
+@dataclass(frozen=True)
+class FreshRuns:
+    """How a configuration measured before is measured again in fresh processes: by ``count``
+    of them, drawn from ``seed`` (re-validation shuffles its runs with it; confirmation round
+    ``i`` runs with ``seed + i``), their figures pooled at ``confidence``."""
+
+    count: int
+    seed: int
+    confidence: float
 
 
 @dataclass(frozen=True)
@@ -221,17 +232,17 @@ def pool_runs(kept: Sequence[Run], confidence: float) -> Pooled:
 
 def revalidate(
     candidates: Sequence[TrialRecord],
-    processes: int,
+    fresh: FreshRuns,
     measure: Callable[[TrialRecord], TrialResult],
-    seed: int,
-    confidence: float,
     progress: Callable[[int, int, TrialRecord, TrialResult], None],
     kept: Mapping[int, Sequence[Run]] | None = None,
     on_run: Callable[[TrialRecord, Run], None] | None = None,
 ) -> dict[int, Pooled]:
-    """Measure each candidate ``processes`` times, interleaved in a seeded random order; pool by
-    trial. ``kept``: runs an interrupted re-validation measured already (only the rest are
-    measured); ``on_run(candidate, run)`` is called after each run, to keep it."""
+    """Measure each candidate ``fresh.count`` times, interleaved in an order shuffled with
+    ``fresh.seed``; pool by trial. ``kept``: runs an interrupted re-validation measured already
+    (only the rest are measured); ``on_run(candidate, run)`` is called after each run, to keep
+    it."""
+    processes, seed, confidence = fresh.count, fresh.seed, fresh.confidence
     kept = kept or {}
     runs: dict[int, list[Run]] = {
         c.number: list(kept.get(c.number, ()))[:processes] for c in candidates

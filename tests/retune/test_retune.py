@@ -28,6 +28,7 @@ from search.retune.comparison import (
 from search.retune.figure import Figure
 from search.retune.tuned import Tuned, baseline, save_tuned, tuned_runs
 from search.retune.verdict import AMBIGUOUS, IMPROVED, MOVED, REGRESSION, SAME, conclude
+from search.study.revalidate import FreshRuns
 
 REPO = Path(__file__).resolve().parents[2]
 A = {"micro_batch_size": 4, "precision": "fp32"}
@@ -538,13 +539,15 @@ def test_a_round_whose_reference_run_failed_is_left_out_for_every_configuration(
         )
 
     monkeypatch.setattr(search.retune.confirm, "run_isolated", run)
-    done = search.retune.confirm.confirm([A, B], lambda c: _request(c), "cpu", 5, 0, 0.95, _quiet)
+    rounds = FreshRuns(5, 0, 0.95)
+    done = search.retune.confirm.confirm([A, B], lambda c: _request(c), "cpu", rounds, _quiet)
     best, other = done.figures
     assert best is not None and other is not None
     assert len(best.runs) == len(best.references) == 4 == len(other.runs)
     assert done.failures == ["round 2: reference step: crash: worker exited with code 1"]
     assert all(not r.fidelity for r in calls), "confirmation runs skip the fidelity check"
-    too_few = search.retune.confirm.confirm([A], lambda c: _request(c), "cpu", 3, 0, 0.95, _quiet)
+    rounds = FreshRuns(3, 0, 0.95)
+    too_few = search.retune.confirm.confirm([A], lambda c: _request(c), "cpu", rounds, _quiet)
     assert too_few.figures == [None]
 
 

@@ -13,7 +13,7 @@ from search.config.settings import StableSettings
 from search.core.metrics import quantile_upper_bound
 from search.core.records import COMPLETE, FAILED, TrialRecord
 from search.execution.trial import TrialResult
-from search.study.revalidate import pool, revalidate
+from search.study.revalidate import FreshRuns, pool, revalidate
 
 
 def run(
@@ -135,10 +135,8 @@ def test_every_candidate_is_measured_k_times_in_an_interleaved_order():
     order = []
     pooled = revalidate(
         candidates,
-        3,
+        FreshRuns(3, seed=1, confidence=0.95),
         lambda c: order.append(c.number) or run(100.0 + c.number),
-        seed=1,
-        confidence=0.95,
         progress=lambda *args: None,
     )
     assert sorted(order) == [1, 1, 1, 2, 2, 2, 3, 3, 3]
@@ -185,7 +183,9 @@ def test_an_interrupted_revalidation_keeps_its_runs_and_resumes_with_them():
         save_revalidation_run(study, "fp", candidate.number, done)
 
     with pytest.raises(KeyboardInterrupt):
-        revalidate(candidates, 3, interrupted_after_three, 0, 0.95, lambda *a: None, on_run=keep)
+        revalidate(
+            candidates, FreshRuns(3, 0, 0.95), interrupted_after_three, lambda *a: None, on_run=keep
+        )
     kept = unfinished_revalidations(study, "fp")
     assert {n: len(runs) for n, runs in kept.items()} == {n: measured.count(n) for n in measured}
     assert sum(len(r) for r in kept.values()) == 3, "every finished run is in the study"
@@ -196,7 +196,7 @@ def test_an_interrupted_revalidation_keeps_its_runs_and_resumes_with_them():
         again.append(candidate.number)
         return run(100.0)
 
-    pooled = revalidate(candidates, 3, measure, 0, 0.95, lambda *a: None, kept, keep)
+    pooled = revalidate(candidates, FreshRuns(3, 0, 0.95), measure, lambda *a: None, kept, keep)
     assert len(again) == 3, "only the runs that were missing are measured"
     assert all(p.metrics["n_processes"] == 3 for p in pooled.values())
     assert {len(p.runs) for p in pooled.values()} == {3}
