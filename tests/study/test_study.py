@@ -99,12 +99,16 @@ def stored(
     )
 
 
-def driver(study, space, config=None, measured=None):
+def driver(study, space, config=None, measured=None, *, measure=QUICK, progress=None, warn=None):
+    """A driver of ``study`` over ``space`` whose trials measure as ``measure`` says; the configs
+    it requested go to ``measured``."""
     measured = [] if measured is None else measured
 
     def request(c):
         measured.append(dict(c))
-        return TrialRequest(workload=space.workload, config=c, device="cpu", seed=0, measure=QUICK)
+        return TrialRequest(
+            workload=space.workload, config=c, device="cpu", seed=0, measure=measure
+        )
 
     return StudyDriver(
         settings=config or cfg(),
@@ -112,7 +116,10 @@ def driver(study, space, config=None, measured=None):
         study=study,
         bench=Bench(FINGERPRINT),
         callbacks=DriverCallbacks(
-            request=request, log_trial=lambda record, result: None, progress=lambda record, d: None
+            request=request,
+            log_trial=lambda record, result: None,
+            progress=progress or (lambda record, d: None),
+            warn=warn,
         ),
     )
 
@@ -755,21 +762,7 @@ def test_another_process_measuring_on_this_cpu_is_warned_of_once():
         who = {"host": "h", "machine": MACHINE, "pid": other.pid, "started": _started(other.pid)}
         running.set_user_attr("owner", who)
         space, lines = make_space(), []
-        d = StudyDriver(
-            settings=cfg(n_trials=2),
-            space=space,
-            study=study,
-            bench=Bench(FINGERPRINT),
-            callbacks=DriverCallbacks(
-                request=lambda c: TrialRequest(
-                    workload=space.workload, config=c, device="cpu", seed=0, measure=QUICK
-                ),
-                log_trial=lambda record, result: None,
-                progress=lambda record, history: None,
-                warn=lines.append,
-            ),
-        )
-        d.run()
+        driver(study, space, cfg(n_trials=2), warn=lines.append).run()
         assert len(lines) == 1 and f"(pid {other.pid})" in lines[0]
         assert "on the same CPU" in lines[0]
     finally:
@@ -778,19 +771,12 @@ def test_another_process_measuring_on_this_cpu_is_warned_of_once():
     # once it is gone, nothing is said (a third value, so that there is something to measure)
     lines.clear()
     space, measured = make_space(micro_choices=(1, 2, 4)), []
-    StudyDriver(
-        settings=cfg(n_trials=1),
-        space=space,
-        study=study,
-        bench=Bench(FINGERPRINT),
-        callbacks=DriverCallbacks(
-            request=lambda c: TrialRequest(
-                workload=space.workload, config=c, device="cpu", seed=0, measure=QUICK
-            ),
-            log_trial=lambda record, result: None,
-            progress=lambda record, history: measured.append(record.number),
-            warn=lines.append,
-        ),
+    driver(
+        study,
+        space,
+        cfg(n_trials=1),
+        progress=lambda record, history: measured.append(record.number),
+        warn=lines.append,
     ).run()
     assert measured and lines == []
 
@@ -825,18 +811,8 @@ def test_a_configuration_the_front_dominates_is_screened_and_kept(race):
     study = new_study()
     space = make_space()
     stored(study, 2, throughput=1e12)  # a front no real step reaches
-    d = StudyDriver(
-        settings=cfg(n_trials=1, extra=[f"measure.race={str(race).lower()}"]),
-        space=space,
-        study=study,
-        bench=Bench(FINGERPRINT),
-        callbacks=DriverCallbacks(
-            request=lambda c: TrialRequest(
-                workload=space.workload, config=c, device="cpu", seed=0, measure=RACED
-            ),
-            log_trial=lambda record, result: None,
-            progress=lambda record, h: None,
-        ),
+    d = driver(
+        study, space, cfg(n_trials=1, extra=[f"measure.race={str(race).lower()}"]), measure=RACED
     )
     d.run()
     (record,) = d.outcome.records
