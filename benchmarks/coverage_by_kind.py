@@ -1,6 +1,7 @@
 """Do the tool's intervals cover the long-run mean for every kind of configuration, here?
 
     python benchmarks/coverage_by_kind.py [--rounds 6] [--busy-core] [--json PATH]
+    python benchmarks/coverage_by_kind.py --rejudge RECORD [--history]
 
 A ground truth of known kinds (``benchmarks/kinds.py``): steady (waits), overhead-bound (Python),
 compute-bound (real matrix products) and stalling (2% of micro-batches 10x), each at batch 8 and
@@ -17,6 +18,9 @@ over the square root of 5. Printed per kind: coverage at the nominal level with 
 Clopper-Pearson 95% interval, the median half-width against what the kind's between-process
 spread requires (the normal quantile times the spread of its runs), and how often a run was
 called unstable. ``--busy-core`` keeps one core spinning in another process throughout.
+``--rejudge`` judges the runs of a record again (it keeps every run, control runs included) and
+``--history`` judges each round by the control runs of every round, each an invocation of its own,
+as a study that has run before (a nightly re-tune) is judged.
 """
 
 from __future__ import annotations
@@ -64,6 +68,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--busy-core", action="store_true", help="keep one core spinning")
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--rejudge", type=Path, help="judge the runs of an earlier record again; measure nothing"
+    )
+    parser.add_argument(
+        "--history",
+        action="store_true",
+        help="judge each round by every round's control runs, each round an invocation",
+    )
     args = parser.parse_args(argv)
     settings = load_settings(compose_config(["+space=llm"]))
     configs = [
@@ -71,19 +83,25 @@ def main(argv: list[str]) -> int:
         for k in KINDS
         for b, m in SHAPES
     ]
-    spinner = _spin() if args.busy_core else None
     started = time.time()
-    try:
-        runs = _rounds(configs, settings, args.rounds, random.Random(args.seed))
-    finally:
-        if spinner is not None:
-            spinner.kill()
-    rows = _judged(runs, configs, settings)
+    if args.rejudge:
+        runs = json.loads(args.rejudge.read_text())["runs"]
+    else:
+        spinner = _spin() if args.busy_core else None
+        try:
+            runs = _rounds(configs, settings, args.rounds, random.Random(args.seed))
+        finally:
+            if spinner is not None:
+                spinner.kill()
+    rows = _judged(runs, configs, settings, args.history)
     summary = _by_kind(rows, settings.measure.confidence)
-    print(
-        f"\n{args.rounds} rounds, {(time.time() - started) / 60:.1f} min, busy core: "
+    measured = (
+        f"the runs of {args.rejudge}"
+        if args.rejudge
+        else f"{args.rounds} rounds, {(time.time() - started) / 60:.1f} min, busy core: "
         f"{args.busy_core}"
     )
+    print(f"\n{measured}; judged by every round's control runs: {args.history}")
     for kind, s in summary.items():
         print(
             f"{kind:9s} covered {s['covered']}/{s['n']} = {s['coverage']:.0%} "
@@ -92,7 +110,8 @@ def main(argv: list[str]) -> int:
             f"{s['unstable']}/{s['n']}"
         )
     if args.json:
-        args.json.write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+        record = {"summary": summary, "rows": rows, "runs": runs}
+        args.json.write_text(json.dumps(record, indent=1))
     return 0
 
 
@@ -134,15 +153,16 @@ def _rounds(configs, settings, rounds: int, rng: random.Random) -> list[dict[str
     return out
 
 
-def _judged(runs, configs, settings) -> list[dict[str, Any]]:
-    """Each configuration run with its interval and verdict from its round's floor, and the
+def _judged(runs, configs, settings, history: bool) -> list[dict[str, Any]]:
+    """Each configuration run with its interval and verdict from its round's floor (with
+    ``history``, from every round's control runs, each round a session of its own), and the
     long-run mean of the other rounds."""
     confidence, rows = settings.measure.confidence, []
     for r in sorted({run["round"] for run in runs}):
         controls = [
-            replace(RunFigures.of(x["metrics"], x["time_s"]), session=str(r))
+            replace(RunFigures.of(x["metrics"], x["time_s"]), session=str(x["round"]))
             for x in runs
-            if x["round"] == r and x["config"] is None
+            if (history or x["round"] == r) and x["config"] is None
         ]
         floor = NoiseFloor.estimate(controls)
         for x in (x for x in runs if x["round"] == r and x["config"] is not None):

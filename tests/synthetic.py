@@ -63,6 +63,9 @@ class Machine:
     """Relative change of the machine's level over ``span_s``."""
     span_s: float = 300.0
     seed: int = 0
+    session_factor: float = 1.0
+    """The level of the invocation now running against the long run (set it between
+    invocations: every run and probe of one invocation shares it)."""
     clock_s: float = 1.0e9  # an epoch-like start
     start_s: float = field(init=False)
 
@@ -71,8 +74,10 @@ class Machine:
         self.start_s = self.clock_s
 
     def level(self, t_s: float) -> float:
-        """The machine's speed factor at ``t_s`` (1.0 at the start)."""
-        return math.exp(math.log1p(self.drift) * (t_s - self.start_s) / self.span_s)
+        """The machine's speed factor at ``t_s`` (``session_factor`` at the start)."""
+        return self.session_factor * math.exp(
+            math.log1p(self.drift) * (t_s - self.start_s) / self.span_s
+        )
 
     def mean_level(self) -> float:
         """The machine's level averaged over the study's span (the long-run reference)."""

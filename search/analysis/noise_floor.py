@@ -20,9 +20,13 @@ it and at its end, and reads the machine from those runs and from the re-validat
   their intervals; another device's figures are not (workers on several GPUs at once drift apart);
   a slope that is not significant is reported but nothing is corrected, since a fitted line from a
   few runs would add more noise than it removes.
-- **intervals that span runs**: a figure from one run gets the variance ``σ_b² + se²`` (plus the
-  drift line's), with Welch-Satterthwaite degrees of freedom; a mean of k fresh runs gets
-  ``(σ_b² + mean se²) / k``. The interval is never narrower than the run's own.
+- **between-session variance** σ_s² (``search.analysis.between_sessions``): how far one
+  invocation's level lands from the long-run level, from the control runs of the study's earlier
+  invocations; unknown (left out, and the terminal says so) until ``MIN_BETWEEN_DF`` + 1 sessions.
+- **intervals that span runs**: a figure from one run gets the variance ``σ_b² + se² + σ_s²``
+  (plus the drift line's), with Welch-Satterthwaite degrees of freedom; a mean of k fresh runs
+  gets ``(σ_b² + mean se²) / k + σ_s² / (its sessions)``. The interval is never narrower than
+  the run's own.
 
 Stability, judged against the control runs this floor holds, is ``search.analysis.stability``.
 
@@ -39,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from search.analysis.between_sessions import between_sessions, session_levels
 from search.analysis.drift import DriftLine, split_sessions
 from search.analysis.run_figures import (
     BUSY,
@@ -172,6 +177,13 @@ class NoiseFloor:
     the runs of that class alone: the control's, the re-validated candidates' and, for ``BUSY``,
     the compute probe's timed in every control run (``between_for``). Empty for a floor built by
     hand: ``between_cv`` then serves every run."""
+    between_session_cv: float = 0.0
+    """σ_s: between-session standard deviation of an invocation's level, relative
+    (``search.analysis.between_sessions``)."""
+    between_session_df: int = 0
+    """Degrees of freedom behind ``between_session_cv`` (sessions less one per series)."""
+    session_classes: tuple[tuple[str, float, int], ...] = ()
+    """(class, σ_s, degrees of freedom) of each class of run, from the series of that class."""
 
     @property
     def within_cv(self) -> float:
@@ -221,17 +233,33 @@ class NoiseFloor:
             (name, *_pooled_between([p for p in parts + probes if p.kind == name]))
             for name in (BUSY, WAITING)
         )
-        return replace(floor, between_cv=cv, between_df=df, classes=classes)
+        levels = session_levels(sessions, lambda r: floor.level(r.time_s, r.device)[0])
+        session_cv, session_df = between_sessions(levels)
+        return replace(
+            floor,
+            between_cv=cv,
+            between_df=df,
+            classes=classes,
+            between_session_cv=session_cv,
+            between_session_df=session_df,
+            session_classes=tuple(
+                (name, *between_sessions([lv for lv in levels if lv.kind == name]))
+                for name in (BUSY, WAITING)
+            ),
+        )
 
     def between_for(self, busy: float) -> tuple[float, int]:
         """(σ_b, degrees of freedom) for a run as busy as ``busy`` (CPU-seconds per second): its
         class's (``BUSY`` or ``WAITING``) where that rests on ``MIN_BETWEEN_DF`` or more, else the
         machine's pooled figure (``between_cv``), which also serves a run of unknown busyness."""
-        name = busy_class(busy)
-        for kind, cv, df in self.classes:
-            if kind == name and df >= MIN_BETWEEN_DF:
-                return cv, df
-        return self.between_cv, self.between_df
+        return _of_class(self.classes, busy, (self.between_cv, self.between_df))
+
+    def between_sessions_for(self, busy: float) -> tuple[float, int]:
+        """(σ_s, degrees of freedom) for a run as busy as ``busy``, chosen as ``between_for``
+        chooses."""
+        return _of_class(
+            self.session_classes, busy, (self.between_session_cv, self.between_session_df)
+        )
 
     @property
     def session(self) -> tuple[RunFigures, ...]:
@@ -283,9 +311,9 @@ class NoiseFloor:
         than the run's own interval ``[low, high]``."""
         factor, drift_var = self.level(run.time_s, run.device)
         components = [(run.se_rel**2, run.n_windows - 1)]
-        between_cv, between_df = self.between_for(run.busy)
-        if between_df >= MIN_BETWEEN_DF:
-            components.append((between_cv**2, between_df))
+        for cv, df in (self.between_for(run.busy), self.between_sessions_for(run.busy)):
+            if df >= MIN_BETWEEN_DF:
+                components.append((cv**2, df))
         if drift_var:
             components.append((drift_var, self._drift_df([(run.time_s, run.device)])))
         half = _half_width(components, confidence)
@@ -316,6 +344,10 @@ class NoiseFloor:
         if df >= MIN_BETWEEN_DF:
             variance = (prior_df * prior_cv**2 + (k - 1) * max(own, 0.0)) / df
             components.append((variance / k, df))
+        session_cv, session_df = self.between_sessions_for(median_busy(runs))
+        if session_df >= MIN_BETWEEN_DF:
+            spanned = len(split_sessions(sorted(runs, key=lambda r: r.time_s)))
+            components.append((session_cv**2 / spanned, session_df))
         drift_var = float(np.mean([self.level(r.time_s, r.device)[1] for r in runs]))
         if drift_var:
             components.append((drift_var, self._drift_df([(r.time_s, r.device) for r in runs])))
@@ -348,8 +380,13 @@ class NoiseFloor:
             else "drift not known yet (needs 3 control runs)"
         )
         earlier = len(self.controls) - len(session)
+        sessions = (
+            f"between invocations {self.between_session_cv:.1%} ({self.between_session_df} df)"
+            if self.between_session_df >= MIN_BETWEEN_DF
+            else f"between invocations not known yet (needs {MIN_BETWEEN_DF + 1})"
+        )
         return (
-            f"this machine: {between}, within-run {self.within_cv:.1%}, {drift}; "
+            f"this machine: {between}, within-run {self.within_cv:.1%}, {drift}, {sessions}; "
             f"from {len(session)} control run(s) of this invocation"
             + (f" and {earlier} of earlier ones" if earlier else "")
         )
@@ -374,6 +411,8 @@ class NoiseFloor:
             "noise_drift": self.drift,
             "noise_drift_p": self.drift_p,
             "noise_control_runs": float(len(self.controls)),
+            "noise_between_session_cv": self.between_session_cv,
+            "noise_between_session_df": float(self.between_session_df),
             **{
                 f"noise_between_run_cv_{kind}": cv
                 for kind, cv, df in self.classes
@@ -411,6 +450,18 @@ class _Part:
         y = np.log([r.throughput / lv for r, lv in zip(runs, levels, strict=True)])
         explained = (len(runs) - fitted) / len(runs) * sum(r.se_rel**2 for r in runs)
         return cls(kind, float(np.sum((y - y.mean()) ** 2)), explained, len(runs) - fitted)
+
+
+def _of_class(
+    classes: Sequence[tuple[str, float, int]], busy: float, pooled: tuple[float, int]
+) -> tuple[float, int]:
+    """The (σ, degrees of freedom) of ``busy``'s class in ``classes`` where that rests on
+    ``MIN_BETWEEN_DF`` or more, else ``pooled`` (which also serves a run of unknown busyness)."""
+    name = busy_class(busy)
+    for kind, cv, df in classes:
+        if kind == name and df >= MIN_BETWEEN_DF:
+            return cv, df
+    return pooled
 
 
 def _pooled_between(parts: Sequence[_Part]) -> tuple[float, int]:

@@ -313,6 +313,18 @@ class StudyDriver:
         measured = measured_record(
             trial.number, config, result, judging=self.judging, why=self._why(trial), second=second
         )
+        if self._unstable_by_stalls(measured):
+            # A burst on the machine stalls a control run right after it too (it raises the
+            # stall rate the trial is compared with); the trial's own stalls do not.
+            self.run_control()
+            measured = measured_record(
+                trial.number,
+                config,
+                result,
+                judging=self.judging,
+                why=self._why(trial),
+                second=second,
+            )
         frozen = self._store(trial, measured)
         if frozen is None:
             return False
@@ -325,6 +337,12 @@ class StudyDriver:
         self.outcome.records.append(record)
         self.progress(record, self.history())
         return True
+
+    def _unstable_by_stalls(self, measured: MeasuredTrial) -> bool:
+        """Whether ``measured`` was called unstable by its stalls (the first test it fails) and
+        a control run can tell them from the machine's."""
+        record = measured.record
+        return self.control is not None and not record.stable and record.reason.startswith("stalls")
 
     def _store(self, trial: Trial, measured: MeasuredTrial) -> FrozenTrial | None:
         """Keep ``measured`` on ``trial`` and tell it; None when another process had already

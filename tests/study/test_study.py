@@ -99,9 +99,19 @@ def stored(
     )
 
 
-def driver(study, space, config=None, measured=None, *, measure=QUICK, progress=None, warn=None):
+def driver(
+    study,
+    space,
+    config=None,
+    measured=None,
+    *,
+    measure=QUICK,
+    progress=None,
+    warn=None,
+    control=None,
+):
     """A driver of ``study`` over ``space`` whose trials measure as ``measure`` says; the configs
-    it requested go to ``measured``."""
+    it requested go to ``measured``; ``control``: the control configuration (None: none)."""
     measured = [] if measured is None else measured
 
     def request(c):
@@ -114,7 +124,7 @@ def driver(study, space, config=None, measured=None, *, measure=QUICK, progress=
         settings=config or cfg(),
         space=space,
         study=study,
-        bench=Bench(FINGERPRINT),
+        bench=Bench(FINGERPRINT, control=control),
         callbacks=DriverCallbacks(
             request=request,
             log_trial=lambda record, result: None,
@@ -496,6 +506,34 @@ def test_an_infinite_throughput_is_a_failed_trial_not_a_complete_one(monkeypatch
     assert outcome.records[0].state == "failed"
     assert "non-finite figure" in outcome.records[0].failure
     assert study.trials[-1].state == TrialState.FAIL
+
+
+@pytest.mark.parametrize("burst", [True, False])
+def test_a_trial_that_stalls_is_judged_again_with_a_control_run_right_after_it(monkeypatch, burst):
+    """10% of a trial's steps stall 10x. A control run right after it that stalls as often (a
+    burst on the machine) makes it stable; a steady one leaves it unstable by its stalls."""
+    from tiny import measurement
+
+    import search.study.driver
+    from search.execution.trial import TrialResult
+
+    steady, stalling = (10.0,) * 100, (10.0,) * 90 + (100.0,) * 10
+    ran: list[str] = []
+
+    def run(request):
+        ran.append("control" if request.probe_compute else "trial")
+        right_after = ran[-2:] == ["trial", "control"]
+        stalls = ran[-1] == "trial" or (burst and right_after)
+        m = measurement(1000.0, latencies=stalling if stalls else steady)
+        return TrialResult(state="complete", measurement=m, peak_memory_mb=10.0, unit="tokens")
+
+    monkeypatch.setattr(search.study.driver, "run_isolated", run)
+    config = {"batch_size": 4, "micro_batch_size": 1}
+    outcome = driver(new_study(), make_space(), cfg(n_trials=1), control=config).run()
+    assert ran[:4] == ["control", "control", "trial", "control"]
+    record = outcome.records[0]
+    assert record.stable is burst, record.reason
+    assert burst or record.reason.startswith("stalls: 10 of 100 steps")
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,97 @@
+"""Between-session variance: how far one invocation's level lands from the machine's long-run level.
+
+A run's interval spanning processes (``search.analysis.noise_floor``) holds for fresh processes of
+*its* invocation: the control runs it is judged by come from the minutes around it. Over hours the
+machine moves further (a neighbour's load, clocks, placement after a restart), and a configuration's
+processes move with it, together. On the 2-core test machine the runs of one configuration moved
+by 2-12% between processes within a round of half an hour and, on top of that, by 3-20% from one
+round to the next (``docs/method/noise-floor.md``). One invocation cannot see that from its own
+runs. The control runs of the study's earlier invocations can: each invocation is a session, and
+a nightly re-tune adds one a night.
+
+The model, per series of runs (the control configuration, and the compute probe timed in each
+control run) on one device: ``log(session level) = long-run level + s_session + e``,
+``s ~ N(0, σ_s²)``, ``e`` the session level's own error, the spread of its runs over their number.
+σ_s² is the method-of-moments estimate (as the between-run variance's): the sessions' squared
+deviations from their series' mean less what their own errors explain, floored at zero; each
+series of n sessions gives n - 1 degrees of freedom. A class of run (``BUSY``, ``WAITING``) reads
+the series of its class: the probe, and the control where it is of that class.
+
+Nothing here knows Optuna or processes; ``NoiseFloor.estimate`` calls it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from search.analysis.run_figures import BUSY, RunFigures, busy_class, median_busy
+
+__all__ = ["SessionLevel", "between_sessions", "session_levels"]
+
+
+@dataclass(frozen=True)
+class SessionLevel:
+    """The mean log level of one series' runs in one session."""
+
+    series: str
+    """``control`` or ``probe``."""
+    kind: str | None
+    """The runs' class (``BUSY``, ``WAITING``; None where their busyness is unknown)."""
+    device: str
+    log_level: float
+    """Mean log throughput of its runs, each corrected for the session's drift."""
+    error_var: float
+    """Variance of ``log_level`` from its runs' own spread (their sample variance over their
+    number)."""
+
+
+def session_levels(
+    sessions: Sequence[Sequence[RunFigures]], level: Callable[[RunFigures], float]
+) -> list[SessionLevel]:
+    """The level of the control and of its probe in each of ``sessions`` (control runs, oldest
+    first) that holds two runs or more of it; ``level`` is a run's fitted drift factor."""
+    out = []
+    for session in sessions:
+        probes = [p for r in session if (p := r.probe_run()) is not None]
+        for series, runs, kind in (
+            ("control", session, busy_class(median_busy(session))),
+            ("probe", probes, BUSY),
+        ):
+            if len(runs) < 2:
+                continue
+            y = np.log([r.throughput / level(r) for r in runs])
+            out.append(
+                SessionLevel(
+                    series=series,
+                    kind=kind,
+                    device=session[-1].device,
+                    log_level=float(y.mean()),
+                    error_var=float(np.var(y, ddof=1)) / len(y),
+                )
+            )
+    return out
+
+
+def between_sessions(levels: Sequence[SessionLevel]) -> tuple[float, int]:
+    """σ_s (relative) and its degrees of freedom from ``levels``; (0.0, 0) from fewer than two
+    sessions of any series."""
+    groups: dict[tuple[str, str | None, str], list[SessionLevel]] = {}
+    for lv in levels:
+        groups.setdefault((lv.series, lv.kind, lv.device), []).append(lv)
+    rss = explained = 0.0
+    df = 0
+    for group in groups.values():
+        n = len(group)
+        if n < 2:
+            continue
+        y = np.array([lv.log_level for lv in group])
+        rss += float(np.sum((y - y.mean()) ** 2))
+        explained += (n - 1) / n * sum(lv.error_var for lv in group)
+        df += n - 1
+    if df == 0:
+        return 0.0, 0
+    return math.sqrt(max(0.0, (rss - explained) / df)), df
