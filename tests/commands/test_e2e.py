@@ -18,8 +18,9 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
+from invoke import search  # tests/ is on sys.path
 from mlflow.tracking import MlflowClient
-from tiny import CONTRACT_METRICS, KNOBS, LENIENT, TINY, TRIALS_ONLY  # tests/ is on sys.path
+from tiny import CONTRACT_METRICS, KNOBS, LENIENT, TINY, TRIALS_ONLY
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -28,24 +29,6 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def runs_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("runs")
-
-
-def search(
-    *args: str, runs_dir: Path, pythonpath: str = "", exit_code: int = 0
-) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (pythonpath, str(REPO)) if p)}
-    result = subprocess.run(
-        [sys.executable, "-m", "search", *args, f"runs_dir={runs_dir}"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == exit_code, (
-        f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
-    )
-    return result
 
 
 def measured(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
@@ -324,7 +307,7 @@ def test_readme_user_workload_example(runs_dir):
         # confirmation (37 of its 47 s) are the same for every workload and tested elsewhere
         *TRIALS_ONLY,
         runs_dir=runs_dir,
-        pythonpath=str(example),
+        pythonpath=(str(example),),
     )
     assert "study: mlp-" in result.stdout
     _, parents, children = runs_of(runs_dir, "mlp")
@@ -445,7 +428,7 @@ def test_a_study_over_every_fault_finishes_and_records_each_kind(runs_dir):
         "study.max_failure_rate=1",
         "study.sampler=random",
         runs_dir=runs_dir,
-        pythonpath=str(REPO / "tests"),
+        pythonpath=(str(REPO / "tests"),),
     )
     study = optuna.load_study(study_name="faults-cpu", storage=f"sqlite:///{runs_dir}/optuna.db")
     trials = {t.user_attrs["config"]["fault"]: t for t in measured(study)}
@@ -483,8 +466,8 @@ def test_a_study_that_only_fails_stops_with_a_clear_message(runs_dir):
         "space.params.fault.choices=[error,exit,oom,segv,abort,hang]",
         "study.max_failure_rate=0.5",
         runs_dir=runs_dir,
-        pythonpath=str(REPO / "tests"),
-        exit_code=1,
+        pythonpath=(str(REPO / "tests"),),
+        code=1,
     )
     assert "stopped by failure rate" in result.stdout
     err = result.stderr.strip().splitlines()

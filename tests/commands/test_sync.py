@@ -9,24 +9,20 @@ searching MLflow, not by the ids.
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import optuna
 import pytest
+from invoke import search  # tests/ is on sys.path
 from mlflow.tracking import MlflowClient
-from tiny import CONTRACT_METRICS, KNOBS, LENIENT, TINY  # tests/ is on sys.path
+from tiny import CONTRACT_METRICS, KNOBS, LENIENT, TINY
 
 from search.commands.cli import main
 from search.study.trial_store import SYNCED_RUN_PREFIX
 from search.tracking.connection import NETWORK_LIMITS
 from search.tracking.tracker import Tracker
-
-REPO = Path(__file__).resolve().parents[2]
 
 CONTRACT_TAGS = {
     "state",
@@ -54,20 +50,6 @@ def dead_uri() -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return f"http://127.0.0.1:{s.getsockname()[1]}"
-
-
-def search(*args: str, runs_dir: Path, code: int = 0) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    result = subprocess.run(
-        [sys.executable, "-m", "search", *args, f"runs_dir={runs_dir}"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == code, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
-    return result
 
 
 def children(uri: str, experiment: str = "llm"):

@@ -8,14 +8,13 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import optuna
 import pytest
+from invoke import search as invoke_search  # tests/ is on sys.path
 
 from search.config.compose import ConfigError
 from search.retune.comparison import (
@@ -347,20 +346,9 @@ WITH_REFERENCE = "retune.reference=true"
 
 
 def search(*args: str, runs_dir: Path, code: int = 0) -> subprocess.CompletedProcess:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "retune_space"), str(REPO)]),
-    }
-    result = subprocess.run(
-        [sys.executable, "-m", "search", *args, f"runs_dir={runs_dir}"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    return invoke_search(
+        *args, runs_dir=runs_dir, code=code, pythonpath=(str(REPO / "tests" / "retune_space"),)
     )
-    assert result.returncode == code, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
-    return result
 
 
 def test_retune_without_a_tuning_exits_2_in_one_line(tmp_path):
