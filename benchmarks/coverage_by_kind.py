@@ -1,6 +1,6 @@
 """Do the tool's intervals cover the long-run mean for every kind of configuration, here?
 
-    python benchmarks/coverage_by_kind.py [--rounds 6] [--busy-core] [--json PATH]
+    python benchmarks/coverage_by_kind.py [--rounds 6] [--busy-core] [--pairs] [--json PATH]
     python benchmarks/coverage_by_kind.py --rejudge RECORD [--history]
 
 A ground truth of known kinds (``benchmarks/kinds.py``): steady (waits), overhead-bound (Python),
@@ -21,6 +21,8 @@ called unstable. ``--busy-core`` keeps one core spinning in another process thro
 ``--rejudge`` judges the runs of a record again (it keeps every run, control runs included) and
 ``--history`` judges each round by the control runs of every round, each an invocation of its own,
 as a study that has run before (a nightly re-tune) is judged.
+``--pairs`` measures each configuration in two fresh processes in a row, as a compiled trial is,
+and judges the mean of the two with a floor that also holds the other configurations' pairs.
 """
 
 from __future__ import annotations
@@ -72,6 +74,11 @@ def main(argv: list[str]) -> int:
         "--rejudge", type=Path, help="judge the runs of an earlier record again; measure nothing"
     )
     parser.add_argument(
+        "--pairs",
+        action="store_true",
+        help="measure each configuration in two fresh processes in a row, as a compiled trial",
+    )
+    parser.add_argument(
         "--history",
         action="store_true",
         help="judge each round by every round's control runs, each round an invocation",
@@ -89,7 +96,7 @@ def main(argv: list[str]) -> int:
     else:
         spinner = _spin() if args.busy_core else None
         try:
-            runs = _rounds(configs, settings, args.rounds, random.Random(args.seed))
+            runs = _rounds(configs, settings, args, random.Random(args.seed))
         finally:
             if spinner is not None:
                 spinner.kill()
@@ -138,62 +145,90 @@ def _run(config: dict[str, Any], settings, probe: bool = False) -> dict[str, Any
     return {"metrics": trial_metrics(result, settings.measure.confidence), "time_s": time.time()}
 
 
-def _rounds(configs, settings, rounds: int, rng: random.Random) -> list[dict[str, Any]]:
-    """Every round's control runs and configuration runs, in the order they ran."""
+def _rounds(configs, settings, args, rng: random.Random) -> list[dict[str, Any]]:
+    """Every round's control runs and configuration runs, in the order they ran; with
+    ``args.pairs`` each configuration twice in a row, as a compiled trial is measured."""
     out: list[dict[str, Any]] = []
-    for r in range(rounds):
+    for r in range(args.rounds):
         order = list(range(len(configs)))
         rng.shuffle(order)
         schedule = [None, None, *order[:6], None, *order[6:], None]  # None: a control run
         for i in schedule:
-            got = _run(CONTROL if i is None else configs[i], settings, probe=i is None)
-            if got is not None:
-                out.append({**got, "round": r, "config": i})
-        print(f"  round {r + 1}/{rounds} done", flush=True)
+            for second in (False, True) if args.pairs and i is not None else (False,):
+                got = _run(CONTROL if i is None else configs[i], settings, probe=i is None)
+                if got is not None:
+                    out.append({**got, "round": r, "config": i, "second": second})
+        print(f"  round {r + 1}/{args.rounds} done", flush=True)
     return out
 
 
 def _judged(runs, configs, settings, history: bool) -> list[dict[str, Any]]:
-    """Each configuration run with its interval and verdict from its round's floor (with
-    ``history``, from every round's control runs, each round a session of its own), and the
-    long-run mean of the other rounds."""
+    """Each configuration's run (or pair of runs) with its interval and verdict from its round's
+    floor (with ``history``, from every round's control runs, each round a session of its own;
+    with pairs, also from the other configurations' pairs, as a study's floor holds its compiled
+    trials'), and the long-run mean of the other rounds."""
     confidence, rows = settings.measure.confidence, []
+    measured = _measured(runs)
     for r in sorted({run["round"] for run in runs}):
         controls = [
-            replace(RunFigures.of(x["metrics"], x["time_s"]), session=str(x["round"]))
+            replace(_figures(x), session=str(x["round"]))
             for x in runs
             if (history or x["round"] == r) and x["config"] is None
         ]
-        floor = NoiseFloor.estimate(controls)
-        for x in (x for x in runs if x["round"] == r and x["config"] is not None):
-            others = [
-                y["metrics"]["throughput"]
-                for y in runs
-                if y["config"] == x["config"] and y["round"] != r
-            ]
+        for (round_, i), (first, second) in measured.items():
+            if round_ != r:
+                continue
+            others = [_mean(m) for (q, j), m in measured.items() if j == i and q != r]
             if len(others) < 2:
                 continue
+            pairs = [
+                tuple(_figures(x) for x in m)
+                for (q, j), m in measured.items()
+                if second is not None and j != i and (history or q == r) and m[1] is not None
+            ]
+            floor = NoiseFloor.estimate(controls, pairs)
+            extra = None if second is None else {"state": COMPLETE, **second}
             spanned, verdict = assess(
-                x["metrics"], x["time_s"], Yardstick(floor, settings.stable, confidence)
+                first["metrics"],
+                first["time_s"],
+                Yardstick(floor, settings.stable, confidence),
+                second=extra,
             )
             truth = float(np.mean(others))
+            low, high = spanned["throughput_ci_low"], spanned["throughput_ci_high"]
             rows.append(
                 {
                     "round": r,
-                    "config": configs[x["config"]],
-                    "throughput": x["metrics"]["throughput"],
-                    "host_busy": x["metrics"].get("host_busy"),
-                    "interval": [spanned["throughput_ci_low"], spanned["throughput_ci_high"]],
+                    "config": configs[i],
+                    "throughput": _mean((first, second)),
+                    "host_busy": first["metrics"].get("host_busy"),
+                    "interval": [low, high],
                     "long_run_mean": truth,
-                    "covered": spanned["throughput_ci_low"]
-                    <= truth
-                    <= spanned["throughput_ci_high"],
+                    "covered": low <= truth <= high,
                     "stable": verdict.stable,
                     "reason": verdict.reason,
                     "floor": floor.line(),
                 }
             )
     return rows
+
+
+def _measured(runs) -> dict[tuple[int, int], tuple[dict[str, Any], dict[str, Any] | None]]:
+    """(round, configuration): its first run and its second (None where it had none)."""
+    out: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for x in runs:
+        if x["config"] is not None:
+            out.setdefault((x["round"], x["config"]), []).append(x)
+    return {k: (v[0], v[1] if len(v) > 1 else None) for k, v in out.items()}
+
+
+def _figures(x: dict[str, Any]) -> RunFigures:
+    return RunFigures.of(x["metrics"], x["time_s"])
+
+
+def _mean(measured) -> float:
+    """The mean throughput of a configuration's run or pair of runs in one round."""
+    return float(np.mean([x["metrics"]["throughput"] for x in measured if x is not None]))
 
 
 def _by_kind(rows, confidence: float) -> dict[str, dict[str, Any]]:

@@ -1,15 +1,18 @@
 """What a study keeps of the runs repeated on configurations measured before: the control runs that
-measure the machine's noise, the re-validations of candidates, and the noise floor judged from
-both."""
+measure the machine's noise, the re-validations of candidates, the second processes of compiled
+trials, and the noise floor judged from them."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import optuna
+from optuna.trial import TrialState
 
 from search.analysis.noise_floor import NoiseFloor, RunFigures
 from search.analysis.stability import Yardstick, assess_pooled
+from search.core.records import COMPLETE
 from search.study.retried_writes import retried
 from search.study.revalidate import Pooled, Run
 
@@ -27,6 +30,7 @@ __all__ = [
     "save_revalidation_run",
     "study_controls",
     "study_revalidations",
+    "trial_pairs",
     "unfinished_revalidations",
 ]
 
@@ -72,16 +76,23 @@ def _judged(
     machine).
     """
     controls = study_controls(study, fingerprint)
+    pairs = trial_pairs(study, fingerprint)
     stored = study_revalidations(study, fingerprint)
     groups = {n: p.runs for n, p in stored.items() if p.stable and len(p.runs) >= 2}
     confidence = settings.measure.confidence
     verdicts = {}
     for number, runs in groups.items():
-        others = NoiseFloor.estimate(controls, [g for m, g in groups.items() if m != number])
+        others = [g for m, g in groups.items() if m != number]
         verdicts[number] = assess_pooled(
-            stored[number].metrics, runs, Yardstick(others, settings.stable, confidence)
+            stored[number].metrics,
+            runs,
+            Yardstick(
+                NoiseFloor.estimate(controls, [*pairs, *others]), settings.stable, confidence
+            ),
         )[1]
-    floor = NoiseFloor.estimate(controls, [g for n, g in groups.items() if verdicts[n].stable])
+    floor = NoiseFloor.estimate(
+        controls, [*pairs, *(g for n, g in groups.items() if verdicts[n].stable)]
+    )
     reported = Yardstick(floor, settings.stable, confidence)
     judged = {}
     for number, pooled in stored.items():
@@ -92,6 +103,27 @@ def _judged(
         verdict = verdicts[number]
         judged[number] = Pooled(metrics, verdict.stable, verdict.reason, pooled.runs)
     return floor, judged
+
+
+def trial_pairs(study: optuna.Study, fingerprint: str) -> list[tuple[RunFigures, RunFigures]]:
+    """The two fresh processes of each trial of ``fingerprint`` measured in two (a compiled one,
+    ``search.study.measured.again_if_compiled``), both complete: groups of the floor's between-run
+    variance as a re-validated candidate's runs are. They are the configurations' own spread
+    between processes, where the control and its probe only stand in for it, and they cost no
+    run of their own. A trial that reused another's measurement is left out (the same pair)."""
+    pairs = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        attrs = trial.user_attrs
+        second = attrs.get("second_process")
+        if attrs.get("fingerprint") != fingerprint or "reused_from" in attrs:
+            continue
+        if not second or second.get("state") != COMPLETE or "measured_at" not in attrs:
+            continue
+        device = str(attrs.get("measured_on", ""))
+        first = RunFigures.of(attrs["metrics"], float(attrs["measured_at"]))
+        again = RunFigures.of(second["metrics"], float(second["time_s"]))
+        pairs.append((replace(first, device=device), replace(again, device=device)))
+    return pairs
 
 
 def save_revalidation(study: optuna.Study, fingerprint: str, number: int, pooled: Pooled) -> None:

@@ -687,3 +687,40 @@ def test_a_run_that_computes_is_judged_against_the_probe_where_the_control_waits
     assert judge(waiting_as_jittery, floor, STABLE).reason.startswith("dispersion")
     far_beyond = replace(computing, cv=0.40)
     assert judge(far_beyond, floor, STABLE).reason.startswith("dispersion")
+
+
+def test_the_two_processes_of_compiled_trials_teach_the_floor_their_class_s_spread():
+    """Control runs whose probe moves by 1% between processes, and 12 compiled trials whose two
+    processes each moved by about 10%: runs that compute are judged by what the trials showed,
+    not by the probe alone."""
+    import optuna
+
+    from search.study.repeat_runs import noise_floor, trial_pairs
+
+    rng = np.random.default_rng(3)
+    controls = [
+        replace(r, busy=0.1, probe=5e3 * (1 + 0.01 * rng.standard_normal()), probe_windows=10)
+        for r in _runs([1e4, 1.01e4, 0.99e4, 1e4])
+    ]
+    study = _study_with(controls, {})
+    for i in range(12):
+        a, b = np.exp(rng.normal(0.0, 0.10, size=2)) * 1e3
+        first = {"throughput": a, "throughput_cv": 0.01, "n_windows": 10, "n_steps": 50}
+        second = {**first, "throughput": b}
+        attrs = {
+            "fingerprint": "fp",
+            "metrics": {**first, "host_busy": 1.0},
+            "measured_at": 1e9 + 10 * i,
+            "second_process": {
+                "state": "complete",
+                "time_s": 1e9 + 10 * i + 5,
+                "metrics": {**second, "host_busy": 1.0},
+            },
+        }
+        study.add_trial(optuna.trial.create_trial(values=[1.0], user_attrs=attrs))
+    assert len(trial_pairs(study, "fp")) == 12 and trial_pairs(study, "other") == []
+    floor = noise_floor(study, "fp", _settings())
+    busy_cv, busy_df = floor.between_for(1.0)
+    assert busy_df >= 12 + 3 and 0.05 < busy_cv < 0.16, (busy_cv, busy_df)
+    without = NoiseFloor.estimate(controls)
+    assert without.between_for(1.0)[0] < 0.03
