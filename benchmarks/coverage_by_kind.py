@@ -1,6 +1,7 @@
 """Do the tool's intervals cover the long-run mean for every kind of configuration, here?
 
-    python benchmarks/coverage_by_kind.py [--rounds 6] [--busy-core] [--pairs] [--json PATH]
+    python benchmarks/coverage_by_kind.py [--rounds 6] [--busy-core] [--bursts] [--pairs]
+                                          [--json PATH]
     python benchmarks/coverage_by_kind.py --rejudge RECORD [--history]
 
 A ground truth of known kinds (``benchmarks/kinds.py``): steady (waits), overhead-bound (Python),
@@ -21,8 +22,11 @@ called unstable. ``--busy-core`` keeps one core spinning in another process thro
 ``--rejudge`` judges the runs of a record again (it keeps every run, control runs included) and
 ``--history`` judges each round by the control runs of every round, each an invocation of its own,
 as a study that has run before (a nightly re-tune) is judged.
-``--pairs`` measures each configuration in two fresh processes in a row, as a compiled trial is,
-and judges the mean of the two with a floor that also holds the other configurations' pairs.
+``--bursts`` copies memory in bursts in another process throughout. As a study does, a run that
+fails the stall test first (judged against its round's control runs so far) is followed by one
+more control run. ``--pairs`` measures each configuration in two fresh processes in a row, as a
+compiled trial is, and judges the mean of the two with a floor that also holds the other
+configurations' pairs.
 """
 
 from __future__ import annotations
@@ -74,6 +78,9 @@ def main(argv: list[str]) -> int:
         "--rejudge", type=Path, help="judge the runs of an earlier record again; measure nothing"
     )
     parser.add_argument(
+        "--bursts", action="store_true", help="copy memory in bursts in another process"
+    )
+    parser.add_argument(
         "--pairs",
         action="store_true",
         help="measure each configuration in two fresh processes in a row, as a compiled trial",
@@ -94,12 +101,15 @@ def main(argv: list[str]) -> int:
     if args.rejudge:
         runs = json.loads(args.rejudge.read_text())["runs"]
     else:
-        spinner = _spin() if args.busy_core else None
+        neighbours = [
+            *([_spin()] if args.busy_core else []),
+            *([_bursts()] if args.bursts else []),
+        ]
         try:
             runs = _rounds(configs, settings, args, random.Random(args.seed))
         finally:
-            if spinner is not None:
-                spinner.kill()
+            for neighbour in neighbours:
+                neighbour.kill()
     rows = _judged(runs, configs, settings, args.history)
     summary = _by_kind(rows, settings.measure.confidence)
     measured = (
@@ -124,6 +134,26 @@ def main(argv: list[str]) -> int:
 
 def _spin() -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", "while True: pass"])
+
+
+BURSTS = """
+import time
+import numpy as np
+source = np.ones(64 * 2**20 // 8)  # 64 MiB: beyond the caches
+target = np.empty_like(source)
+while True:
+    for burst_s in (0.3, 0.7):
+        start = time.perf_counter()
+        while time.perf_counter() - start < burst_s:
+            np.copyto(target, source)
+        time.sleep(1.6 - burst_s)
+"""
+"""Memory copying in bursts beside the runs: 0.3 s, then 0.7 s, each followed by a pause that
+makes up 1.6 s."""
+
+
+def _bursts() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", BURSTS])
 
 
 def _run(config: dict[str, Any], settings, probe: bool = False) -> dict[str, Any] | None:
@@ -156,10 +186,27 @@ def _rounds(configs, settings, args, rng: random.Random) -> list[dict[str, Any]]
         for i in schedule:
             for second in (False, True) if args.pairs and i is not None else (False,):
                 got = _run(CONTROL if i is None else configs[i], settings, probe=i is None)
-                if got is not None:
-                    out.append({**got, "round": r, "config": i, "second": second})
+                if got is None:
+                    continue
+                out.append({**got, "round": r, "config": i, "second": second})
+                if i is not None and not second and _stalls_first(got, out, r, settings):
+                    # as the study driver does: a control run right after, to tell a burst
+                    again = _run(CONTROL, settings, probe=True)
+                    if again is not None:
+                        out.append({**again, "round": r, "config": None, "second": False})
         print(f"  round {r + 1}/{args.rounds} done", flush=True)
     return out
+
+
+def _stalls_first(got, out, round_: int, settings) -> bool:
+    """Whether ``got`` fails the stall test first, judged against its round's control runs so far
+    (``search.study.driver.StudyDriver._unstable_by_stalls``)."""
+    controls = [_figures(x) for x in out if x["round"] == round_ and x["config"] is None]
+    yardstick = Yardstick(
+        NoiseFloor.estimate(controls), settings.stable, settings.measure.confidence
+    )
+    _, verdict = assess(got["metrics"], got["time_s"], yardstick)
+    return not verdict.stable and verdict.reason.startswith("stalls")
 
 
 def _judged(runs, configs, settings, history: bool) -> list[dict[str, Any]]:

@@ -22,7 +22,8 @@ it and at its end, and reads the machine from those runs and from the re-validat
   few runs would add more noise than it removes.
 - **between-session variance** σ_s² (``search.analysis.between_sessions``): how far one
   invocation's level lands from the long-run level, from the control runs of the study's earlier
-  invocations; unknown (left out, and the terminal says so) until ``MIN_BETWEEN_DF`` + 1 sessions.
+  invocations; unknown (left out, and the terminal says so) until it rests on ``MIN_BETWEEN_DF``
+  degrees of freedom (3 invocations whose control runs timed the probe, else 4).
 - **intervals that span runs**: a figure from one run gets the variance ``σ_b² + se² + σ_s²``
   (plus the drift line's), with Welch-Satterthwaite degrees of freedom; a mean of k fresh runs
   gets ``(σ_b² + mean se²) / k + σ_s² / (its sessions)``. The interval is never narrower than
@@ -383,7 +384,7 @@ class NoiseFloor:
         sessions = (
             f"between invocations {self.between_session_cv:.1%} ({self.between_session_df} df)"
             if self.between_session_df >= MIN_BETWEEN_DF
-            else f"between invocations not known yet (needs {MIN_BETWEEN_DF + 1})"
+            else f"between invocations not known yet ({len(self.lines) or 1} so far)"
         )
         return (
             f"this machine: {between}, within-run {self.within_cv:.1%}, {drift}, {sessions}; "

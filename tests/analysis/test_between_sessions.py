@@ -53,7 +53,7 @@ def test_sessions_that_moved_read_about_their_spread():
 def test_a_first_invocation_says_its_intervals_hold_for_its_own_processes():
     floor = NoiseFloor.estimate([r for i in range(3) for r in _session(i, 1 + 0.05 * i)])
     assert floor.between_session_df == 2
-    assert "between invocations not known yet (needs 4)" in floor.line()
+    assert "between invocations not known yet (3 so far)" in floor.line()
     later = NoiseFloor.estimate([r for i in range(4) for r in _session(i, 1 + 0.05 * i)])
     assert f"between invocations {later.between_session_cv:.1%} (3 df)" in later.line()
     assert 0.8 * 0.060 < later.between_session_cv < 1.1 * 0.060  # the factors' log spread
