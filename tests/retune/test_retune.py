@@ -17,7 +17,7 @@ import numpy as np
 import optuna
 import pytest
 
-from search.config.compose import ConfigError
+from search.core.errors import ConfigError
 from search.retune.comparison import (
     compare,
     runs_needed,
