@@ -37,7 +37,7 @@ from search.execution.isolation import run_isolated
 from search.execution.trial import TrialRequest, TrialResult
 from search.space.search_space import SearchSpace
 from search.study.driver_inputs import Bench, DriverCallbacks
-from search.study.guards import KnownOutcomes, Proposal, Verdict, guards
+from search.study.guards import KnownOutcomes, Proposal, Ruling, guards
 from search.study.guided import HANDED_OVER, WHY, GuidedSampler, seen_of
 from search.study.liveness import Liveness, measuring_here, owner
 from search.study.measured import (
@@ -245,12 +245,12 @@ class StudyDriver:
         return False
 
     def _settle(self, trial: Trial) -> bool:
-        """Tell ``trial`` a guard's verdict, or measure it; True when it was measured here."""
+        """Tell ``trial`` a guard's ruling, or measure it; True when it was measured here."""
         dropped = self._outside_space(trial)
         if dropped:
             self.outcome.dropped.append(f"queued trial #{trial.number}: {dropped}")
             self._tell(
-                trial, Verdict(counted_as=None, user_attrs={"failure": f"not run: {dropped}"})
+                trial, Ruling(counted_as=None, user_attrs={"failure": f"not run: {dropped}"})
             )
             return False
         config = {
@@ -259,9 +259,9 @@ class StudyDriver:
         }
         proposal = Proposal(trial.number, config, trial.params, trial.user_attrs)
         for guard in self.guards:
-            verdict = guard(proposal)
-            if verdict is not None:
-                self._tell(trial, verdict)
+            ruling = guard(proposal)
+            if ruling is not None:
+                self._tell(trial, ruling)
                 return False
         return self._measure(trial, config)
 
@@ -285,18 +285,18 @@ class StudyDriver:
             return f"{shown} lies outside the space as it is now (it changed since it was queued)"
         return ""
 
-    def _tell(self, trial: Trial, verdict: Verdict) -> None:
-        for key, value in verdict.user_attrs.items():
+    def _tell(self, trial: Trial, ruling: Ruling) -> None:
+        for key, value in ruling.user_attrs.items():
             trial.set_user_attr(key, value)
-        if verdict.state == TrialState.COMPLETE:
+        if ruling.state == TrialState.COMPLETE:
             if self.settings.study.sampler != "gp":
-                set_constraints(trial, verdict.constraints)
-            self.study.tell(trial, verdict.values)
+                set_constraints(trial, ruling.constraints)
+            self.study.tell(trial, ruling.values)
         else:
-            self.study.tell(trial, state=verdict.state)
-        if verdict.counted_as is not None:
-            setattr(self.outcome, verdict.counted_as, getattr(self.outcome, verdict.counted_as) + 1)
-        if verdict.resample:
+            self.study.tell(trial, state=ruling.state)
+        if ruling.counted_as is not None:
+            setattr(self.outcome, ruling.counted_as, getattr(self.outcome, ruling.counted_as) + 1)
+        if ruling.resample:
             self._reseed(trial.number)  # out of step with the other process's sampler
 
     def _measure(self, trial: Trial, config: dict[str, Any]) -> bool:
