@@ -29,9 +29,10 @@ from search.execution.compiling import read_stats, use_compile_cache
 from search.execution.faults import MemoryLimit, OnExceeded, classify, over_memory_limit
 from search.execution.fidelity import changes_numerics, check_fidelity
 from search.execution.host_figures import host_busy, probe_metrics
-from search.execution.knobs import Knobs, TrainStep
+from search.execution.knobs import Knobs
 from search.execution.readings import MonitoredTimer, telemetry_metrics
 from search.execution.serving import ServeStep
+from search.execution.train_step import TrainStep
 from search.execution.trial import TrialRequest, TrialResult
 from search.measurement.energy import make_monitor
 from search.measurement.environment import MemoryProbe

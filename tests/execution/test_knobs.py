@@ -6,13 +6,8 @@ import torch
 from torch import nn
 
 from search.core.knobs import GENERIC_KNOBS
-from search.execution.knobs import (
-    PRECISIONS,
-    KnobError,
-    Knobs,
-    TrainStep,
-    unsupported_reason,
-)
+from search.execution.knobs import PRECISIONS, KnobError, Knobs, unsupported_reason
+from search.execution.train_step import TrainStep
 from search.workloads import GPT, Workload
 
 CPU = torch.device("cpu")
