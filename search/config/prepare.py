@@ -21,7 +21,7 @@ import torch
 from hydra.utils import instantiate
 
 from search.core.errors import ConfigError, SpaceError
-from search.core.knobs import GENERIC_KNOBS
+from search.core.knob_registry import GENERIC_KNOBS
 from search.core.metrics import METRICS
 from search.execution.fp8 import FP8_PRECISIONS
 from search.execution.knobs import unsupported_reason, value_rule

@@ -5,8 +5,8 @@ concurrent lanes, activation recompute, compilation); the training step
 (``search.execution.train_step``) and the serving step (``search.execution.serving``) run under
 them.
 
-Which knobs there are, for which tasks, is the registry ``search.core.knobs``; this module holds
-the code that applies them: a ``Knobs`` field each, the values a space may give it
+Which knobs there are, for which tasks, is the registry ``search.core.knob_registry``; this
+module holds the code that applies them: a ``Knobs`` field each, the values a space may give it
 (``value_rule``), for a knob that depends on the device, why a device cannot run a value
 (``unsupported_reason``), and what both steps build alike (the model, the lanes).
 """
@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from search.core.errors import KnobError
-from search.core.knobs import NUMERIC_KNOBS
+from search.core.knob_registry import NUMERIC_KNOBS
 from search.execution.compiling import COMPILE_MODES, compile_unsupported
 from search.execution.fp8 import FP8_PRECISIONS, fp8_unsupported
 from search.execution.kernels import KERNELS, kernels_unsupported
@@ -146,8 +146,8 @@ class Knobs:
         return self.batch_size // self.micro_samples
 
     def numerics_apart_from(self, other: Knobs) -> tuple[str, ...]:
-        """The knobs that can change the numerics (``search.core.knobs``) on which this step runs
-        otherwise than ``other``; ``micro_batch_size`` as it runs (None is ``batch_size``)."""
+        """The knobs that can change the numerics (``search.core.knob_registry``) on which this step
+        runs otherwise than ``other``; ``micro_batch_size`` as it runs (None is ``batch_size``)."""
         return tuple(n for n in NUMERIC_KNOBS if self._running(n) != other._running(n))
 
     def _running(self, name: str) -> object:

@@ -23,7 +23,7 @@ from hydra.utils import instantiate
 from search.analysis.diagnosis import count_work, work_metrics
 from search.analysis.racing import Race, Samples, out_of_reach
 from search.core.errors import KnobError
-from search.core.knobs import GENERIC_KNOBS
+from search.core.knob_registry import GENERIC_KNOBS
 from search.core.records import COMPLETE, FAILED, INFEASIBLE
 from search.execution.compiling import read_stats, use_compile_cache
 from search.execution.faults import MemoryLimit, OnExceeded, classify, over_memory_limit
