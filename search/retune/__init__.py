@@ -11,5 +11,5 @@ distribution-free interval from the ranks of the runs.
 
 The reference step (``reference``) does not depend on the space's model, so a slower machine is
 not blamed on the model (``environment_diff`` says what else changed). ``report`` writes the
-re-tune's files, ``history`` the study's runs one after another.
+re-tune's files, ``tuning_history`` the study's runs one after another.
 """
