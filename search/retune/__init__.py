@@ -10,6 +10,6 @@ with fresh runs (``comparison``, ``verdict``): each comparison is a ratio today 
 distribution-free interval from the ranks of the runs.
 
 The reference step (``reference``) does not depend on the space's model, so a slower machine is
-not blamed on the model (``environment_diff`` says what else changed). ``report`` writes the
-re-tune's files, ``tuning_history`` the study's runs one after another.
+not blamed on the model (``environment_diff`` says what else changed). ``retune_report`` writes
+the re-tune's files, ``tuning_history`` the study's runs one after another.
 """
