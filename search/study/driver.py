@@ -47,6 +47,7 @@ from search.study.measured import (
     measured_record,
     second_process,
 )
+from search.study.optuna_private import stored_trial, trial_id
 from search.study.outcome import StudyOutcome
 from search.study.repeat_runs import noise_floor, save_control
 from search.study.samplers import GUIDED, SAMPLERS, optuna_names, suggest
@@ -232,14 +233,14 @@ class StudyDriver:
         trial, the other gives way without telling it.
         """
         if self.heartbeat is not None:
-            self.heartbeat.track(trial._trial_id)
+            self.heartbeat.track(trial_id(trial))
         me = owner()
         trial.set_user_attr("owner", me)
         trial.set_user_attr("fingerprint", self.fingerprint)
         if not ({"proposed_by", "retry_of"} & trial.user_attrs.keys()):
             return True  # a new trial the sampler made: no other process can hold it
         time.sleep(QUEUE_SETTLE_S)
-        if self.study._storage.get_trial(trial._trial_id).user_attrs.get("owner") == me:
+        if stored_trial(self.study, trial).user_attrs.get("owner") == me:
             return True
         self.outcome.in_flight += 1
         return False
@@ -268,7 +269,7 @@ class StudyDriver:
     def _outside_space(self, trial: Trial) -> str:
         """Why a queued trial (left waiting by a timeout, Ctrl-C or a stopped process) no longer
         fits the space, which changed since; '' when it fits or was not queued."""
-        fixed = self.study._storage.get_trial(trial._trial_id).system_attrs.get("fixed_params")
+        fixed = stored_trial(self.study, trial).system_attrs.get("fixed_params")
         if not fixed:
             return ""
         knobs = {name: knob for knob, name in self.names.items()}
@@ -357,7 +358,7 @@ class StudyDriver:
                 constraints=self._constraints(measured.record.stable),
             )
         except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
-            if not self.study._storage.get_trial(trial._trial_id).state.is_finished():
+            if not stored_trial(self.study, trial).state.is_finished():
                 raise  # a ValueError of our own making, not another process's recovery
             # Another process took this trial for stale (no heartbeat for the grace period) and
             # queued it again: the retry measures it anew.
@@ -389,7 +390,7 @@ class StudyDriver:
     def _why(self, trial: Trial) -> str:
         """Why ``trial``'s configuration was proposed: the guided sampler's reason or what queued
         it (read from the storage: the sampler wrote it there, past the trial's own cache)."""
-        attrs = self.study._storage.get_trial(trial._trial_id).user_attrs
+        attrs = stored_trial(self.study, trial).user_attrs
         if "retry_of" in attrs:
             return f"a retry of stale trial #{attrs['retry_of']}"
         return str(attrs.get(WHY) or attrs.get("proposed_by") or "")
@@ -469,7 +470,7 @@ class StudyDriver:
             choice = self.space.random_feasible(self.rng)
         if choice is None:
             return False
-        why = self.study._storage.get_trial(rejected._trial_id).user_attrs.get(WHY)
+        why = stored_trial(self.study, rejected).user_attrs.get(WHY)
         if self.settings.study.sampler == GUIDED and why not in (None, HANDED_OVER):
             return True
         self.study.enqueue_trial(
