@@ -84,3 +84,63 @@ def test_no_function_takes_over_6_parameters():
                     name = path.relative_to(REPO)
                     too_many.append(f"{name}:{node.lineno} {node.name}: {len(counted)} parameters")
     assert too_many == [], "pass values instead: " + "; ".join(too_many)
+
+
+def test_no_two_modules_share_a_file_name():
+    """A module's file name says what it holds, so two modules of one name would hold one thing
+    twice, or be named after too little: ``knobs.py`` for the registry and for the step's knobs."""
+    names: dict[str, list[str]] = {}
+    for path in sorted((REPO / "search").rglob("*.py")):
+        if path.name != "__init__.py":
+            names.setdefault(path.name, []).append(str(path.relative_to(REPO)))
+    shared = {name: paths for name, paths in names.items() if len(paths) > 1}
+    assert shared == {}, f"name these after what each holds: {shared}"
+
+
+def test_no_two_classes_share_a_name():
+    """A class name is one thing across the package: a reader who meets ``Verdict`` should not
+    have to look up which module it came from to know what it holds."""
+    import ast
+
+    where: dict[str, list[str]] = {}
+    for path in sorted((REPO / "search").rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                where.setdefault(node.name, []).append(str(path.relative_to(REPO)))
+    shared = {name: paths for name, paths in where.items() if len(paths) > 1}
+    assert shared == {}, f"name these after what each is: {shared}"
+
+
+OPTUNA_PRIVATE = "search/study/optuna_private.py"
+OPTUNA_PRIVATE_NAMES = {"_storage", "_trial_id", "_study_id", "_contains", "_get_stale_trial_ids"}
+
+
+def test_optuna_private_api_is_used_in_one_module_only():
+    """Optuna's private names (a module or attribute starting with ``_``) are reached only through
+    ``search.study.optuna_private``, so that an Optuna release that changes one breaks one module,
+    the one that says why each is needed. Attributes are checked by name (those the package has
+    needed), on anything but ``self``."""
+    import ast
+
+    found = []
+    for path in sorted((REPO / "search").rglob("*.py")):
+        name = str(path.relative_to(REPO))
+        if name == OPTUNA_PRIVATE:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("optuna"):
+                parts = (node.module or "").split(".") + [a.name for a in node.names]
+                if parts[0] == "optuna" and any(p.startswith("_") for p in parts):
+                    found.append(f"{name}:{node.lineno} from {node.module} import ...")
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    parts = alias.name.split(".")
+                    if parts[0] == "optuna" and any(p.startswith("_") for p in parts):
+                        found.append(f"{name}:{node.lineno} import {alias.name}")
+            elif (
+                isinstance(node, ast.Attribute)
+                and node.attr in OPTUNA_PRIVATE_NAMES
+                and not (isinstance(node.value, ast.Name) and node.value.id == "self")
+            ):
+                found.append(f"{name}:{node.lineno} .{node.attr}")
+    assert found == [], f"call {OPTUNA_PRIVATE} instead: " + "; ".join(found)

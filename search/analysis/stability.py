@@ -21,10 +21,10 @@ from search.analysis.noise_floor import NoiseFloor
 from search.analysis.run_figures import BUSY, STALL_FACTOR, RunFigures, busy_class, median_busy
 from search.core.records import with_requests
 
-__all__ = ["StableSettings", "Verdict", "Yardstick", "assess", "assess_pooled", "judge"]
+__all__ = ["StabilityLimits", "Verdict", "Yardstick", "assess", "assess_pooled", "judge"]
 
 
-class StableSettings(Protocol):
+class StabilityLimits(Protocol):
     """The limits ``judge`` applies (``stable.*``; ``search.config.settings.StableSettings`` is the
     one a run reads): a protocol, so that the statistics here need nothing of the settings above."""
 
@@ -42,7 +42,7 @@ class Yardstick:
     the stability limits and the confidence of the intervals."""
 
     floor: NoiseFloor
-    settings: StableSettings
+    settings: StabilityLimits
     confidence: float
 
 
@@ -57,7 +57,7 @@ class Verdict:
 def judge(
     run: RunFigures,
     floor: NoiseFloor,
-    settings: StableSettings,
+    settings: StabilityLimits,
     *,
     throttled: bool = False,
     replicates: Sequence[RunFigures] = (),
@@ -128,7 +128,7 @@ class _Grain:
         return sum(c.stalls for c in self.near), sum(c.steps_time_s for c in self.near)
 
 
-def _stall_test(grain: _Grain, settings: StableSettings, alpha: float) -> Verdict:
+def _stall_test(grain: _Grain, settings: StabilityLimits, alpha: float) -> Verdict:
     """Whether ``grain``'s stalls come at a higher rate per second than the control's, by an
     excess share of its units of at least ``stable.excess_stalls``."""
     # Stalls the machine causes (preemption, a neighbour's burst) come at a rate per second, so a
@@ -153,7 +153,7 @@ def _stall_test(grain: _Grain, settings: StableSettings, alpha: float) -> Verdic
 
 
 def _against_control(
-    run: RunFigures, near: Sequence[RunFigures], settings: StableSettings, alpha: float
+    run: RunFigures, near: Sequence[RunFigures], settings: StabilityLimits, alpha: float
 ) -> Verdict:
     """The stall and window-dispersion tests of ``judge``: stalls counted over steps and, where
     both sides timed them, over micro-batches, each at half of the stall test's ``alpha``."""
@@ -183,7 +183,7 @@ def _against_control(
 
 
 def _disagreement(
-    runs: Sequence[RunFigures], floor: NoiseFloor, settings: StableSettings, alpha: float
+    runs: Sequence[RunFigures], floor: NoiseFloor, settings: StabilityLimits, alpha: float
 ) -> Verdict:
     y = np.log([r.throughput / floor.level(r.time_s, r.device)[0] for r in runs])
     spread = float(np.var(y, ddof=1))

@@ -42,7 +42,7 @@ until its variance is known, and logs every trial to MLflow.
 
 
 def _parse(argv: Sequence[str]) -> tuple[list[str], list[str], bool]:
-    from search.config.compose import ConfigError
+    from search.core.errors import ConfigError
 
     overrides, config_dirs, show = [], [], False
     args = iter(argv)

@@ -18,9 +18,9 @@ from search.reporting.report import DESCRIPTION_CHARS, knobs_text, si
 from search.retune.comparison import MIN_RUNS
 from search.retune.confirm import confirm
 from search.retune.figure import Figure
-from search.retune.history import write_history
-from search.retune.report import write_report
+from search.retune.retune_report import write_report
 from search.retune.tuned import RETUNE, TUNE, Tuned, save_tuned, tuned_runs
+from search.retune.tuning_history import write_history
 from search.retune.verdict import MOVED, Conclusion, conclude
 from search.study.revalidate import FreshRuns
 from search.tracking.tracker import Tracker

@@ -9,10 +9,11 @@ from typing import Any
 import optuna
 from rich.table import Table
 
-from search.config.compose import ConfigError, load_settings, redact
+from search.config.compose import load_settings, redact
+from search.core.errors import ConfigError
 from search.reporting.report import console
-from search.retune.history import history_rows, write_history
 from search.retune.tuned import tuned_runs
+from search.retune.tuning_history import history_rows, write_history
 from search.study.stores import quiet_libraries, require_study
 
 __all__ = ["run_history"]

@@ -22,9 +22,10 @@ import torch
 from omegaconf import DictConfig
 
 from search.commands.context import Context
-from search.config.compose import ConfigError, load_settings, redact, resolve_device
+from search.config.compose import load_settings, redact, resolve_device
 from search.config.prepare import fingerprint, load_space
 from search.config.settings import Settings
+from search.core.errors import ConfigError
 from search.core.records import TrialRecord
 from search.measurement.environment import environment
 from search.reporting import results

@@ -48,6 +48,7 @@ from search.retune.comparison import MIN_RUNS
 from search.retune.tuned import RETUNE, TUNE, Tuned, baseline
 from search.space.search_space import SearchSpace
 from search.study.liveness import Heartbeat, Recovery, owner
+from search.study.optuna_private import study_storage
 from search.study.revalidate import Pooled
 from search.study.stores import open_stores, quiet_libraries, recover_runs, require_study
 from search.study.trial_store import set_aside
@@ -126,7 +127,9 @@ def _run_study(
     out = ctx.out
     status = "FAILED"
     heartbeat = Heartbeat(
-        recovery.heartbeat_s, study._storage, lambda tags: tracker.set_tags(tracker.parent_id, tags)
+        recovery.heartbeat_s,
+        study_storage(study),
+        lambda tags: tracker.set_tags(tracker.parent_id, tags),
     )
     try:
         _recover(ctx, study, tracker, recovery)

@@ -20,9 +20,8 @@ from typing import Any
 import torch
 from hydra.utils import instantiate
 
-from search.config.compose import ConfigError
-from search.core.errors import SpaceError
-from search.core.knobs import GENERIC_KNOBS
+from search.core.errors import ConfigError, SpaceError
+from search.core.knob_registry import GENERIC_KNOBS
 from search.core.metrics import METRICS
 from search.execution.fp8 import FP8_PRECISIONS
 from search.execution.knobs import unsupported_reason, value_rule

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from search.core.knobs import SHORT_LABELS, UNLABELLED
+from search.core.knob_registry import SHORT_LABELS, UNLABELLED
 
 __all__ = [
     "COMPLETE",

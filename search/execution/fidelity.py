@@ -30,7 +30,7 @@ from typing import NamedTuple, TypeVar
 import torch
 
 from search.execution.faults import is_out_of_memory
-from search.execution.knobs import Knobs, TrainStep
+from search.execution.knobs import Knobs
 from search.execution.optimizers import FirstUpdate, first_update, judge_first_update
 from search.execution.pieces import ServingPieces, TrainingPieces, piece_sizes
 from search.execution.recompute import RECOMPUTE_NONE
@@ -44,6 +44,7 @@ from search.execution.tolerances import (
     percent,
     rel_error,
 )
+from search.execution.train_step import TrainStep
 from search.workloads.base import ServingWorkload, Workload
 
 __all__ = [

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from search.core.knobs import GENERIC_KNOBS, knob_names
+from search.core.knob_registry import GENERIC_KNOBS, knob_names
 from search.execution.compiling import CompileStats, compiled, warm_up
 from search.execution.fp8 import FP8_PRECISIONS
 from search.execution.knobs import (
@@ -46,7 +46,7 @@ PHASES = ("ttft_ms", "tpot_ms")
 """The per-request times a serving step reports: time to first token, time per output token."""
 
 _TRAINING_ONLY = tuple(name for name in GENERIC_KNOBS if name not in knob_names("serve"))
-"""The generic knobs serving refuses away from their default (``search.core.knobs``)."""
+"""The generic knobs serving refuses away from their default (``search.core.knob_registry``)."""
 
 
 @dataclass(frozen=True)

@@ -23,15 +23,16 @@ from hydra.utils import instantiate
 from search.analysis.diagnosis import count_work, work_metrics
 from search.analysis.racing import Race, Samples, out_of_reach
 from search.core.errors import KnobError
-from search.core.knobs import GENERIC_KNOBS
+from search.core.knob_registry import GENERIC_KNOBS
 from search.core.records import COMPLETE, FAILED, INFEASIBLE
 from search.execution.compiling import read_stats, use_compile_cache
 from search.execution.faults import MemoryLimit, OnExceeded, classify, over_memory_limit
 from search.execution.fidelity import changes_numerics, check_fidelity
 from search.execution.host_figures import host_busy, probe_metrics
-from search.execution.knobs import Knobs, TrainStep
+from search.execution.knobs import Knobs
 from search.execution.readings import MonitoredTimer, telemetry_metrics
 from search.execution.serving import ServeStep
+from search.execution.train_step import TrainStep
 from search.execution.trial import TrialRequest, TrialResult
 from search.measurement.energy import make_monitor
 from search.measurement.environment import MemoryProbe

@@ -9,7 +9,8 @@ fresh processes first, searches a little, confirms its own recommendation, and c
 with fresh runs (``comparison``, ``verdict``): each comparison is a ratio today / baseline with a
 distribution-free interval from the ranks of the runs.
 
-The reference step (``reference``) does not depend on the space's model, so a slower machine is
-not blamed on the model (``environment`` says what else changed). ``report`` writes the re-tune's
-files, ``history`` the study's runs one after another.
+The reference step (its settings ``reference_settings``, its workload
+``search.workloads.reference``) does not depend on the space's model, so a slower machine is not
+blamed on the model (``environment_diff`` says what else changed). ``retune_report`` writes the
+re-tune's files, ``tuning_history`` the study's runs one after another.
 """

@@ -12,7 +12,7 @@ from typing import Any
 
 import optuna
 
-from search.config.compose import ConfigError
+from search.core.errors import ConfigError
 from search.retune.comparison import MIN_RUNS
 from search.retune.figure import Figure
 from search.study.retried_writes import retried

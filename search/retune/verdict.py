@@ -14,7 +14,7 @@ from search.retune.comparison import (
     runs_needed,
     sensitivity_interval,
 )
-from search.retune.environment import machine_lines, software_changes, what_changed
+from search.retune.environment_diff import machine_lines, software_changes, what_changed
 from search.retune.figure import Figure
 from search.retune.tuned import Tuned
 

@@ -37,7 +37,7 @@ from search.execution.isolation import run_isolated
 from search.execution.trial import TrialRequest, TrialResult
 from search.space.search_space import SearchSpace
 from search.study.driver_inputs import Bench, DriverCallbacks
-from search.study.guards import KnownOutcomes, Proposal, Verdict, guards
+from search.study.guards import KnownOutcomes, Proposal, Ruling, guards
 from search.study.guided import HANDED_OVER, WHY, GuidedSampler, seen_of
 from search.study.liveness import Liveness, measuring_here, owner
 from search.study.measured import (
@@ -47,6 +47,7 @@ from search.study.measured import (
     measured_record,
     second_process,
 )
+from search.study.optuna_private import stored_trial, trial_id
 from search.study.outcome import StudyOutcome
 from search.study.repeat_runs import noise_floor, save_control
 from search.study.samplers import GUIDED, SAMPLERS, optuna_names, suggest
@@ -232,25 +233,25 @@ class StudyDriver:
         trial, the other gives way without telling it.
         """
         if self.heartbeat is not None:
-            self.heartbeat.track(trial._trial_id)
+            self.heartbeat.track(trial_id(trial))
         me = owner()
         trial.set_user_attr("owner", me)
         trial.set_user_attr("fingerprint", self.fingerprint)
         if not ({"proposed_by", "retry_of"} & trial.user_attrs.keys()):
             return True  # a new trial the sampler made: no other process can hold it
         time.sleep(QUEUE_SETTLE_S)
-        if self.study._storage.get_trial(trial._trial_id).user_attrs.get("owner") == me:
+        if stored_trial(self.study, trial).user_attrs.get("owner") == me:
             return True
         self.outcome.in_flight += 1
         return False
 
     def _settle(self, trial: Trial) -> bool:
-        """Tell ``trial`` a guard's verdict, or measure it; True when it was measured here."""
+        """Tell ``trial`` a guard's ruling, or measure it; True when it was measured here."""
         dropped = self._outside_space(trial)
         if dropped:
             self.outcome.dropped.append(f"queued trial #{trial.number}: {dropped}")
             self._tell(
-                trial, Verdict(counted_as=None, user_attrs={"failure": f"not run: {dropped}"})
+                trial, Ruling(counted_as=None, user_attrs={"failure": f"not run: {dropped}"})
             )
             return False
         config = {
@@ -259,16 +260,16 @@ class StudyDriver:
         }
         proposal = Proposal(trial.number, config, trial.params, trial.user_attrs)
         for guard in self.guards:
-            verdict = guard(proposal)
-            if verdict is not None:
-                self._tell(trial, verdict)
+            ruling = guard(proposal)
+            if ruling is not None:
+                self._tell(trial, ruling)
                 return False
         return self._measure(trial, config)
 
     def _outside_space(self, trial: Trial) -> str:
         """Why a queued trial (left waiting by a timeout, Ctrl-C or a stopped process) no longer
         fits the space, which changed since; '' when it fits or was not queued."""
-        fixed = self.study._storage.get_trial(trial._trial_id).system_attrs.get("fixed_params")
+        fixed = stored_trial(self.study, trial).system_attrs.get("fixed_params")
         if not fixed:
             return ""
         knobs = {name: knob for knob, name in self.names.items()}
@@ -285,18 +286,18 @@ class StudyDriver:
             return f"{shown} lies outside the space as it is now (it changed since it was queued)"
         return ""
 
-    def _tell(self, trial: Trial, verdict: Verdict) -> None:
-        for key, value in verdict.user_attrs.items():
+    def _tell(self, trial: Trial, ruling: Ruling) -> None:
+        for key, value in ruling.user_attrs.items():
             trial.set_user_attr(key, value)
-        if verdict.state == TrialState.COMPLETE:
+        if ruling.state == TrialState.COMPLETE:
             if self.settings.study.sampler != "gp":
-                set_constraints(trial, verdict.constraints)
-            self.study.tell(trial, verdict.values)
+                set_constraints(trial, ruling.constraints)
+            self.study.tell(trial, ruling.values)
         else:
-            self.study.tell(trial, state=verdict.state)
-        if verdict.counted_as is not None:
-            setattr(self.outcome, verdict.counted_as, getattr(self.outcome, verdict.counted_as) + 1)
-        if verdict.resample:
+            self.study.tell(trial, state=ruling.state)
+        if ruling.counted_as is not None:
+            setattr(self.outcome, ruling.counted_as, getattr(self.outcome, ruling.counted_as) + 1)
+        if ruling.resample:
             self._reseed(trial.number)  # out of step with the other process's sampler
 
     def _measure(self, trial: Trial, config: dict[str, Any]) -> bool:
@@ -357,7 +358,7 @@ class StudyDriver:
                 constraints=self._constraints(measured.record.stable),
             )
         except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
-            if not self.study._storage.get_trial(trial._trial_id).state.is_finished():
+            if not stored_trial(self.study, trial).state.is_finished():
                 raise  # a ValueError of our own making, not another process's recovery
             # Another process took this trial for stale (no heartbeat for the grace period) and
             # queued it again: the retry measures it anew.
@@ -389,7 +390,7 @@ class StudyDriver:
     def _why(self, trial: Trial) -> str:
         """Why ``trial``'s configuration was proposed: the guided sampler's reason or what queued
         it (read from the storage: the sampler wrote it there, past the trial's own cache)."""
-        attrs = self.study._storage.get_trial(trial._trial_id).user_attrs
+        attrs = stored_trial(self.study, trial).user_attrs
         if "retry_of" in attrs:
             return f"a retry of stale trial #{attrs['retry_of']}"
         return str(attrs.get(WHY) or attrs.get("proposed_by") or "")
@@ -469,7 +470,7 @@ class StudyDriver:
             choice = self.space.random_feasible(self.rng)
         if choice is None:
             return False
-        why = self.study._storage.get_trial(rejected._trial_id).user_attrs.get(WHY)
+        why = stored_trial(self.study, rejected).user_attrs.get(WHY)
         if self.settings.study.sampler == GUIDED and why not in (None, HANDED_OVER):
             return True
         self.study.enqueue_trial(

@@ -1,6 +1,6 @@
 """Guards: what settles a proposal without measuring it.
 
-Each guard takes a proposal and returns a verdict (how to tell the trial, and why) or None to let
+Each guard takes a proposal and returns a ruling (how to tell the trial, and why) or None to let
 it through. The driver asks them in order and measures only what all of them let through:
 
 - ``RepeatedRetry``: a retry of a stale trial that an earlier retry already covers (two processes
@@ -42,7 +42,7 @@ __all__ = [
     "Proposal",
     "RepeatedRetry",
     "Reuse",
-    "Verdict",
+    "Ruling",
     "config_key",
     "guards",
 ]
@@ -63,7 +63,7 @@ class Proposal:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Verdict:
+class Ruling:
     """How to tell a proposal that is not measured."""
 
     counted_as: str | None
@@ -79,7 +79,7 @@ class Verdict:
     """With ``state`` COMPLETE: the Optuna constraints told (those of the reused measurement)."""
 
 
-Guard = Callable[[Proposal], "Verdict | None"]
+Guard = Callable[[Proposal], "Ruling | None"]
 
 
 def config_key(config: Mapping[str, Any]) -> str:
@@ -161,20 +161,20 @@ class KnownOutcomes:
         return self.reusable.get(config_key(config))
 
 
-def _not_run(counted_as: str, config: Mapping[str, Any], why: str, **kwargs: Any) -> Verdict:
+def _not_run(counted_as: str, config: Mapping[str, Any], why: str, **kwargs: Any) -> Ruling:
     attrs = {"config": dict(config), "state": INFEASIBLE, "failure": f"not run: {why}"}
-    return Verdict(counted_as=counted_as, user_attrs=attrs, **kwargs)
+    return Ruling(counted_as=counted_as, user_attrs=attrs, **kwargs)
 
 
 @dataclass(frozen=True)
 class RepeatedRetry:
     study: optuna.Study
 
-    def __call__(self, proposal: Proposal) -> Verdict | None:
+    def __call__(self, proposal: Proposal) -> Ruling | None:
         earlier = duplicate_retry(self.study, proposal)
         if earlier is None:
             return None
-        return Verdict(
+        return Ruling(
             counted_as=None,
             user_attrs={
                 "failure": f"not run: trial #{earlier} already retries the same stale trial"
@@ -186,11 +186,11 @@ class RepeatedRetry:
 class Constraints:
     space: SearchSpace
 
-    def __call__(self, proposal: Proposal) -> Verdict | None:
+    def __call__(self, proposal: Proposal) -> Ruling | None:
         broken = self.space.violations(proposal.config)
         if not broken:
             return None
-        return Verdict(
+        return Ruling(
             counted_as="rejected",
             user_attrs={"state": INFEASIBLE, "failure": f"violates {'; '.join(broken)}"},
         )
@@ -200,7 +200,7 @@ class Constraints:
 class CertainOom:
     known: KnownOutcomes
 
-    def __call__(self, proposal: Proposal) -> Verdict | None:
+    def __call__(self, proposal: Proposal) -> Ruling | None:
         ran_out = self.known.certain_oom(proposal.config)
         if ran_out is None:
             return None
@@ -219,7 +219,7 @@ class CertainOom:
 class Reuse:
     known: KnownOutcomes
 
-    def __call__(self, proposal: Proposal) -> Verdict | None:
+    def __call__(self, proposal: Proposal) -> Ruling | None:
         earlier = self.known.measured(proposal.config)
         if earlier is None:
             return None
@@ -235,14 +235,14 @@ class Reuse:
         attrs["reused_from"] = earlier.number
         if earlier.state == TrialState.COMPLETE:
             told = named_constraints(earlier)
-            return Verdict(
+            return Ruling(
                 counted_as="reused",
                 user_attrs=attrs,
                 state=TrialState.COMPLETE,
                 values=earlier.values,
                 constraints=told,
             )
-        return Verdict(counted_as="reused", user_attrs=attrs, state=TrialState.FAIL)
+        return Ruling(counted_as="reused", user_attrs=attrs, state=TrialState.FAIL)
 
 
 @dataclass(frozen=True)
@@ -259,7 +259,7 @@ class InFlight:
     study: optuna.Study
     fingerprint: str
 
-    def __call__(self, proposal: Proposal) -> Verdict | None:
+    def __call__(self, proposal: Proposal) -> Ruling | None:
         states = (TrialState.RUNNING, TrialState.COMPLETE)
         other = next(
             (

@@ -26,6 +26,7 @@ from search.core.records import COMPLETE, FAILED, INFEASIBLE, fault_kind
 from search.space.params import CategoricalParam, FloatParam, IntParam, Param
 from search.space.search_space import SearchSpace
 from search.study.book import FIDELITY, OOM, Seen
+from search.study.optuna_private import study_storage, trial_id
 from search.study.strategy import Move, next_move
 
 __all__ = ["HANDED_OVER", "WHY", "GuidedSampler", "distribution", "seen_of"]
@@ -90,7 +91,7 @@ class GuidedSampler(BaseSampler):
             return {}
         move = self._moves.pop(trial.number, None)
         why = move.why if move is not None else HANDED_OVER
-        study._storage.set_trial_user_attr(trial._trial_id, WHY, why)
+        study_storage(study).set_trial_user_attr(trial_id(trial), WHY, why)
         if move is None:
             return self.fallback.sample_relative(study, trial, search_space)
         return {self.names[k]: move.config[k] for k in self.discrete}

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import optuna
-from optuna.storages._heartbeat import is_heartbeat_enabled
 from optuna.trial import FrozenTrial, TrialState
 
 from search.core.records import FAILED
+from search.study import optuna_private
 
 __all__ = [
     "DB_CONNECTIONS",
@@ -159,11 +159,11 @@ class Recovery:
 
     def check(self, study: optuna.Study) -> None:
         """Recover every stale trial of ``study`` now."""
-        storage = study._storage
-        if is_heartbeat_enabled(storage):  # a BaseHeartbeat (RDBStorage, or Optuna's cache of it)
+        storage = optuna_private.study_storage(study)
+        if optuna_private.heartbeat_enabled(storage):
             # Silent too long (an owner on another machine): failed here, with the reason in its
             # attrs, before Optuna's own pass below would fail it with none.
-            for trial_id in storage._get_stale_trial_ids(study._study_id):  # type: ignore[attr-defined]
+            for trial_id in optuna_private.stale_trial_ids(study):
                 why = f"no heartbeat for over {self.grace_s} s"
                 self._fail(study, storage.get_trial(trial_id), why)
         with warnings.catch_warnings():
@@ -186,11 +186,11 @@ class Recovery:
                 self._fail(study, trial, why)
 
     def _fail(self, study: optuna.Study, trial: FrozenTrial, why: str) -> None:
-        storage = study._storage
+        storage, trial_id = optuna_private.study_storage(study), optuna_private.trial_id(trial)
         try:
-            storage.set_trial_user_attr(trial._trial_id, "state", FAILED)
-            storage.set_trial_user_attr(trial._trial_id, "failure", f"crash: left running: {why}")
-            if not storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
+            storage.set_trial_user_attr(trial_id, "state", FAILED)
+            storage.set_trial_user_attr(trial_id, "failure", f"crash: left running: {why}")
+            if not storage.set_trial_state_values(trial_id, state=TrialState.FAIL):
                 return
         except optuna.exceptions.UpdateFinishedTrialError:
             return  # another process recovered it first

@@ -12,7 +12,8 @@ from typing import Any
 import optuna
 from optuna.study import StudyDirection
 
-from search.config.compose import ConfigError, redact
+from search.config.compose import redact
+from search.core.errors import ConfigError
 from search.core.metrics import ranked_on
 from search.space.search_space import SearchSpace
 from search.study.liveness import Recovery, engine_kwargs

@@ -15,6 +15,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from search.config.compose import redact
 from search.core.errors import StoreError
+from search.study.optuna_private import distribution_contains
 
 __all__ = ["UNSAVED", "WRITE_ATTEMPTS", "keep_unsaved", "restore_unsaved", "retried"]
 
@@ -123,7 +124,7 @@ def _restored_trial(
     params = {name: config[knob] for knob, (name, _) in distributions.items() if knob in config}
     dists = {name: dist for knob, (name, dist) in distributions.items() if knob in config}
     fits = len(params) == len(distributions) and all(
-        dists[n]._contains(dists[n].to_internal_repr(v)) for n, v in params.items()
+        distribution_contains(dists[n], v) for n, v in params.items()
     )
     return optuna.trial.create_trial(
         params=params if fits else None,

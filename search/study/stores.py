@@ -16,8 +16,9 @@ from pathlib import Path
 import filelock
 import optuna
 
-from search.config.compose import ConfigError, redact
+from search.config.compose import redact
 from search.config.settings import Settings
+from search.core.errors import ConfigError
 from search.space.search_space import SearchSpace
 from search.study.liveness import Recovery, agree_on_heartbeat, stale_runs
 from search.study.opening import open_study, storage_error, study_id, with_retries

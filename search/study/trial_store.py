@@ -34,6 +34,7 @@ from search.core.errors import StoreError
 from search.core.records import COMPLETE, FAILED, TrialRecord
 from search.space.search_space import SearchSpace
 from search.study.measured import MeasuredTrial
+from search.study.optuna_private import study_storage, trial_id
 from search.study.repeat_runs import noise_floor
 from search.study.retried_writes import keep_unsaved, retried
 
@@ -130,14 +131,14 @@ def set_constraints(trial: Trial, constraints: Mapping[str, float]) -> None:
     them again; Optuna keeps the first value and warns), and the same values as one list under
     ``constraints``, Optuna's earlier form, which optuna-dashboard reads (0.21 reads no other) to
     draw infeasible trials apart. Optuna reads both forms; the values agree."""
-    storage = trial.study._storage
-    have = storage.get_trial_system_attrs(trial._trial_id)
+    storage, stored_id = study_storage(trial.study), trial_id(trial)
+    have = storage.get_trial_system_attrs(stored_id)
     for name, value in constraints.items():
         if f"constraints:{name}" not in have:
             trial.set_constraint(name, value)
     if constraints and "constraints" not in have:
         storage.set_trial_system_attr(
-            trial._trial_id, "constraints", [float(v) for v in constraints.values()]
+            stored_id, "constraints", [float(v) for v in constraints.values()]
         )
 
 

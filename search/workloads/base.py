@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from search.core.knobs import knob_names
+from search.core.knob_registry import knob_names
 
 __all__ = [
     "Batch",
@@ -39,7 +39,7 @@ State = Any
 """What a serving workload carries from one forward to the next (a KV cache, the prefix, ...)."""
 
 TRAIN_KNOBS = knob_names("train")
-"""The generic knobs of a training step (``search.core.knobs``)."""
+"""The generic knobs of a training step (``search.core.knob_registry``)."""
 SERVE_KNOBS = knob_names("serve")
 """Serving has no backward pass, so nothing to recompute: a knob that trades compute for memory
 there is the workload's own (e.g. ``kv_cache``)."""

@@ -19,8 +19,9 @@ from search.analysis.diagnosis import (
     table_peak,
 )
 from search.core.records import COMPLETE, TrialRecord
-from search.execution.knobs import Knobs, TrainStep
+from search.execution.knobs import Knobs
 from search.execution.serving import ServeStep
+from search.execution.train_step import TrainStep
 from search.workloads import GPT, GPTServe, TwoBranchCNN
 
 CPU = torch.device("cpu")

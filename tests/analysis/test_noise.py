@@ -13,9 +13,9 @@ from synthetic import Machine
 
 from search.analysis.noise_floor import NoiseFloor, RunFigures, by_device, stall_steps
 from search.analysis.stability import Yardstick, assess, judge
-from search.config.compose import ConfigError
 from search.config.prepare import control_config
 from search.config.settings import StableSettings
+from search.core.errors import ConfigError
 from search.measurement.protocol import MeasureSettings
 from search.space.parse import parse_space
 

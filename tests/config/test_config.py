@@ -8,7 +8,8 @@ import yaml
 from hydra.utils import get_class
 from omegaconf import OmegaConf
 
-from search.config.compose import ConfigError, compose_config, resolve, resolve_device
+from search.config.compose import compose_config, resolve, resolve_device
+from search.core.errors import ConfigError
 from search.execution.recompute import recompute_setting
 from search.space.parse import parse_space
 from search.study.strategy import next_move

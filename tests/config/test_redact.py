@@ -4,6 +4,7 @@ import pytest
 
 from search.commands.cli import main
 from search.config.compose import redact, redact_tree
+from search.core.errors import ConfigError
 
 SECRETS = [
     ("https://alice:s3cret@host:5000/path", "https://alice:***@host:5000/path"),
@@ -43,7 +44,7 @@ def test_an_error_line_that_carries_a_password_is_redacted(monkeypatch, capsys):
     import search.config.compose
 
     def fail(*args, **kwargs):
-        raise search.config.compose.ConfigError("cannot open https://alice:s3cret@host: TLS error")
+        raise ConfigError("cannot open https://alice:s3cret@host: TLS error")
 
     monkeypatch.setattr(search.config.compose, "compose_config", fail)
     assert main(["+space=llm"]) == 2

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 import search
-from search.config.compose import ConfigError
-from search.core.errors import KnobError, SpaceError, StoreError
+from search.core.errors import ConfigError, KnobError, SpaceError, StoreError
 from search.execution.knobs import Knobs
 from search.space.parse import parse_space
 

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from search.core.knobs import GENERIC_KNOBS, KNOBS, NUMERIC_KNOBS, SHORT_LABELS, TASKS, Knob
+from search.core.knob_registry import GENERIC_KNOBS, KNOBS, NUMERIC_KNOBS, SHORT_LABELS, TASKS, Knob
 from search.core.records import config_name
 from search.execution.knobs import Knobs, knobs_off_default, unsupported_reason, value_rule
 from search.workloads.base import SERVE_KNOBS, TRAIN_KNOBS, ServingWorkload, Workload

@@ -18,7 +18,8 @@ from search.core.errors import KnobError
 from search.core.records import COMPLETE, INFEASIBLE, config_name
 from search.execution.fidelity import check_fidelity
 from search.execution.isolation import run_isolated
-from search.execution.knobs import Knobs, TrainStep, unsupported_reason
+from search.execution.knobs import Knobs, unsupported_reason
+from search.execution.train_step import TrainStep
 from search.execution.worker import run_trial
 
 CPU = torch.device("cpu")

@@ -14,9 +14,10 @@ from search.execution.fidelity import (
     check_fidelity,
     reference_knobs,
 )
-from search.execution.knobs import PRECISIONS, KnobError, Knobs, TrainStep
+from search.execution.knobs import PRECISIONS, KnobError, Knobs
 from search.execution.pieces import TrainingPieces, piece_sizes
 from search.execution.tolerances import UPDATE_TOLERANCE
+from search.execution.train_step import TrainStep
 from search.workloads import GPT, GPTServe, Workload
 
 CPU = torch.device("cpu")

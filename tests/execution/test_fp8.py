@@ -12,8 +12,9 @@ from torch import nn
 
 from search.execution.fidelity import check_fidelity
 from search.execution.fp8 import FP8_PRECISIONS, convert_fp8, fp8_layers, fp8_unsupported
-from search.execution.knobs import AUTOCAST_DTYPES, KnobError, Knobs, TrainStep
+from search.execution.knobs import AUTOCAST_DTYPES, KnobError, Knobs
 from search.execution.serving import ServeStep
+from search.execution.train_step import TrainStep
 from search.workloads import GPT, GPTServe, Llama
 
 CPU = torch.device("cpu")

@@ -14,12 +14,14 @@ from typing import Any
 import pytest
 import torch
 
-from search.config.compose import ConfigError, compose_config, resolve
+from search.config.compose import compose_config, resolve
 from search.config.prepare import load_space
+from search.core.errors import ConfigError
 from search.execution import knobs as execution_knobs
 from search.execution.fidelity import check_fidelity
 from search.execution.kernels import KERNELS, apply_kernels, kernels_unsupported
-from search.execution.knobs import KnobError, Knobs, TrainStep
+from search.execution.knobs import KnobError, Knobs
+from search.execution.train_step import TrainStep
 from search.workloads import GPT, Llama
 from search.workloads import llama as llama_module
 

@@ -5,14 +5,9 @@ import pytest
 import torch
 from torch import nn
 
-from search.core.knobs import GENERIC_KNOBS
-from search.execution.knobs import (
-    PRECISIONS,
-    KnobError,
-    Knobs,
-    TrainStep,
-    unsupported_reason,
-)
+from search.core.knob_registry import GENERIC_KNOBS
+from search.execution.knobs import PRECISIONS, KnobError, Knobs, unsupported_reason
+from search.execution.train_step import TrainStep
 from search.workloads import GPT, Workload
 
 CPU = torch.device("cpu")

@@ -5,11 +5,12 @@ import torch
 from torch import nn
 from trial_workloads import Small  # tests/execution/ is on sys.path
 
-import search.execution.knobs as knobs_module
+import search.execution.train_step as train_step_module
 from search.execution.fidelity import check_fidelity
-from search.execution.knobs import KnobError, Knobs, TrainStep
+from search.execution.knobs import KnobError, Knobs
 from search.execution.optimizers import optimizer_unsupported, with_implementation
 from search.execution.tolerances import UPDATE_TOLERANCE
+from search.execution.train_step import TrainStep
 from search.workloads import GPT
 
 CPU = torch.device("cpu")
@@ -135,7 +136,7 @@ def test_the_default_optimizer_takes_no_step_and_stores_no_update_error():
 def with_lr_scaled(monkeypatch, factor: float) -> None:
     """Make every implementation but the default rebuild the optimizer with ``factor`` times the
     lr: what a wrong implementation looks like from outside."""
-    real = knobs_module.with_implementation
+    real = train_step_module.with_implementation
 
     def wrong(optimizer, implementation):
         rebuilt = real(optimizer, implementation)
@@ -144,7 +145,7 @@ def with_lr_scaled(monkeypatch, factor: float) -> None:
                 group["lr"] *= factor
         return rebuilt
 
-    monkeypatch.setattr(knobs_module, "with_implementation", wrong)
+    monkeypatch.setattr(train_step_module, "with_implementation", wrong)
 
 
 def test_an_implementation_stepping_ten_times_too_far_fails_on_its_first_update(monkeypatch):

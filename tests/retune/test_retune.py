@@ -16,7 +16,7 @@ import optuna
 import pytest
 from invoke import search as invoke_search  # tests/ is on sys.path
 
-from search.config.compose import ConfigError
+from search.core.errors import ConfigError
 from search.retune.comparison import (
     compare,
     runs_needed,

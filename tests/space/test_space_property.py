@@ -16,8 +16,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from search.config.compose import ConfigError
 from search.config.prepare import load_space
+from search.core.errors import ConfigError
 
 CPU = torch.device("cpu")
 KNOBS = ["batch_size", "micro_batch_size", "precision", "streams", "recompute", "dropout"]

@@ -9,7 +9,8 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 from tiny import TINY_GPT
 
-from search.config.compose import ConfigError, compose_config, load_settings
+from search.config.compose import compose_config, load_settings
+from search.core.errors import ConfigError
 from search.execution.trial import TrialRequest
 from search.measurement.protocol import MeasureSettings
 from search.space.parse import parse_space

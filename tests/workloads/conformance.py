@@ -11,8 +11,9 @@ import math
 import torch
 
 from search.execution.fidelity import check_fidelity
-from search.execution.knobs import Knobs, TrainStep
+from search.execution.knobs import Knobs
 from search.execution.serving import ServeStep
+from search.execution.train_step import TrainStep
 from search.workloads import ServingWorkload, Workload
 
 CPU = torch.device("cpu")

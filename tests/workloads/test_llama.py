@@ -4,8 +4,9 @@ import pytest
 import torch
 from conformance import WorkloadConformance
 
-from search.execution.knobs import Knobs, TrainStep
+from search.execution.knobs import Knobs
 from search.execution.recompute import recompute_targets
+from search.execution.train_step import TrainStep
 from search.workloads import Llama
 
 pytest.importorskip("transformers")

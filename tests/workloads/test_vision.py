@@ -9,7 +9,8 @@ import torch
 from conformance import WorkloadConformance
 
 from search.execution.fidelity import check_fidelity
-from search.execution.knobs import Knobs, TrainStep
+from search.execution.knobs import Knobs
+from search.execution.train_step import TrainStep
 from search.workloads import TwoBranchCNN
 
 CPU = torch.device("cpu")

@@ -1,0 +1,198 @@
+"""The training step: one optimizer step of a workload, executed as its knobs say.
+
+``TrainStep`` builds everything once (model, optimizer, micro-batches, lanes) and then runs one
+optimizer step per call, so that calling it measures only the step. The knobs themselves, what they
+may be and what a device refuses, are ``search.execution.knobs``'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+from torch import nn
+
+from search.analysis.run_figures import MICRO_BATCH_PHASE
+from search.execution.compiling import CompileStats, compiled, warm_up
+from search.execution.fp8 import convert_fp8
+from search.execution.kernels import apply_kernels
+from search.execution.knobs import (
+    AUTOCAST_DTYPES,
+    MATMUL_PRECISIONS,
+    Knobs,
+    build_model,
+    concurrently,
+    make_streams,
+    map_tensors,
+    refuse_unsupported,
+)
+from search.execution.marks import Mark, elapsed_ms, mark
+from search.execution.optimizers import with_implementation
+from search.execution.recompute import apply_recompute
+from search.workloads.base import Batch, Workload, is_counting
+
+__all__ = ["TrainStep"]
+
+
+class TrainStep:
+    """One optimizer step of ``workload`` on ``device``, executed as ``knobs`` say.
+
+    Model, optimizer, micro-batches and lanes are built once here. ``close()`` (or leaving a
+    ``with`` block) restores the float32 matmul precision and stops the lane threads.
+    """
+
+    def __init__(self, workload: Workload, knobs: Knobs, device: torch.device, seed: int = 0):
+        refuse_unsupported(knobs, device)
+        self.workload, self.knobs, self.device = workload, knobs, device
+        self.items_per_step: int = knobs.batch_size * workload.items_per_sample()
+        self.model: nn.Module = build_model(workload, device, seed)
+        # Kernels first (they may replace whole modules), fp8 on the linear layers then in place,
+        # recompute last: it wraps the modules as they will run.
+        apply_kernels(workload, self.model, knobs.kernels)
+        self.fp8_layers = convert_fp8(self.model, knobs.precision)
+        """Linear layers running in fp8 (0 unless the precision is an fp8 one)."""
+        apply_recompute(workload, self.model, knobs.recompute)
+        self._optimizer = with_implementation(
+            workload.make_optimizer(self.model.parameters()), knobs.optimizer
+        )
+        micro_batches = _make_micro_batches(workload, knobs, device, seed)
+        self._lane_batches = [micro_batches[lane :: knobs.streams] for lane in range(knobs.streams)]
+        self._autocast_dtype = AUTOCAST_DTYPES.get(knobs.precision)  # None: autocast off
+        self._grad_scaler = _make_grad_scaler(knobs.precision, device)
+        self._streams = make_streams(knobs.streams, device)
+        self._cuda_streams = [s for s in self._streams if s is not None]
+        self._previous_matmul_precision = torch.get_float32_matmul_precision()
+        self._pool = ThreadPoolExecutor(knobs.streams, thread_name_prefix="lane")
+        self._loss = compiled(workload.loss, knobs.compile)
+        self._marks: list[tuple[Mark, Mark]] = []
+        """Each micro-batch's start and end since the last ``take_phases``."""
+        self.compile_stats: CompileStats | None = None
+        """What compiling took (``compile`` on); None when the step runs eagerly."""
+        if knobs.compile != "off":
+            # One accumulation pass compiles forward and backward; its gradients are dropped by
+            # the next pass's zero_grad, and no optimizer step is taken, so weights stay as built.
+            try:
+                self.compile_stats = warm_up(self._accumulate, knobs.compile, device)
+            except BaseException:
+                self.close()  # no `with` block will: the constructor did not return
+                raise
+            self._marks.clear()
+
+    def __call__(self) -> None:
+        """One full optimizer step. On CUDA it does not synchronize, so the caller can time it.
+
+        Exception: with fp16, ``GradScaler.step`` reads its inf/NaN check back to the host.
+        """
+        self._accumulate()
+        if self._grad_scaler is None:
+            self._optimizer.step()
+        else:
+            self._grad_scaler.step(self._optimizer)
+            self._grad_scaler.update()
+
+    def loss_and_grads(self) -> tuple[float, dict[str, torch.Tensor]]:
+        """The batch's mean loss and every parameter's gradient (fp32, CPU), without an optimizer
+        step."""
+        losses = self._accumulate()
+        scale = 1.0 if self._grad_scaler is None else self._grad_scaler.get_scale()
+        grads = {
+            name: p.grad.to("cpu", torch.float32, copy=True).div_(scale)
+            for name, p in self.model.named_parameters()
+            if p.grad is not None
+        }
+        return float(torch.stack(losses).sum()), grads
+
+    def take_phases(self) -> dict[str, list[float]]:
+        """Each micro-batch's time (forward and backward), ms, for the steps since the last take
+        (``MICRO_BATCH_PHASE``). Call it with the device synchronised.
+
+        A stall in one micro-batch of many hides inside the step's time (2% of micro-batches
+        stalling 10x, 32 to a step, lengthen no step past twice the median), so the stall test
+        also counts micro-batches (``search.analysis.stability``)."""
+        times = [elapsed_ms(start, end) for start, end in self._marks]
+        self._marks.clear()
+        return {MICRO_BATCH_PHASE: times}
+
+    def close(self) -> None:
+        """Restore the float32 matmul precision found at construction; stop the lane threads."""
+        torch.set_float32_matmul_precision(self._previous_matmul_precision)
+        self._pool.shutdown()
+
+    def __enter__(self) -> TrainStep:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _accumulate(self) -> list[torch.Tensor]:
+        """Zero the grads, run every micro-batch over the lanes; return each micro-batch's loss
+        share."""
+        torch.set_float32_matmul_precision(MATMUL_PRECISIONS[self.knobs.precision])
+        self._optimizer.zero_grad(set_to_none=True)
+        streams = self._cuda_streams
+        if streams:
+            main = torch.cuda.current_stream(self.device)
+            for stream in streams:
+                stream.wait_stream(main)  # the last optimizer step must end before new grads land
+        lanes = concurrently(
+            self._pool,
+            [functools.partial(self._run_lane, lane) for lane in range(self.knobs.streams)],
+        )
+        losses = [loss for lane in lanes for loss in lane]
+        if streams:
+            for stream in streams:
+                main.wait_stream(stream)
+        return losses
+
+    def _run_lane(self, lane: int) -> list[torch.Tensor]:
+        """Forward and backward of this lane's micro-batches, on its own thread (and CUDA
+        stream)."""
+        stream = self._streams[lane]
+        losses = []
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            for batch in self._lane_batches[lane]:
+                start = mark(self.device)
+                batch = map_tensors(lambda t: t.to(self.device, non_blocking=True), batch)
+                # Autocast is thread-local, so each lane enters it itself; backward runs outside it.
+                # Its cache of weights cast to low precision is not: one map for the whole process.
+                # A lane would take a cast another lane's stream has queued but not yet run, and
+                # read garbage (on an H100, bf16 with 2 lanes gave a NaN loss in 1 of 9 fidelity
+                # passes); with several lanes each casts its own weights.
+                with torch.autocast(
+                    self.device.type,
+                    dtype=self._autocast_dtype,
+                    enabled=self._autocast_dtype is not None,
+                    cache_enabled=self.knobs.streams == 1,
+                ):
+                    # Work is counted on the eager function: the counters see every operator.
+                    loss_fn = self.workload.loss if is_counting() else self._loss
+                    loss = loss_fn(self.model, batch) / self.knobs.n_micro_batches
+                scaled = loss if self._grad_scaler is None else self._grad_scaler.scale(loss)
+                scaled.backward()
+                losses.append(loss.detach())
+                self._marks.append((start, mark(self.device)))  # list.append: thread-safe
+        return losses
+
+
+def _make_micro_batches(
+    workload: Workload, knobs: Knobs, device: torch.device, seed: int
+) -> list[Batch]:
+    generator = torch.Generator().manual_seed(seed)
+    batches = [
+        workload.make_batch(knobs.micro_samples, generator) for _ in range(knobs.n_micro_batches)
+    ]
+    if device.type == "cuda":
+        # Pinned host memory lets each lane's host-to-device copy run asynchronously on its stream.
+        batches = [map_tensors(torch.Tensor.pin_memory, batch) for batch in batches]
+    return batches
+
+
+def _make_grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler | None:
+    if precision != "fp16":
+        return None
+    scaler = torch.amp.GradScaler(device.type)
+    # The scale tensor is created lazily on first use; create it now, before lanes race to do so.
+    scaler.scale(torch.ones((), device=device))
+    return scaler
