@@ -7,6 +7,7 @@ cache (its default place) makes a second run of the suite faster still.
 
 from __future__ import annotations
 
+import multiprocessing
 from dataclasses import replace
 
 import pytest
@@ -17,6 +18,7 @@ from trial_workloads import BreaksEverywhere, MiscompiledSmall, Small, request, 
 from search.core.errors import KnobError
 from search.core.records import COMPLETE, INFEASIBLE, config_name
 from search.execution.fidelity import check_fidelity
+from search.execution import isolation
 from search.execution.isolation import run_isolated
 from search.execution.knobs import Knobs, unsupported_reason
 from search.execution.train_step import TrainStep
@@ -78,6 +80,9 @@ def test_a_platform_that_cannot_compile_gives_an_infeasible_trial_with_its_reaso
     # No C++ compiler, as the fresh worker process sees its environment (the compiler's settings
     # read CXX when they are imported), and an empty cache, whose compiled kernels would need none.
     monkeypatch.setenv("CXX", "no-such-compiler")
+    # A worker started from this environment: a fork server that an earlier test of this process
+    # started has imported the compiler's settings already, without CXX.
+    monkeypatch.setattr(isolation, "worker_context", lambda: multiprocessing.get_context("spawn"))
     asked = replace(request(target(Small), compile="default"), compile_cache_dir=str(tmp_path))
     result = run_isolated(asked)
     assert result.state == INFEASIBLE, result.failure
