@@ -78,6 +78,9 @@ def main(argv: list[str]) -> int:
         "--rejudge", type=Path, help="judge the runs of an earlier record again; measure nothing"
     )
     parser.add_argument(
+        "--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="the kinds measured"
+    )
+    parser.add_argument(
         "--bursts", action="store_true", help="copy memory in bursts in another process"
     )
     parser.add_argument(
@@ -94,7 +97,7 @@ def main(argv: list[str]) -> int:
     settings = load_settings(compose_config(["+space=llm"]))
     configs = [
         {"kind": k, "batch_size": b, "micro_batch_size": m, "precision": "fp32"}
-        for k in KINDS
+        for k in args.kinds
         for b, m in SHAPES
     ]
     started = time.time()
@@ -182,7 +185,8 @@ def _rounds(configs, settings, args, rng: random.Random) -> list[dict[str, Any]]
     for r in range(args.rounds):
         order = list(range(len(configs)))
         rng.shuffle(order)
-        schedule = [None, None, *order[:6], None, *order[6:], None]  # None: a control run
+        half = len(order) // 2
+        schedule = [None, None, *order[:half], None, *order[half:], None]  # None: a control run
         for i in schedule:
             for second in (False, True) if args.pairs and i is not None else (False,):
                 got = _run(CONTROL if i is None else configs[i], settings, probe=i is None)
