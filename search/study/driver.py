@@ -21,6 +21,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -311,21 +312,21 @@ class StudyDriver:
         again = again_if_compiled(request, result, run_isolated)
         second = second_process(again, request.measure.confidence) if again else None
         self.new_s += time.monotonic() - started
-        measured = measured_record(
-            trial.number, config, result, judging=self.judging, why=self._why(trial), second=second
+        judged = partial(
+            measured_record,
+            trial.number,
+            config,
+            result,
+            judging=self.judging,
+            why=self._why(trial),
+            second=second,
         )
+        measured = judged()
         if self._unstable_by_stalls(measured):
             # A burst on the machine stalls a control run right after it too (it raises the
             # stall rate the trial is compared with); the trial's own stalls do not.
             self.run_control()
-            measured = measured_record(
-                trial.number,
-                config,
-                result,
-                judging=self.judging,
-                why=self._why(trial),
-                second=second,
-            )
+            measured = judged()
         frozen = self._store(trial, measured)
         if frozen is None:
             return False
