@@ -4,7 +4,7 @@ A run's interval spanning processes (``search.analysis.noise_floor``) holds for 
 *its* invocation: the control runs it is judged by come from the minutes around it. Over hours the
 machine moves further (a neighbour's load, clocks, placement after a restart), and a configuration's
 processes move with it, together. On the 2-core test machine the runs of one configuration moved
-by 2-12% between processes within a round of half an hour and, on top of that, by 3-20% from one
+by 2-12% between processes within a round of a few minutes and, on top of that, by 3-20% from one
 round to the next (``docs/method/noise-floor.md``). One invocation cannot see that from its own
 runs. The control runs of the study's earlier invocations can: each invocation is a session, and
 a nightly re-tune adds one a night.
