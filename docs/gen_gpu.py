@@ -35,6 +35,7 @@ STEP_ORDER = (
     "llm_serve",
     "retune",
     "llama_levers",
+    "llama_levers_versus",
 )
 
 
@@ -217,6 +218,7 @@ RENDER = {
     "llama_levers": _study,
     "llm_versus": _versus,
     "llama_versus": _versus,
+    "llama_levers_versus": _versus,
 }
 
 
@@ -237,8 +239,8 @@ def section(records: list[dict[str, Any]]) -> list[str]:
             out += ["", f"### Window ending {ended[-1]['ended'].split()[1][:5]} UTC", ""]
         for record in sorted(ended, key=lambda r: STEP_ORDER.index(r["step"])):
             out += RENDER.get(record["step"], _plain)(record)
-        if record.get("notes"):
-            out.append(f"  *Note:* {record['notes']}")
+            if record.get("notes"):
+                out.append(f"  *Note:* {record['notes']}")
     return [*out, ""]
 
 
