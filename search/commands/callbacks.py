@@ -17,9 +17,9 @@ from search.execution.trial import TrialResult
 from search.measurement.environment import device_label
 from search.reporting import results
 from search.reporting.report import Columns, StudyProgress, knobs_text, si, trial_line
+from search.storage.liveness import Heartbeat, Liveness, Recovery
 from search.study.driver import StudyDriver
 from search.study.driver_inputs import Bench, DriverCallbacks
-from search.study.liveness import Heartbeat, Liveness, Recovery
 from search.tracking.tracker import Tracker
 
 __all__ = ["study_driver"]

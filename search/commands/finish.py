@@ -28,10 +28,10 @@ from search.reporting.report import (
 )
 from search.reporting.study_result import StudyResult
 from search.reporting.walls import memory_walls, wall_lines
+from search.revalidation.pooling import Pooled
+from search.storage.repeat_runs import judged_revalidations
 from search.study.driver import StudyDriver
 from search.study.outcome import StudyOutcome
-from search.study.repeat_runs import judged_revalidations
-from search.study.revalidate import Pooled
 from search.tracking.tracker import Tracker
 
 __all__ = ["Finished", "finish"]

@@ -15,14 +15,14 @@ from search.execution.trial import TrialResult
 from search.measurement.environment import device_label
 from search.reporting import results
 from search.reporting.report import si
-from search.study.driver import StudyDriver
-from search.study.repeat_runs import (
+from search.revalidation.pooling import FreshRuns, Run, revalidate
+from search.storage.repeat_runs import (
     judged_revalidations,
     save_revalidation,
     save_revalidation_run,
     unfinished_revalidations,
 )
-from search.study.revalidate import FreshRuns, Run, revalidate
+from search.study.driver import StudyDriver
 
 __all__ = ["REVALIDATION_ROUNDS", "revalidate_front"]
 

@@ -31,12 +31,12 @@ from search.measurement.environment import environment
 from search.reporting import results
 from search.reporting.report import console, knobs_text
 from search.space.search_space import SearchSpace
-from search.study.guided import distribution
-from search.study.repeat_runs import judged_revalidations
-from search.study.retried_writes import UNSAVED, restore_unsaved
-from search.study.samplers import optuna_names
-from search.study.stores import open_stores, quiet_libraries, require_study
-from search.study.trial_store import record_synced_run, study_history
+from search.storage.repeat_runs import judged_revalidations
+from search.storage.retried_writes import UNSAVED, restore_unsaved
+from search.storage.stores import open_stores, quiet_libraries, require_study
+from search.storage.trial_store import record_synced_run, study_history
+from search.strategy.guided import distribution
+from search.strategy.samplers import optuna_names
 from search.tracking.tracker import Tracker
 
 __all__ = ["run_sync"]

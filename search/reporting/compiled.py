@@ -23,7 +23,7 @@ import numpy as np
 
 from search.analysis.noise_floor import NoiseFloor
 from search.core.records import COMPLETE, TrialRecord, config_name
-from search.study.revalidate import Pooled
+from search.revalidation.pooling import Pooled
 
 __all__ = [
     "compile_lines",

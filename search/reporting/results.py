@@ -1,6 +1,6 @@
 """What a study concludes, the same for the tuning run and ``sync``.
 
-history (``search.study.trial_store``) → stable front (Pareto-optimal among stable, complete
+history (``search.storage.trial_store``) → stable front (Pareto-optimal among stable, complete
 trials, on the figures each objective is ranked on) → re-validation candidates (at most
 ``revalidate.max_candidates``, highest lower throughput bound first) → the re-validated front (the
 candidates with their pooled figures where they were re-validated) → the recommendation (under
@@ -23,8 +23,8 @@ from search.core.records import COMPLETE, TrialRecord
 from search.reporting.compiled import revalidated_twins, twins_to_revalidate
 from search.reporting.report import throughput_text, write_best, write_csv, write_plot
 from search.reporting.study_result import StudyResult
+from search.revalidation.pooling import Pooled
 from search.space.search_space import SearchSpace
-from search.study.revalidate import Pooled
 from search.tracking.tracker import Tracker
 
 __all__ = [

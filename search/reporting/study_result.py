@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from search.analysis.diagnosis import Diagnosis
 from search.analysis.noise_floor import NoiseFloor
 from search.core.records import TrialRecord
-from search.study.revalidate import Pooled
+from search.revalidation.pooling import Pooled
 
 __all__ = ["StudyResult"]
 

@@ -8,7 +8,7 @@ from tiny import noise_floor  # tests/ is on sys.path
 from search.analysis.noise_floor import RunFigures
 from search.core.records import COMPLETE, TrialRecord
 from search.reporting.compiled import compile_lines
-from search.study.revalidate import Pooled
+from search.revalidation.pooling import Pooled
 
 CONFIG = {"batch_size": 8, "micro_batch_size": 2, "precision": "fp32"}
 

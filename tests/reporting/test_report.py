@@ -5,9 +5,9 @@ from search.analysis.noise_floor import NoiseFloor, RunFigures
 from search.core.records import TrialRecord
 from search.reporting.report import summary_lines
 from search.reporting.results import noise_lines, passed_over
+from search.revalidation.pooling import Pooled
 from search.space.parse import parse_space
 from search.study.outcome import StudyOutcome
-from search.study.revalidate import Pooled
 
 SPACE = parse_space(
     "s",

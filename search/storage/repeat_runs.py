@@ -11,10 +11,10 @@ import optuna
 from optuna.trial import TrialState
 
 from search.analysis.noise_floor import NoiseFloor, RunFigures
-from search.analysis.stability import Yardstick, assess_pooled
 from search.core.records import COMPLETE
-from search.study.retried_writes import retried
-from search.study.revalidate import Pooled, Run
+from search.revalidation.pooling import Pooled, Run
+from search.stability.judge import Yardstick, assess_pooled
+from search.storage.retried_writes import retried
 
 if TYPE_CHECKING:
     from search.config.settings import Settings
@@ -107,10 +107,10 @@ def _judged(
 
 def trial_pairs(study: optuna.Study, fingerprint: str) -> list[tuple[RunFigures, RunFigures]]:
     """The two fresh processes of each trial of ``fingerprint`` measured in two (a compiled one,
-    ``search.study.measured.again_if_compiled``), both complete: groups of the floor's between-run
-    variance as a re-validated candidate's runs are. They are the configurations' own spread
-    between processes, where the control and its probe only stand in for it, and they cost no
-    run of their own. A trial that reused another's measurement is left out (the same pair)."""
+    ``search.stability.measured.again_if_compiled``), both complete: groups of the floor's
+    between-run variance as a re-validated candidate's runs are. They are the configurations' own
+    spread between processes, where the control and its probe only stand in for it, and they cost
+    no run of their own. A trial that reused another's measurement is left out (the same pair)."""
     pairs = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         attrs = trial.user_attrs
