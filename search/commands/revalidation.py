@@ -13,8 +13,8 @@ from search.core.records import TrialRecord
 from search.execution.isolation import run_isolated
 from search.execution.trial import TrialResult
 from search.measurement.environment import device_label
-from search.reporting import results
 from search.reporting.report import si
+from search.revalidation import candidates
 from search.revalidation.pooling import FreshRuns, Run, revalidate
 from search.storage.repeat_runs import (
     judged_revalidations,
@@ -42,9 +42,9 @@ def revalidate_front(ctx: Context, driver: StudyDriver) -> None:
     for round_ in range(REVALIDATION_ROUNDS if settings.revalidate.processes else 0):
         done = judged_revalidations(study, fp, settings)
         history = driver.history()
-        if round_ and results.final_front(history, done, settings, space):
+        if round_ and candidates.final_front(history, done, settings, space):
             break
-        todo = results.next_candidates(history, done, settings, space)
+        todo = candidates.next_candidates(history, done, settings, space)
         if not todo:
             break
         started = time.monotonic()

@@ -30,6 +30,7 @@ from search.core.records import TrialRecord
 from search.measurement.environment import environment
 from search.reporting import results
 from search.reporting.report import console, knobs_text
+from search.revalidation import candidates
 from search.space.search_space import SearchSpace
 from search.storage.repeat_runs import judged_revalidations
 from search.storage.retried_writes import UNSAVED, restore_unsaved
@@ -75,7 +76,7 @@ def run_sync(cfg_node: DictConfig) -> int:
     stale = [run_id for number, run_id in cut_off if number in run_ids]
     for run_id in stale:
         tracker.delete_run(run_id)
-    front = results.final_front(
+    front = candidates.final_front(
         history, judged_revalidations(study, print_fn, settings), settings, space
     )
     results.mark_front(tracker, study_name, front, run_ids)

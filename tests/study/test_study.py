@@ -565,7 +565,7 @@ def test_optuna_is_told_what_the_front_leaves_out_so_its_best_trials_agree(
 
     import search.study.driver
     from search.execution.trial import TrialResult
-    from search.reporting import results
+    from search.revalidation import candidates
 
     def run(request):
         throughput, cv = figures[request.config["micro_batch_size"]]
@@ -592,7 +592,7 @@ def test_optuna_is_told_what_the_front_leaves_out_so_its_best_trials_agree(
         t.system_attrs.get("constraints", []) == [t.constraints[k] for k in told[m]]
         for m, t in ((t.params["micro_batch_size"], t) for t in complete)
     )
-    ours = results.stable_front(d.history(), space)
+    ours = candidates.stable_front(d.history(), space)
     assert [r.config["micro_batch_size"] for r in ours] == front
     if settings.study.sampler != "gp":
         assert [t.params["micro_batch_size"] for t in study.best_trials] == front
