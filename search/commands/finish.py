@@ -10,7 +10,7 @@ from pathlib import Path
 from search.analysis.diagnosis import Diagnosis, doubling
 from search.analysis.noise_floor import NoiseFloor
 from search.commands.context import Context, sync_command
-from search.commands.revalidation import revalidate_front
+from search.commands.revalidation_rounds import revalidate_front
 from search.config.compose import redact
 from search.core.records import COMPLETE, TrialRecord
 from search.reporting import results

@@ -6,8 +6,8 @@ in ``runs_dir`` (``search.storage.stores``), so bad input leaves nothing behind.
 has started it is always ended: FINISHED, KILLED (Ctrl-C) or FAILED.
 
 The steps are siblings of this module: ``context`` (what every step reads), ``callbacks`` (the
-study driver), ``retune`` (a re-tune's start), ``revalidation`` and ``finish`` (the end of the
-study) and ``conclusion`` (the confirmation and this run's record).
+study driver), ``retune`` (a re-tune's start), ``revalidation_rounds`` and ``finish`` (the end of
+the study) and ``conclusion`` (the confirmation and this run's record).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ and pooled metric by metric (``pooling``); which candidates are measured, round 
 the front a study ends with, on their pooled figures (``candidates``). Nothing here knows Optuna:
 the study keeps the runs and the pooled figures (``search.storage.repeat_runs``), the candidates
 are judged by ``search.stability.leave_one_out``, and the rounds at the end of a study are a step
-of the tuning command (``search.commands.revalidation``), which drives fresh worker processes."""
+of the tuning command (``search.commands.revalidation_rounds``), which drives fresh worker
+processes."""
 
 from search.revalidation.candidates import (
     final_front,
