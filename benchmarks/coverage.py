@@ -31,13 +31,13 @@ import numpy as np
 from scipy import stats
 
 from search.analysis.noise_floor import NoiseFloor, RunFigures
-from search.analysis.stability import Yardstick, assess
 from search.config.compose import compose_config, load_settings, resolve_device
 from search.config.prepare import control_config, load_space
 from search.core.records import COMPLETE
 from search.execution.figures import trial_metrics
 from search.execution.isolation import run_isolated
 from search.execution.trial import TrialRequest
+from search.stability.judge import Yardstick, assess
 
 
 def clopper_pearson(k: int, n: int) -> tuple[float, float]:

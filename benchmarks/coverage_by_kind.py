@@ -11,7 +11,7 @@ worker processes with the tool's default measurement settings. Each round is one
 scheduled as the tool schedules one: 2 control runs (the steady kind at batch 8, micro-batch 1,
 each timing the compute probe), every configuration once in a random order with a control run
 after the sixth, a control run at the end. Each run's interval spanning runs and its stability
-verdict come from its round's noise floor alone (``search.analysis.stability.assess``).
+verdict come from its round's noise floor alone (``search.stability.judge.assess``).
 
 The long-run mean of a configuration is the mean of its runs in the other rounds (leave one out),
 so a miss can be the reference's: with 6 rounds its standard error is the between-process spread
@@ -56,12 +56,12 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 from coverage import clopper_pearson  # noqa: E402
 
 from search.analysis.noise_floor import NoiseFloor, RunFigures  # noqa: E402
-from search.analysis.stability import Yardstick, assess  # noqa: E402
 from search.config.compose import compose_config, load_settings  # noqa: E402
 from search.core.records import COMPLETE  # noqa: E402
 from search.execution.figures import trial_metrics  # noqa: E402
 from search.execution.isolation import run_isolated  # noqa: E402
 from search.execution.trial import TrialRequest  # noqa: E402
+from search.stability.judge import Yardstick, assess  # noqa: E402
 
 KINDS = ("steady", "overhead", "compute", "stalling")
 SHAPES = ((8, 1), (32, 1), (32, 8))

@@ -55,9 +55,9 @@ from simulator import WORKLOADS, Figures, Workload, expert_guess, feasible, key 
 
 from search.analysis.pareto import pareto_mask  # noqa: E402
 from search.core.records import COMPLETE  # noqa: E402
-from search.study.book import OOM, Seen  # noqa: E402
-from search.study.guided import HANDED_OVER, WHY, GuidedSampler  # noqa: E402
-from search.study.samplers import suggest  # noqa: E402
+from search.strategy.book import OOM, Seen  # noqa: E402
+from search.strategy.guided import HANDED_OVER, WHY, GuidedSampler  # noqa: E402
+from search.strategy.samplers import suggest  # noqa: E402
 
 DIRECTIONS = ["maximize", "minimize", "minimize"]
 METRICS = ["throughput", "latency_p95_ms", "peak_memory_mb"]

@@ -52,9 +52,9 @@ from search.execution.recompute import RECOMPUTE_NONE, recompute_setting
 from search.execution.trial import TrialRequest, TrialResult
 from search.execution.worker import split_config
 from search.measurement.protocol import MeasureSettings
+from search.revalidation.pooling import pool
 from search.space.params import CategoricalParam, FixedParam
-from search.study.book import PRECISION_ORDER
-from search.study.revalidate import pool
+from search.strategy.book import PRECISION_ORDER
 
 PROBE = MeasureSettings(
     warmup_steps=1, warmup_s=0.0, window_s=0.05, min_windows=2, max_windows=2, max_time_s=1.0

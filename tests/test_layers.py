@@ -111,13 +111,13 @@ def test_no_two_classes_share_a_name():
     assert shared == {}, f"name these after what each is: {shared}"
 
 
-OPTUNA_PRIVATE = "search/study/optuna_private.py"
+OPTUNA_PRIVATE = "search/storage/optuna_private.py"
 OPTUNA_PRIVATE_NAMES = {"_storage", "_trial_id", "_study_id", "_contains", "_get_stale_trial_ids"}
 
 
 def test_optuna_private_api_is_used_in_one_module_only():
     """Optuna's private names (a module or attribute starting with ``_``) are reached only through
-    ``search.study.optuna_private``, so that an Optuna release that changes one breaks one module,
+    ``search.storage.optuna_private``, so that an Optuna release that changes one breaks one module,
     the one that says why each is needed. Attributes are checked by name (those the package has
     needed), on anything but ``self``."""
     import ast

@@ -1,2 +1,2 @@
-"""Judging measurements: the machine's noise floor and its drift, stability, the Pareto front,
-racing, the regime."""
+"""Judging measurements: the machine's noise floor and its drift, the Pareto front, racing, the
+regime. Whether a measurement is stable against that floor is ``search.stability``."""

@@ -29,10 +29,10 @@ it and at its end, and reads the machine from those runs and from the re-validat
   gets ``(σ_b² + mean se²) / k + σ_s² / (its sessions)``. The interval is never narrower than
   the run's own.
 
-Stability, judged against the control runs this floor holds, is ``search.analysis.stability``.
+Stability, judged against the control runs this floor holds, is ``search.stability.judge``.
 
-Nothing here knows Optuna, MLflow or processes: ``search.study.repeat_runs`` keeps the control runs,
-the study driver (``search.study.driver``) schedules them.
+Nothing here knows Optuna, MLflow or processes: ``search.storage.repeat_runs`` keeps the control
+runs, the study driver (``search.study.driver``) schedules them.
 """
 
 from __future__ import annotations

@@ -15,11 +15,11 @@ from search.config.compose import redact
 from search.core.records import COMPLETE, TrialRecord
 from search.execution.trial import TrialResult
 from search.measurement.environment import device_label
-from search.reporting import results
 from search.reporting.report import Columns, StudyProgress, knobs_text, si, trial_line
+from search.revalidation import candidates
+from search.storage.liveness import Heartbeat, Liveness, Recovery
 from search.study.driver import StudyDriver
 from search.study.driver_inputs import Bench, DriverCallbacks
-from search.study.liveness import Heartbeat, Liveness, Recovery
 from search.tracking.tracker import Tracker
 
 __all__ = ["study_driver"]
@@ -104,7 +104,7 @@ def _trial_printer(
     measured = itertools.count(1)
 
     def progress(record: TrialRecord, history: list[TrialRecord]) -> None:
-        front = results.stable_front(history, ctx.space)
+        front = candidates.stable_front(history, ctx.space)
         diagnosis = ctx.diagnosis(record, history)
         if diagnosis is not None and record.run_id:  # with the study's batch-doubling pairs
             tracker.log_metrics(record.run_id, diagnosis.metrics())

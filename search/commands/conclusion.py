@@ -22,7 +22,7 @@ from search.retune.retune_report import write_report
 from search.retune.tuned import RETUNE, TUNE, Tuned, save_tuned, tuned_runs
 from search.retune.tuning_history import write_history
 from search.retune.verdict import MOVED, Conclusion, conclude
-from search.study.revalidate import FreshRuns
+from search.revalidation.pooling import FreshRuns
 from search.tracking.tracker import Tracker
 
 __all__ = ["conclude_tuning"]

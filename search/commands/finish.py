@@ -10,11 +10,11 @@ from pathlib import Path
 from search.analysis.diagnosis import Diagnosis, doubling
 from search.analysis.noise_floor import NoiseFloor
 from search.commands.context import Context, sync_command
-from search.commands.revalidation import revalidate_front
+from search.commands.revalidation_rounds import revalidate_front
 from search.config.compose import redact
 from search.core.records import COMPLETE, TrialRecord
 from search.reporting import results
-from search.reporting.compiled import compile_lines, revalidated_twins
+from search.reporting.compiled import compile_lines
 from search.reporting.oracle import oracle, oracle_lines, oracle_values, write_oracle_plot
 from search.reporting.report import (
     Columns,
@@ -28,10 +28,11 @@ from search.reporting.report import (
 )
 from search.reporting.study_result import StudyResult
 from search.reporting.walls import memory_walls, wall_lines
+from search.revalidation import candidates
+from search.revalidation.pooling import Pooled
+from search.storage.repeat_runs import judged_revalidations
 from search.study.driver import StudyDriver
 from search.study.outcome import StudyOutcome
-from search.study.repeat_runs import judged_revalidations
-from search.study.revalidate import Pooled
 from search.tracking.tracker import Tracker
 
 __all__ = ["Finished", "finish"]
@@ -108,8 +109,8 @@ def _study_result(
     every trial with its final figures, verdict and regime."""
     settings = ctx.settings
     done = judged_revalidations(driver.study, ctx.fingerprint, settings)
-    front = results.final_front(history, done, settings, ctx.space)
-    final = results.with_revalidation(history, done)  # every file shows the final verdicts
+    front = candidates.final_front(history, done, settings, ctx.space)
+    final = candidates.with_revalidation(history, done)  # every file shows the final verdicts
     return StudyResult(
         records=final,
         front=front,
@@ -129,8 +130,8 @@ def _print_revalidated(
 ) -> None:
     """How many re-validated configurations stayed on the front, and which left it."""
     out = ctx.out
-    dropped = results.left_the_front(history, front, done)
-    twins = sorted(revalidated_twins(history, done) - {r.number for r in front})
+    dropped = candidates.left_the_front(history, front, done)
+    twins = sorted(candidates.revalidated_twins(history, done) - {r.number for r in front})
     judged = len(done) - len(twins)
     out.print(
         f"re-validation: {judged - len(dropped)} of {judged} re-validated "

@@ -14,7 +14,7 @@ from search.core.errors import ConfigError
 from search.reporting.report import console
 from search.retune.tuned import tuned_runs
 from search.retune.tuning_history import history_rows, write_history
-from search.study.stores import quiet_libraries, require_study
+from search.storage.stores import quiet_libraries, require_study
 
 __all__ = ["run_history"]
 

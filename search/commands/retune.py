@@ -15,11 +15,11 @@ from search.execution.isolation import run_isolated
 from search.execution.trial import TrialResult
 from search.reporting.report import knobs_text, si
 from search.retune.tuned import Tuned
+from search.revalidation.pooling import FreshRuns, Pooled, revalidate
+from search.storage.repeat_runs import save_revalidation
+from search.strategy.samplers import optuna_names
 from search.study.driver import StudyDriver
 from search.study.guards import KnownOutcomes, config_key
-from search.study.repeat_runs import save_revalidation
-from search.study.revalidate import FreshRuns, Pooled, revalidate
-from search.study.samplers import optuna_names
 
 __all__ = ["adopt_remeasured", "remeasure_baseline", "warm_start"]
 

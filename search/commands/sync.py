@@ -30,13 +30,14 @@ from search.core.records import TrialRecord
 from search.measurement.environment import environment
 from search.reporting import results
 from search.reporting.report import console, knobs_text
+from search.revalidation import candidates
 from search.space.search_space import SearchSpace
-from search.study.guided import distribution
-from search.study.repeat_runs import judged_revalidations
-from search.study.retried_writes import UNSAVED, restore_unsaved
-from search.study.samplers import optuna_names
-from search.study.stores import open_stores, quiet_libraries, require_study
-from search.study.trial_store import record_synced_run, study_history
+from search.storage.repeat_runs import judged_revalidations
+from search.storage.retried_writes import UNSAVED, restore_unsaved
+from search.storage.stores import open_stores, quiet_libraries, require_study
+from search.storage.trial_store import record_synced_run, study_history
+from search.strategy.guided import distribution
+from search.strategy.samplers import optuna_names
 from search.tracking.tracker import Tracker
 
 __all__ = ["run_sync"]
@@ -75,7 +76,7 @@ def run_sync(cfg_node: DictConfig) -> int:
     stale = [run_id for number, run_id in cut_off if number in run_ids]
     for run_id in stale:
         tracker.delete_run(run_id)
-    front = results.final_front(
+    front = candidates.final_front(
         history, judged_revalidations(study, print_fn, settings), settings, space
     )
     results.mark_front(tracker, study_name, front, run_ids)

@@ -2,12 +2,12 @@
 
 All validation happens before anything is written (``search.config.compose``,
 ``search.config.prepare``), and a store that cannot be opened removes what this invocation created
-in ``runs_dir`` (``search.study.stores``), so bad input leaves nothing behind. Once the parent run
+in ``runs_dir`` (``search.storage.stores``), so bad input leaves nothing behind. Once the parent run
 has started it is always ended: FINISHED, KILLED (Ctrl-C) or FAILED.
 
 The steps are siblings of this module: ``context`` (what every step reads), ``callbacks`` (the
-study driver), ``retune`` (a re-tune's start), ``revalidation`` and ``finish`` (the end of the
-study) and ``conclusion`` (the confirmation and this run's record).
+study driver), ``retune`` (a re-tune's start), ``revalidation_rounds`` and ``finish`` (the end of
+the study) and ``conclusion`` (the confirmation and this run's record).
 """
 
 from __future__ import annotations
@@ -46,12 +46,12 @@ from search.measurement.environment import contention, environment
 from search.reporting.report import console, si
 from search.retune.comparison import MIN_RUNS
 from search.retune.tuned import RETUNE, TUNE, Tuned, baseline
+from search.revalidation.pooling import Pooled
 from search.space.search_space import SearchSpace
-from search.study.liveness import Heartbeat, Recovery, owner
-from search.study.optuna_private import study_storage
-from search.study.revalidate import Pooled
-from search.study.stores import open_stores, quiet_libraries, recover_runs, require_study
-from search.study.trial_store import set_aside
+from search.storage.liveness import Heartbeat, Recovery, owner
+from search.storage.optuna_private import study_storage
+from search.storage.stores import open_stores, quiet_libraries, recover_runs, require_study
+from search.storage.trial_store import set_aside
 from search.tracking.tracker import Tracker
 
 __all__ = ["run"]

@@ -37,7 +37,7 @@ __all__ = [
 PRESETS = ("auto", "cpu", "cuda")
 
 SAMPLER_NAMES = ("guided", "tpe", "gp", "nsga2", "random")
-"""What ``study.sampler`` may name (``search.study.samplers`` builds each)."""
+"""What ``study.sampler`` may name (``search.strategy.samplers`` builds each)."""
 
 SLO_EXPECTED = "a mapping of metric name to limit, e.g. +slo.latency_p95_ms=200"
 """What ``slo`` must be, as error messages say it."""
@@ -62,7 +62,7 @@ class StudySettings:
 
     sampler: str
     """What proposes configurations: a name in ``SAMPLER_NAMES`` (``guided``: the expert's order,
-    ``search.study.strategy``; the others are Optuna's samplers)."""
+    ``search.strategy.order``; the others are Optuna's samplers)."""
 
     heartbeat_s: int
     """Running trials report every this many seconds, s (integer); one silent for 6x as long was

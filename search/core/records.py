@@ -62,7 +62,7 @@ class TrialRecord:
     reason: str = ""
     """Why it is not stable: the test it failed, with its figures ('' when stable)."""
     why: str = ""
-    """Why it was proposed, in a few words (``search.study.guided``; '' when not known)."""
+    """Why it was proposed, in a few words (``search.strategy.guided``; '' when not known)."""
 
     @property
     def screened(self) -> bool:

@@ -109,7 +109,7 @@ def _measure_probe(device: torch.device, settings: MeasureSettings) -> Measureme
         torch.mm(a, b, out=out)
 
     # Five windows as long as a trial's: a busy run's window CV and stalls are judged against
-    # the probe's (``search.analysis.stability``), so its windows must be alike.
+    # the probe's (``search.stability.judge``), so its windows must be alike.
     short = replace(
         settings,
         warmup_steps=3,

@@ -110,7 +110,7 @@ class TrainStep:
 
         A stall in one micro-batch of many hides inside the step's time (2% of micro-batches
         stalling 10x, 32 to a step, lengthen no step past twice the median), so the stall test
-        also counts micro-batches (``search.analysis.stability``)."""
+        also counts micro-batches (``search.stability.judge``)."""
         times = [elapsed_ms(start, end) for start, end in self._marks]
         self._marks.clear()
         return {MICRO_BATCH_PHASE: times}

@@ -23,15 +23,10 @@ import numpy as np
 
 from search.analysis.noise_floor import NoiseFloor
 from search.core.records import COMPLETE, TrialRecord, config_name
-from search.study.revalidate import Pooled
+from search.revalidation.candidates import is_compiled, uncompiled_twin
+from search.revalidation.pooling import Pooled
 
-__all__ = [
-    "compile_lines",
-    "is_compiled",
-    "revalidated_twins",
-    "twins_to_revalidate",
-    "uncompiled_twin",
-]
+__all__ = ["compile_lines"]
 
 
 def compile_lines(
@@ -58,45 +53,6 @@ def compile_lines(
         _break_even_line(shown, twin),
         _variance_line(shown, twin, done, floor),
     ]
-
-
-def uncompiled_twin(record: TrialRecord, records: Sequence[TrialRecord]) -> TrialRecord | None:
-    """The completed trial of ``record``'s configuration with ``compile`` off, if one was
-    measured."""
-    wanted = {**record.config, "compile": "off"}
-    return next(
-        (r for r in records if r.state == COMPLETE and dict(r.config) == wanted),
-        None,
-    )
-
-
-def is_compiled(record: TrialRecord) -> bool:
-    return _mode(record) != "off"
-
-
-def twins_to_revalidate(
-    candidates: Sequence[TrialRecord], records: Sequence[TrialRecord], done: Mapping[int, Pooled]
-) -> list[TrialRecord]:
-    """The uncompiled twins of the compiled ``candidates`` that the study measured and that are
-    neither candidates nor re-validated: re-validated beside them, the summary compares the two
-    spreads between fresh processes."""
-    taken = {c.number for c in candidates} | set(done)
-    twins: dict[int, TrialRecord] = {}
-    for candidate in filter(is_compiled, candidates):
-        twin = uncompiled_twin(candidate, records)
-        if twin is not None and twin.number not in taken:
-            twins[twin.number] = twin
-    return list(twins.values())
-
-
-def revalidated_twins(records: Sequence[TrialRecord], done: Mapping[int, Pooled]) -> set[int]:
-    """The re-validated trials that are the uncompiled twin of a re-validated compiled one."""
-    return {
-        twin.number
-        for r in records
-        if r.number in done and is_compiled(r)
-        if (twin := uncompiled_twin(r, records)) is not None and twin.number in done
-    }
 
 
 def _mode(record: TrialRecord) -> str:

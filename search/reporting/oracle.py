@@ -46,7 +46,7 @@ def oracle(
 ) -> list[OracleRow]:
     """A row per knob and value (``knobs``: each searched knob's values, None for a continuous
     range: the values measured). ``history`` with its final verdicts
-    (``results.with_revalidation``)."""
+    (``search.revalidation.candidates.with_revalidation``)."""
     stable = [r for r in history if r.state == COMPLETE and r.stable]
     rows = []
     for knob, values in knobs.items():

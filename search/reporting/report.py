@@ -424,7 +424,8 @@ def plot_groups(
     history: Sequence[TrialRecord], front: Sequence[TrialRecord]
 ) -> list[tuple[str, list[TrialRecord]]]:
     """The complete configurations of ``history`` as ``pareto.png`` draws them: unstable, stable,
-    Pareto-optimal. Pass the records with their final verdicts (``results.with_revalidation``)."""
+    Pareto-optimal. Pass the records with their final verdicts
+    (``search.revalidation.candidates.with_revalidation``)."""
     on_front = {r.number for r in front}
     done = [r for r in history if r.state == COMPLETE]
     return [

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from search.analysis.diagnosis import Diagnosis
 from search.analysis.noise_floor import NoiseFloor
 from search.core.records import TrialRecord
-from search.study.revalidate import Pooled
+from search.revalidation.pooling import Pooled
 
 __all__ = ["StudyResult"]
 
@@ -21,9 +21,9 @@ class StudyResult:
 
     records: list[TrialRecord]
     """Every measured trial of the study with its final figures and verdict
-    (``search.reporting.results.with_revalidation``)."""
+    (``search.revalidation.candidates.with_revalidation``)."""
     front: list[TrialRecord]
-    """The final front (``search.reporting.results.final_front``)."""
+    """The final front (``search.revalidation.candidates.final_front``)."""
     best: TrialRecord | None
     """The recommendation (None: no front configuration meets the slo)."""
     unit: str

@@ -13,7 +13,7 @@ from search.execution.trial import TrialRequest, TrialResult
 from search.retune.comparison import MIN_RUNS
 from search.retune.figure import Figure
 from search.retune.reference_settings import REFERENCE_CONFIG, REFERENCE_MEASURE, reference_workload
-from search.study.revalidate import FreshRuns
+from search.revalidation.pooling import FreshRuns
 
 __all__ = ["Confirmed", "confirm"]
 

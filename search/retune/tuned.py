@@ -15,7 +15,7 @@ import optuna
 from search.core.errors import ConfigError
 from search.retune.comparison import MIN_RUNS
 from search.retune.figure import Figure
-from search.study.retried_writes import retried
+from search.storage.retried_writes import retried
 
 __all__ = [
     "RETUNE",

@@ -6,14 +6,14 @@ covered, a broken constraint, a configuration certain to run out of memory, one 
 ``study.n_trials``. After any, a uniformly drawn feasible configuration that has not been measured
 yet is queued next, so a sampler that keeps proposing the same point cannot stall the study. A
 study whose measured trials fail more often than ``study.max_failure_rate`` stops early. What a
-trial keeps in the storage is ``search.study.trial_store``'s.
+trial keeps in the storage is ``search.storage.trial_store``'s.
 
 The loop is Optuna's ask-and-tell interface, not ``study.optimize``: ``n_trials`` counts
 measurements, while ``optimize`` counts every trial it asks for (a guarded proposal would use up
 the budget); a repeated failure is told FAIL with the stored reason, which ``optimize`` can only do
 by raising or returning no value (logged as a warning for every one); and the recovery check and
 the refresh of known outcomes must run before each proposal. Heartbeats are Optuna's own (RDB
-storage, see ``search.study.liveness``).
+storage, see ``search.storage.liveness``).
 """
 
 from __future__ import annotations
@@ -37,28 +37,28 @@ from search.execution.figures import trial_metrics
 from search.execution.isolation import run_isolated
 from search.execution.trial import TrialRequest, TrialResult
 from search.space.search_space import SearchSpace
-from search.study.driver_inputs import Bench, DriverCallbacks
-from search.study.guards import KnownOutcomes, Proposal, Ruling, guards
-from search.study.guided import HANDED_OVER, WHY, GuidedSampler, seen_of
-from search.study.liveness import Liveness, measuring_here, owner
-from search.study.measured import (
+from search.stability.measured import (
     Judging,
     MeasuredTrial,
     again_if_compiled,
     measured_record,
     second_process,
 )
-from search.study.optuna_private import stored_trial, trial_id
-from search.study.outcome import StudyOutcome
-from search.study.repeat_runs import noise_floor, save_control
-from search.study.samplers import GUIDED, SAMPLERS, optuna_names, suggest
-from search.study.trial_store import (
+from search.storage.liveness import Liveness, measuring_here, owner
+from search.storage.optuna_private import stored_trial, trial_id
+from search.storage.repeat_runs import noise_floor, save_control
+from search.storage.trial_store import (
     record_synced_run,
     set_constraints,
     store_measured,
     study_history,
     tell_failed,
 )
+from search.strategy.guided import HANDED_OVER, WHY, GuidedSampler, seen_of
+from search.strategy.samplers import GUIDED, SAMPLERS, optuna_names, suggest
+from search.study.driver_inputs import Bench, DriverCallbacks
+from search.study.guards import KnownOutcomes, Proposal, Ruling, guards
+from search.study.outcome import StudyOutcome
 
 if TYPE_CHECKING:
     from search.config.settings import Settings

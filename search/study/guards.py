@@ -30,8 +30,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from search.core.records import COMPLETE, FAILED, INFEASIBLE, fault_kind
 from search.space.search_space import SearchSpace
-from search.study.liveness import duplicate_retry
-from search.study.trial_store import OUTCOME_ATTRS, named_constraints, over_limit, own_trials
+from search.storage.liveness import duplicate_retry
+from search.storage.trial_store import OUTCOME_ATTRS, named_constraints, over_limit, own_trials
 
 __all__ = [
     "CertainOom",

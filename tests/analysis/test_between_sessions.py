@@ -10,8 +10,8 @@ from synthetic import Machine
 
 from search.analysis.between_sessions import between_sessions, session_levels
 from search.analysis.noise_floor import NoiseFloor, RunFigures
-from search.analysis.stability import Yardstick, assess
 from search.config.settings import StableSettings
+from search.stability.judge import Yardstick, assess
 
 STABLE = StableSettings(
     alpha=0.01, excess_cv=0.10, excess_stalls=0.01, excess_between_cv=0.05, max_cv=None

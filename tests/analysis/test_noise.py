@@ -12,12 +12,12 @@ import torch
 from synthetic import Machine
 
 from search.analysis.noise_floor import NoiseFloor, RunFigures, by_device, stall_steps
-from search.analysis.stability import Yardstick, assess, judge
 from search.config.prepare import control_config
 from search.config.settings import StableSettings
 from search.core.errors import ConfigError
 from search.measurement.protocol import MeasureSettings
 from search.space.parse import parse_space
+from search.stability.judge import Yardstick, assess, judge
 
 STABLE = StableSettings(
     alpha=0.01, excess_cv=0.10, excess_stalls=0.01, excess_between_cv=0.05, max_cv=None
@@ -437,8 +437,8 @@ def _settings():
 def _study_with(controls, candidates):
     import optuna
 
-    from search.study.repeat_runs import save_control, save_revalidation
-    from search.study.revalidate import Pooled
+    from search.revalidation.pooling import Pooled
+    from search.storage.repeat_runs import save_control, save_revalidation
 
     study = optuna.create_study(directions=["maximize"])
     for c in controls:
@@ -458,7 +458,7 @@ def _runs(means, t0=1e9, cv=0.01):
 
 
 def test_an_erratic_candidate_cannot_set_its_own_yardstick():
-    from search.study.repeat_runs import judged_revalidations, noise_floor
+    from search.storage.repeat_runs import judged_revalidations, noise_floor
 
     controls = _runs([100.0, 101.0, 99.0, 100.5], t0=1e9)
     study = _study_with(
@@ -493,7 +493,7 @@ def test_a_trial_stored_before_the_noise_floor_keeps_its_own_interval():
 def test_a_re_validation_stored_before_the_noise_floor_counts_as_not_done():
     import optuna
 
-    from search.study.repeat_runs import study_revalidations
+    from search.storage.repeat_runs import study_revalidations
 
     study = optuna.create_study(directions=["maximize"])
     study.set_user_attr("revalidated:fp:3", {"metrics": {}, "stable": False, "reason": "old"})
@@ -540,7 +540,7 @@ def test_the_baseline_benchmark_pools_its_runs():
 
 def test_re_validation_verdicts_are_judged_again_under_the_current_settings():
     from search.config.compose import compose_config, load_settings
-    from search.study.repeat_runs import judged_revalidations
+    from search.storage.repeat_runs import judged_revalidations
 
     study = _study_with(_runs([100.0, 101.0, 99.0, 100.5]), {4: _runs([100.0, 115.0, 87.0], 2e9)})
     strict = judged_revalidations(study, "fp", _settings())
@@ -695,7 +695,7 @@ def test_the_two_processes_of_compiled_trials_teach_the_floor_their_class_s_spre
     not by the probe alone."""
     import optuna
 
-    from search.study.repeat_runs import noise_floor, trial_pairs
+    from search.storage.repeat_runs import noise_floor, trial_pairs
 
     rng = np.random.default_rng(3)
     controls = [

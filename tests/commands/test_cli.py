@@ -369,16 +369,16 @@ def test_a_process_with_another_heartbeat_interval_than_the_study_exits_2(tmp_pa
 def test_a_failed_open_removes_only_what_this_process_created(tmp_path, capsys, monkeypatch):
     """Several processes start on a fresh runs_dir; one whose store cannot be opened must not take
     the others' files with it."""
-    import search.study.stores
+    import search.storage.stores
 
     runs_dir = tmp_path / "runs"
-    real_open = search.study.stores.open_study
+    real_open = search.storage.stores.open_study
 
     def open_then_fail(*args, **kwargs):
         (runs_dir / "other-process.db").write_text("another process's study")
         real_open(*args, **kwargs)
 
-    monkeypatch.setattr(search.study.stores, "open_study", open_then_fail)
+    monkeypatch.setattr(search.storage.stores, "open_study", open_then_fail)
     assert main(["+space=llm", "study.storage=notaurl", f"runs_dir={runs_dir}"]) == 2
     assert (runs_dir / "other-process.db").read_text() == "another process's study"
     assert sorted(p.name for p in runs_dir.iterdir()) == ["other-process.db"]

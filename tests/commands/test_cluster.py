@@ -24,7 +24,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from servers import MlflowServer, Postgres, postgres_bin  # tests/ is on sys.path
 
-from search.study.liveness import DB_CONNECTIONS
+from search.storage.liveness import DB_CONNECTIONS
 
 REPO = Path(__file__).resolve().parents[2]
 SPACE_DIR = REPO / "tests" / "cluster_space"

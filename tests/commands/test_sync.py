@@ -20,7 +20,7 @@ from mlflow.tracking import MlflowClient
 from tiny import CONTRACT_METRICS, KNOBS, LENIENT, TINY
 
 from search.commands.cli import main
-from search.study.trial_store import SYNCED_RUN_PREFIX
+from search.storage.trial_store import SYNCED_RUN_PREFIX
 from search.tracking.connection import NETWORK_LIMITS
 from search.tracking.tracker import Tracker
 

@@ -12,7 +12,7 @@ from search.config.compose import compose_config, resolve, resolve_device
 from search.core.errors import ConfigError
 from search.execution.recompute import recompute_setting
 from search.space.parse import parse_space
-from search.study.strategy import next_move
+from search.strategy.order import next_move
 from search.workloads import ServingWorkload, Workload
 
 REPO = Path(__file__).resolve().parents[2]

@@ -26,8 +26,8 @@ from search.reporting.report import (
     trial_line,
     write_csv,
 )
+from search.revalidation.pooling import pool
 from search.space.parse import parse_space
-from search.study.revalidate import pool
 
 KNOBS = ["batch_size"]
 

@@ -8,7 +8,7 @@ from tiny import noise_floor  # tests/ is on sys.path
 from search.analysis.noise_floor import RunFigures
 from search.core.records import COMPLETE, TrialRecord
 from search.reporting.compiled import compile_lines
-from search.study.revalidate import Pooled
+from search.revalidation.pooling import Pooled
 
 CONFIG = {"batch_size": 8, "micro_batch_size": 2, "precision": "fp32"}
 
@@ -131,7 +131,7 @@ def test_the_configuration_shown_is_one_whose_uncompiled_twin_was_measured():
 
 
 def test_re_validation_adds_the_uncompiled_twin_of_each_compiled_candidate_once():
-    from search.reporting.compiled import twins_to_revalidate
+    from search.revalidation.candidates import twins_to_revalidate
 
     eager = record(0, "off", 100.0, 80.0)
     fast = record(1, "default", 125.0, 64.0)
@@ -149,7 +149,7 @@ def test_a_twin_re_validated_for_the_comparison_is_no_candidate_and_did_not_leav
     from dataclasses import replace
 
     from search.config.compose import compose_config, load_settings
-    from search.reporting.results import final_front, left_the_front, next_candidates
+    from search.revalidation.candidates import final_front, left_the_front, next_candidates
     from search.space.parse import parse_space
 
     space = parse_space(

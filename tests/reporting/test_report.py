@@ -5,9 +5,9 @@ from search.analysis.noise_floor import NoiseFloor, RunFigures
 from search.core.records import TrialRecord
 from search.reporting.report import summary_lines
 from search.reporting.results import noise_lines, passed_over
+from search.revalidation.pooling import Pooled
 from search.space.parse import parse_space
 from search.study.outcome import StudyOutcome
-from search.study.revalidate import Pooled
 
 SPACE = parse_space(
     "s",
@@ -109,7 +109,7 @@ def test_the_noise_lines_say_how_far_one_run_moves():
 
 def test_when_every_candidate_fails_re_validation_what_it_dominated_is_next():
     from search.config.compose import compose_config, load_settings
-    from search.reporting.results import final_front, next_candidates
+    from search.revalidation.candidates import final_front, next_candidates
 
     settings = load_settings(
         compose_config(["+space=llm", "device=cpu", "revalidate.max_candidates=1"])
@@ -129,7 +129,7 @@ def test_when_every_candidate_fails_re_validation_what_it_dominated_is_next():
 
 def test_the_plot_shows_the_final_verdicts():
     from search.reporting.report import plot_groups
-    from search.reporting.results import with_revalidation
+    from search.revalidation.candidates import with_revalidation
 
     candidate = _record(7, 5000.0, 5100.0, 5200.0, True)
     left = Pooled({"throughput_ci_low": 4000.0}, False, "disagreement: ...")
@@ -140,7 +140,7 @@ def test_the_plot_shows_the_final_verdicts():
 
 def test_re_validation_takes_what_meets_the_slo_first():
     from search.config.compose import compose_config, load_settings
-    from search.reporting.results import next_candidates
+    from search.revalidation.candidates import next_candidates
 
     settings = load_settings(
         compose_config(

@@ -27,7 +27,7 @@ from search.retune.comparison import (
 from search.retune.figure import Figure
 from search.retune.tuned import Tuned, baseline, save_tuned, tuned_runs
 from search.retune.verdict import AMBIGUOUS, IMPROVED, MOVED, REGRESSION, SAME, conclude
-from search.study.revalidate import FreshRuns
+from search.revalidation.pooling import FreshRuns
 
 REPO = Path(__file__).resolve().parents[2]
 A = {"micro_batch_size": 4, "precision": "fp32"}
@@ -335,7 +335,7 @@ SPACE = [
     # two re-validation processes once read 1.1k and 958 samples/s (CV 9.9%) against the 1.0% of
     # the baseline's four re-measured processes, so it was called unstable and the re-tune read
     # REGRESSION instead of MOVED. Its 2.4 ms sleeps wake up as late as the host's load makes them;
-    # the disagreement test itself is tested in tests/study/test_revalidate.py.
+    # the disagreement test itself is tested in tests/revalidation/test_revalidate.py.
     "stable.excess_between_cv=0.25",
     "retune.processes=4",
     "retune.confirm=4",

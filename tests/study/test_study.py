@@ -14,9 +14,9 @@ from search.core.errors import ConfigError
 from search.execution.trial import TrialRequest
 from search.measurement.protocol import MeasureSettings
 from search.space.parse import parse_space
+from search.storage.opening import open_study
 from search.study.driver import StudyDriver
 from search.study.driver_inputs import Bench, DriverCallbacks
-from search.study.opening import open_study
 
 FINGERPRINT = "abc123"
 QUICK = MeasureSettings(
@@ -387,19 +387,19 @@ def test_a_trial_is_told_to_optuna_before_it_is_logged_and_its_run_id_kept():
 
 def test_a_run_id_the_storage_will_not_take_does_not_stop_the_study(monkeypatch):
     # The measurement is told already; the MLflow run id is bookkeeping that sync can redo.
-    import search.study.retried_writes
-    import search.study.trial_store
+    import search.storage.retried_writes
+    import search.storage.trial_store
 
     study = new_study()
     real = study.set_user_attr
 
     def refuse_run_ids(key, value):
-        if key.startswith(search.study.trial_store.SYNCED_RUN_PREFIX):
+        if key.startswith(search.storage.trial_store.SYNCED_RUN_PREFIX):
             raise optuna.exceptions.StorageInternalError("disk I/O error")
         return real(key, value)
 
     monkeypatch.setattr(study, "set_user_attr", refuse_run_ids)
-    monkeypatch.setattr(search.study.retried_writes.time, "sleep", lambda s: None)
+    monkeypatch.setattr(search.storage.retried_writes.time, "sleep", lambda s: None)
     space = make_space()
     outcome = StudyDriver(
         settings=cfg(n_trials=2),
@@ -419,7 +419,7 @@ def test_a_run_id_the_storage_will_not_take_does_not_stop_the_study(monkeypatch)
 
 
 def test_a_new_study_gets_an_id_that_every_process_reads_back(tmp_path):
-    from search.study.opening import STUDY_ID, study_id
+    from search.storage.opening import STUDY_ID, study_id
 
     storage = f"sqlite:///{tmp_path}/s.db"
     first = open_study("s", storage, make_space())
@@ -449,7 +449,7 @@ def test_a_proposal_gives_way_even_to_a_later_numbered_trial_of_the_same_configu
 
 
 def test_the_control_is_measured_at_the_start_and_kept_in_the_study():
-    from search.study.repeat_runs import study_controls
+    from search.storage.repeat_runs import study_controls
 
     study = new_study()
     space = make_space()
@@ -480,7 +480,7 @@ def test_the_control_is_measured_at_the_start_and_kept_in_the_study():
 
 
 def test_trials_of_another_fingerprint_are_counted_as_set_aside():
-    from search.study.trial_store import set_aside
+    from search.storage.trial_store import set_aside
 
     study = new_study()
     stored(study, 1)
@@ -565,7 +565,7 @@ def test_optuna_is_told_what_the_front_leaves_out_so_its_best_trials_agree(
 
     import search.study.driver
     from search.execution.trial import TrialResult
-    from search.reporting import results
+    from search.revalidation import candidates
 
     def run(request):
         throughput, cv = figures[request.config["micro_batch_size"]]
@@ -592,7 +592,7 @@ def test_optuna_is_told_what_the_front_leaves_out_so_its_best_trials_agree(
         t.system_attrs.get("constraints", []) == [t.constraints[k] for k in told[m]]
         for m, t in ((t.params["micro_batch_size"], t) for t in complete)
     )
-    ours = results.stable_front(d.history(), space)
+    ours = candidates.stable_front(d.history(), space)
     assert [r.config["micro_batch_size"] for r in ours] == front
     if settings.study.sampler != "gp":
         assert [t.params["micro_batch_size"] for t in study.best_trials] == front
@@ -642,7 +642,7 @@ def test_an_int_range_that_changes_keeps_its_name():
             "objectives": {"throughput": "maximize"},
         },
     )
-    from search.study.samplers import optuna_names
+    from search.strategy.samplers import optuna_names
 
     assert optuna_names(study, space) == ({"n": "n"}, [])
 
@@ -729,7 +729,7 @@ def locked_storage(study, monkeypatch, failures):
     """The storage fails ``failures`` times to tell (as sqlite does when 'database is locked'
     outlasts its own wait, or the disk is full), then works; the back-off waits are counted, not
     slept."""
-    import search.study.retried_writes
+    import search.storage.retried_writes
 
     waits, real = [], study._storage.set_trial_state_values
 
@@ -741,7 +741,7 @@ def locked_storage(study, monkeypatch, failures):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(study._storage, "set_trial_state_values", tell)
-    monkeypatch.setattr(search.study.retried_writes.time, "sleep", waits.append)
+    monkeypatch.setattr(search.storage.retried_writes.time, "sleep", waits.append)
     return waits
 
 
@@ -756,9 +756,9 @@ def test_a_locked_storage_is_waited_for_and_the_measurement_kept(tmp_path, monke
 
 def test_a_storage_that_stays_broken_keeps_the_measurement_for_sync(tmp_path, monkeypatch):
     from search.core.errors import StoreError
-    from search.study.guided import distribution
-    from search.study.retried_writes import UNSAVED, restore_unsaved
-    from search.study.samplers import optuna_names
+    from search.storage.retried_writes import UNSAVED, restore_unsaved
+    from search.strategy.guided import distribution
+    from search.strategy.samplers import optuna_names
 
     space = make_space()
     study = sqlite_study(tmp_path, space)
@@ -792,7 +792,7 @@ def test_another_process_measuring_on_this_cpu_is_warned_of_once():
     import subprocess
     import sys
 
-    from search.study.liveness import MACHINE, _started
+    from search.storage.liveness import MACHINE, _started
 
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:

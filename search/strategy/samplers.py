@@ -1,7 +1,7 @@
 """The samplers a study may use by name, and the Optuna parameter name each searched knob is drawn
 under.
 
-``guided`` (the default, ``search.study.guided``) wraps multivariate TPE; the others are Optuna's
+``guided`` (the default, ``search.strategy.guided``) wraps multivariate TPE; the others are Optuna's
 own. An Optuna study keeps the distribution each parameter name was first drawn from, so a knob
 whose range changed incompatibly is drawn under a numbered name (``optuna_names``).
 """
@@ -24,7 +24,7 @@ from optuna.trial import Trial
 from search.config.settings import SAMPLER_NAMES
 from search.space.params import CategoricalParam, FixedParam, FloatParam, IntParam, Param
 from search.space.search_space import SearchSpace
-from search.study.guided import distribution
+from search.strategy.guided import distribution
 
 __all__ = ["GUIDED", "RENAMED", "SAMPLERS", "optuna_names", "suggest"]
 
@@ -36,7 +36,7 @@ SAMPLERS: dict[str, Callable[[int], optuna.samplers.BaseSampler]] = {
     "nsga2": lambda seed: optuna.samplers.NSGAIISampler(seed=seed),
     "random": lambda seed: optuna.samplers.RandomSampler(seed=seed),
 }
-"""The plain Optuna samplers by name; ``guided`` (the default, ``search.study.guided``) wraps
+"""The plain Optuna samplers by name; ``guided`` (the default, ``search.strategy.guided``) wraps
 ``tpe``."""
 GUIDED = "guided"
 assert set(SAMPLER_NAMES) == {GUIDED, *SAMPLERS}, "settings.SAMPLER_NAMES lists every sampler"

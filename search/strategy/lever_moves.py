@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from search.execution.fp8 import FP8_PRECISIONS
-from search.study.book import Book, Seen
-from search.study.move import Move, overhead_bound_near
+from search.strategy.book import Book, Seen
+from search.strategy.move import Move, overhead_bound_near
 
 __all__ = ["compiler", "fp8", "fused_kernels", "optimizer"]
 

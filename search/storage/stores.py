@@ -20,8 +20,8 @@ from search.config.compose import redact
 from search.config.settings import Settings
 from search.core.errors import ConfigError
 from search.space.search_space import SearchSpace
-from search.study.liveness import Recovery, agree_on_heartbeat, stale_runs
-from search.study.opening import open_study, storage_error, study_id, with_retries
+from search.storage.liveness import Recovery, agree_on_heartbeat, stale_runs
+from search.storage.opening import open_study, storage_error, study_id, with_retries
 from search.tracking.tracker import Tracker, quoted
 
 __all__ = ["CREATION_WAIT_S", "open_stores", "quiet_libraries", "recover_runs", "require_study"]
@@ -34,7 +34,7 @@ def quiet_libraries() -> None:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    # Heartbeats are kept by search.study.liveness for ask-and-tell, which Optuna does not expect.
+    # Heartbeats are kept by search.storage.liveness for ask-and-tell, which Optuna does not expect.
     warnings.filterwarnings(
         "ignore", message="Heartbeat of storage is supposed to be used with Study.optimize"
     )

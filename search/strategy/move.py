@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from search.core.records import COMPLETE
-from search.study.book import Book
+from search.strategy.book import Book
 
 __all__ = [
     "OVERHEAD_BOUND_GAIN",

@@ -188,7 +188,7 @@ def pool(results: Sequence[TrialResult], times_s: Sequence[float], confidence: f
 def pool_runs(kept: Sequence[Run], confidence: float) -> Pooled:
     """Pool one candidate's fresh-process runs, each metric as the registry says. Not stable when a
     run failed or the device throttled; the tests against the machine's noise come later, when the
-    figures are read (``search.analysis.stability.assess_pooled``)."""
+    figures are read (``search.stability.judge.assess_pooled``)."""
     failed = [r.failure for r in kept if r.state != COMPLETE]
     if failed:
         return Pooled({}, False, f"a re-validation run failed: {failed[0]}")

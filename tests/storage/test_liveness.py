@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import optuna
 from optuna.trial import TrialState
 
-from search.study.liveness import Heartbeat, Recovery, owner, stale_runs
+from search.storage.liveness import Heartbeat, Recovery, owner, stale_runs
 
 
 def dead_pid() -> int:

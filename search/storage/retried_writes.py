@@ -15,7 +15,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from search.config.compose import redact
 from search.core.errors import StoreError
-from search.study.optuna_private import distribution_contains
+from search.storage.optuna_private import distribution_contains
 
 __all__ = ["UNSAVED", "WRITE_ATTEMPTS", "keep_unsaved", "restore_unsaved", "retried"]
 

@@ -13,16 +13,16 @@ from search.core.records import TrialRecord
 from search.execution.isolation import run_isolated
 from search.execution.trial import TrialResult
 from search.measurement.environment import device_label
-from search.reporting import results
 from search.reporting.report import si
-from search.study.driver import StudyDriver
-from search.study.repeat_runs import (
+from search.revalidation import candidates
+from search.revalidation.pooling import FreshRuns, Run, revalidate
+from search.storage.repeat_runs import (
     judged_revalidations,
     save_revalidation,
     save_revalidation_run,
     unfinished_revalidations,
 )
-from search.study.revalidate import FreshRuns, Run, revalidate
+from search.study.driver import StudyDriver
 
 __all__ = ["REVALIDATION_ROUNDS", "revalidate_front"]
 
@@ -42,9 +42,9 @@ def revalidate_front(ctx: Context, driver: StudyDriver) -> None:
     for round_ in range(REVALIDATION_ROUNDS if settings.revalidate.processes else 0):
         done = judged_revalidations(study, fp, settings)
         history = driver.history()
-        if round_ and results.final_front(history, done, settings, space):
+        if round_ and candidates.final_front(history, done, settings, space):
             break
-        todo = results.next_candidates(history, done, settings, space)
+        todo = candidates.next_candidates(history, done, settings, space)
         if not todo:
             break
         started = time.monotonic()

@@ -8,12 +8,12 @@ from scipy import stats
 from tiny import measurement
 
 from search.analysis.noise_floor import NoiseFloor, RunFigures
-from search.analysis.stability import Yardstick, assess_pooled
 from search.config.settings import StableSettings
 from search.core.metrics import quantile_upper_bound
 from search.core.records import COMPLETE, FAILED, TrialRecord
 from search.execution.trial import TrialResult
-from search.study.revalidate import FreshRuns, pool, revalidate
+from search.revalidation.pooling import FreshRuns, pool, revalidate
+from search.stability.judge import Yardstick, assess_pooled
 
 
 def run(
@@ -158,7 +158,7 @@ def test_a_power_capped_run_stays_stable():
 def test_an_interrupted_revalidation_keeps_its_runs_and_resumes_with_them():
     import optuna
 
-    from search.study.repeat_runs import save_revalidation_run, unfinished_revalidations
+    from search.storage.repeat_runs import save_revalidation_run, unfinished_revalidations
 
     study = optuna.create_study(directions=["maximize"])
     candidates = [

@@ -27,7 +27,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from search.core.records import FAILED
-from search.study import optuna_private
+from search.storage import optuna_private
 
 __all__ = [
     "DB_CONNECTIONS",
@@ -103,7 +103,7 @@ SQLITE_BUSY_S = 30.0
 """How long a sqlite connection waits for another process's lock before it fails with 'database
 is locked' (sqlite's default through SQLAlchemy is 5 s): processes sharing one file wait for each
 other instead of failing; a measurement's write is retried beyond that
-(``search.study.retried_writes``)."""
+(``search.storage.retried_writes``)."""
 
 
 DB_CONNECTIONS = 4

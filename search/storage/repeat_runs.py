@@ -1,6 +1,7 @@
 """What a study keeps of the runs repeated on configurations measured before: the control runs that
 measure the machine's noise, the re-validations of candidates, the second processes of compiled
-trials, and the noise floor judged from them."""
+trials, and the noise floor judged from them (the policy that judges them is
+``search.stability.leave_one_out``)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ import optuna
 from optuna.trial import TrialState
 
 from search.analysis.noise_floor import NoiseFloor, RunFigures
-from search.analysis.stability import Yardstick, assess_pooled
 from search.core.records import COMPLETE
-from search.study.retried_writes import retried
-from search.study.revalidate import Pooled, Run
+from search.revalidation.pooling import Pooled, Run
+from search.stability.leave_one_out import judged_candidates
+from search.storage.retried_writes import retried
 
 if TYPE_CHECKING:
     from search.config.settings import Settings
@@ -68,49 +69,22 @@ def noise_floor(study: optuna.Study, fingerprint: str, settings: Settings) -> No
 def _judged(
     study: optuna.Study, fingerprint: str, settings: Settings
 ) -> tuple[NoiseFloor, dict[int, Pooled]]:
-    """The noise floor and the re-validated candidates judged against it.
-
-    Each candidate is judged against a floor without its own runs, so that an erratic candidate
-    cannot set its own yardstick; the floor that figures are reported with holds only the
-    replicates of candidates judged stable (a throttled or erratic one says nothing about the
-    machine).
-    """
-    controls = study_controls(study, fingerprint)
-    pairs = trial_pairs(study, fingerprint)
-    stored = study_revalidations(study, fingerprint)
-    groups = {n: p.runs for n, p in stored.items() if p.stable and len(p.runs) >= 2}
-    confidence = settings.measure.confidence
-    verdicts = {}
-    for number, runs in groups.items():
-        others = [g for m, g in groups.items() if m != number]
-        verdicts[number] = assess_pooled(
-            stored[number].metrics,
-            runs,
-            Yardstick(
-                NoiseFloor.estimate(controls, [*pairs, *others]), settings.stable, confidence
-            ),
-        )[1]
-    floor = NoiseFloor.estimate(
-        controls, [*pairs, *(g for n, g in groups.items() if verdicts[n].stable)]
+    """The noise floor and the re-validated candidates judged against it, by the leave-one-out
+    policy (``search.stability.leave_one_out``) on what the study keeps."""
+    return judged_candidates(
+        study_controls(study, fingerprint),
+        trial_pairs(study, fingerprint),
+        study_revalidations(study, fingerprint),
+        settings,
     )
-    reported = Yardstick(floor, settings.stable, confidence)
-    judged = {}
-    for number, pooled in stored.items():
-        if number not in verdicts:
-            judged[number] = pooled  # failed or throttled: its stored verdict stands
-            continue
-        metrics, _ = assess_pooled(pooled.metrics, pooled.runs, reported)
-        verdict = verdicts[number]
-        judged[number] = Pooled(metrics, verdict.stable, verdict.reason, pooled.runs)
-    return floor, judged
 
 
 def trial_pairs(study: optuna.Study, fingerprint: str) -> list[tuple[RunFigures, RunFigures]]:
     """The two fresh processes of each trial of ``fingerprint`` measured in two (a compiled one,
-    ``search.study.measured.again_if_compiled``), both complete: groups of the floor's between-run
-    variance as a re-validated candidate's runs are. They are the configurations' own spread
-    between processes, where the control and its probe only stand in for it, and they cost no
-    run of their own. A trial that reused another's measurement is left out (the same pair)."""
+    ``search.stability.measured.again_if_compiled``), both complete: groups of the floor's
+    between-run variance as a re-validated candidate's runs are. They are the configurations' own
+    spread between processes, where the control and its probe only stand in for it, and they cost
+    no run of their own. A trial that reused another's measurement is left out (the same pair)."""
     pairs = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         attrs = trial.user_attrs

@@ -1,6 +1,6 @@
-"""The default sampler: the expert's order (``search.study.strategy``) as an Optuna sampler.
+"""The default sampler: the expert's order (``search.strategy.order``) as an Optuna sampler.
 
-It proposes what ``search.study.strategy.next_move`` names from the study as it stands, so a resumed
+It proposes what ``search.strategy.order.next_move`` names from the study as it stands, so a resumed
 study, several workers sharing one storage, a re-tune and optuna-dashboard see an ordinary Optuna
 sampler. Float knobs, and every knob once the order has nothing left to propose, are drawn by a
 model-based sampler (multivariate TPE). Each proposal's reason is kept on the trial as the user
@@ -25,9 +25,9 @@ from optuna.trial import FrozenTrial, TrialState
 from search.core.records import COMPLETE, FAILED, INFEASIBLE, fault_kind
 from search.space.params import CategoricalParam, FloatParam, IntParam, Param
 from search.space.search_space import SearchSpace
-from search.study.book import FIDELITY, OOM, Seen
-from search.study.optuna_private import study_storage, trial_id
-from search.study.strategy import Move, next_move
+from search.storage.optuna_private import study_storage, trial_id
+from search.strategy.book import FIDELITY, OOM, Seen
+from search.strategy.order import Move, next_move
 
 __all__ = ["HANDED_OVER", "WHY", "GuidedSampler", "distribution", "seen_of"]
 
@@ -51,8 +51,9 @@ def distribution(param: Param) -> BaseDistribution:
 class GuidedSampler(BaseSampler):
     """Proposes the expert's next move; ``fallback`` draws floats and what the order leaves.
 
-    ``names``: each searched knob's Optuna parameter name (``search.study.samplers.optuna_names``);
-    ``seen()``: what the study knows of each configuration, read afresh before every proposal.
+    ``names``: each searched knob's Optuna parameter name
+    (``search.strategy.samplers.optuna_names``); ``seen()``: what the study knows of each
+    configuration, read afresh before every proposal.
     """
 
     def __init__(

@@ -12,12 +12,12 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from search.analysis.noise_floor import NoiseFloor
-from search.analysis.stability import Yardstick, assess
 from search.config.compose import redact
 from search.core.metrics import objective_values
 from search.core.records import COMPLETE, FAILED, SCREENED, TrialRecord
 from search.execution.figures import trial_metrics
 from search.execution.trial import TrialRequest, TrialResult
+from search.stability.judge import Yardstick, assess
 
 if TYPE_CHECKING:
     from search.config.settings import Settings
@@ -40,7 +40,7 @@ class Judging:
 
 @dataclass(frozen=True, kw_only=True)
 class MeasuredTrial:
-    """A trial just measured, as ``search.study.trial_store.store_measured`` keeps it."""
+    """A trial just measured, as ``search.storage.trial_store.store_measured`` keeps it."""
 
     record: TrialRecord
     """Its figures judged against the noise floor now."""

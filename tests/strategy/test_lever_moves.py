@@ -1,4 +1,4 @@
-"""The order's levers (search.study.lever_moves): the optimizer's implementations, fp8 and fused
+"""The order's levers (search.strategy.lever_moves): the optimizer's implementations, fp8 and fused
 kernels, each tried once at the best so far, and fp8 and kernels only where the host does not
 bound the step."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from search.core.records import COMPLETE
-from search.study.book import Seen
-from search.study.strategy import next_move
-from tests.study.test_strategy import drive, llm_like, walled
+from search.strategy.book import Seen
+from search.strategy.order import next_move
+from tests.strategy.test_strategy import drive, llm_like, walled
 
 OPTIMIZERS = {"type": "categorical", "choices": ["foreach", "fused"]}
 KERNELS = {"type": "categorical", "choices": ["torch", "liger"]}

@@ -164,7 +164,7 @@ class Book:
             s.config.get("precision") for s in self.outcomes.values() if s.outcome == FIDELITY
         }
         # fp8 is never the first guess: it is tried at the best so far where it can gain
-        # (``search.study.lever_moves``).
+        # (``search.strategy.lever_moves``).
         ordered = [p for p in PRECISION_ORDER if p in choices] + [
             p for p in choices if p not in PRECISION_ORDER and p not in FP8_PRECISIONS
         ]

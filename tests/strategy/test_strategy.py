@@ -1,5 +1,5 @@
-"""The expert's order (search.study.strategy) and the guided sampler (search.study.guided) on known
-workloads."""
+"""The expert's order (search.strategy.order) and the guided sampler (search.strategy.guided) on
+known workloads."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from optuna.trial import TrialState
 
 from search.core.records import COMPLETE
 from search.space.parse import parse_space
-from search.study.book import FIDELITY, OOM, Seen
-from search.study.guided import HANDED_OVER, WHY, GuidedSampler
-from search.study.samplers import suggest
-from search.study.strategy import next_move
+from search.strategy.book import FIDELITY, OOM, Seen
+from search.strategy.guided import HANDED_OVER, WHY, GuidedSampler
+from search.strategy.order import next_move
+from search.strategy.samplers import suggest
 
 OBJECTIVES = {"throughput": "maximize", "latency_p95_ms": "minimize", "peak_memory_mb": "minimize"}
 

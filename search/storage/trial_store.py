@@ -14,8 +14,8 @@ A trial's figures live in its user attributes (Optuna's values hold only what it
 A trial cannot change once told, so what is learned later is kept on the study: the MLflow run of a
 trial, logged after it was told, by the run or by ``sync`` (``mlflow_run:<number>``), re-validated
 figures (``revalidated:<fingerprint>:<number>``), and the control runs that measure the machine's
-noise (``control:<fingerprint>:...``); those two are ``search.study.repeat_runs``'s. Writes are
-retried while the storage fails (``search.study.retried_writes``).
+noise (``control:<fingerprint>:...``); those two are ``search.storage.repeat_runs``'s. Writes are
+retried while the storage fails (``search.storage.retried_writes``).
 """
 
 from __future__ import annotations
@@ -28,15 +28,15 @@ import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from search.analysis.noise_floor import NoiseFloor
-from search.analysis.stability import Yardstick, assess
 from search.config.compose import redact
 from search.core.errors import StoreError
 from search.core.records import COMPLETE, FAILED, TrialRecord
 from search.space.search_space import SearchSpace
-from search.study.measured import MeasuredTrial
-from search.study.optuna_private import study_storage, trial_id
-from search.study.repeat_runs import noise_floor
-from search.study.retried_writes import keep_unsaved, retried
+from search.stability.judge import Yardstick, assess
+from search.stability.measured import MeasuredTrial
+from search.storage.optuna_private import study_storage, trial_id
+from search.storage.repeat_runs import noise_floor
+from search.storage.retried_writes import keep_unsaved, retried
 
 if TYPE_CHECKING:
     from search.config.settings import Settings
@@ -75,7 +75,7 @@ def store_measured(
     """Keep a measured trial in its user attrs and tell it: COMPLETE with its ranked values and
     ``constraints`` (``pareto.constraint_values``), else FAIL. A complete trial keeps its run's
     own figures (``MeasuredTrial.stored``) instead of the record's, which may span runs or be
-    corrected for drift (``search.analysis.stability.assess`` derives those again when read);
+    corrected for drift (``search.stability.judge.assess`` derives those again when read);
     a compiled trial keeps what its second process measured too.
 
     Writes are retried while the storage fails (``retried``); when every attempt fails, the
@@ -205,7 +205,7 @@ def record_of(
     trial: FrozenTrial, floor: NoiseFloor, settings: Settings, synced: Mapping[str, Any]
 ) -> TrialRecord:
     """The record of a stored trial: its interval spanning runs and its stability judged now,
-    against ``floor``, from the stored figures (``search.analysis.stability.assess``)."""
+    against ``floor``, from the stored figures (``search.stability.judge.assess``)."""
     attrs = trial.user_attrs
     metrics, stable, reason, time_s = attrs["metrics"], False, "", _time_s(trial)
     state, failure = attrs["state"], attrs.get("failure", "")

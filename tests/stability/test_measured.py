@@ -12,7 +12,7 @@ from search.config.compose import compose_config, load_settings
 from search.config.settings import MeasureSettings
 from search.core.records import COMPLETE, SCREENED
 from search.execution.trial import TrialRequest, TrialResult
-from search.study.measured import Judging, again_if_compiled, measured_record, second_process
+from search.stability.measured import Judging, again_if_compiled, measured_record, second_process
 
 SETTINGS = load_settings(compose_config(["+space=llm", "device=cpu"]))
 CONFIG = {"batch_size": 8, "micro_batch_size": 8, "precision": "fp32", "compile": "default"}
@@ -100,7 +100,7 @@ def test_a_second_process_that_fails_makes_the_compiled_trial_unstable_with_its_
 def test_a_compiled_trial_read_back_from_the_study_is_judged_on_its_two_processes_again(tmp_path):
     import optuna
 
-    from search.study.trial_store import record_of, store_measured
+    from search.storage.trial_store import record_of, store_measured
 
     study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db", direction="maximize")
     judged = []

@@ -1,6 +1,6 @@
 """The expert's moves where memory binds: the least recompute that lets the micro-batch at the
 wall fit, each other precision's own wall, and the memory end of the front with the points
-between its ends (``search.study.strategy`` orders them among the rest)."""
+between its ends (``search.strategy.order`` orders them among the rest)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from search.core.records import COMPLETE
-from search.study.book import OOM, Book, knobs_key, recomputes
-from search.study.move import Move, bisect_wall, feasible_micro
+from search.strategy.book import OOM, Book, knobs_key, recomputes
+from search.strategy.move import Move, bisect_wall, feasible_micro
 
 __all__ = ["precision_walls", "recompute_between", "recompute_past_the_wall", "with_recompute"]
 

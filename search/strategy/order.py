@@ -2,7 +2,7 @@
 
 ``next_move(space, seen, busy, slo)`` returns the configuration to measure next and, in a few
 words, why; None once the order has nothing left to propose (a model-based sampler takes over,
-``search.study.guided``). It reads only plain values, so a resumed study, several workers and the
+``search.strategy.guided``). It reads only plain values, so a resumed study, several workers and the
 simulator (``benchmarks/sampler_choice.py``) get the same answer from the same history.
 
 The order, each step skipped once everything it would propose was measured, is certain to run out
@@ -17,7 +17,7 @@ of memory, breaks a constraint or is being measured by another process:
 2. **The other 16-bit precision** (fp16 for bf16, and back) at the best so far, once; **fp32**
    there once, at half its micro-batch (lower precision is fast only where the device has the
    units for it: not on a CPU without bf16 instructions); then **the levers**
-   (``search.study.lever_moves``), each once at the best so far: the compiler's ``default`` mode
+   (``search.strategy.lever_moves``), each once at the best so far: the compiler's ``default`` mode
    (its other modes only where the host bounds the step), each implementation of the optimizer,
    then fp8 precisions and fused kernels where the host does not bound the step. The rest of the
    order starts from whichever won.
@@ -49,15 +49,15 @@ from typing import Any
 from search.core.records import COMPLETE
 from search.space.params import FloatParam, IntParam
 from search.space.search_space import SearchSpace
-from search.study import lever_moves
-from search.study.book import Book, Seen
-from search.study.memory_moves import (
+from search.strategy import lever_moves
+from search.strategy.book import Book, Seen
+from search.strategy.memory_moves import (
     precision_walls,
     recompute_between,
     recompute_past_the_wall,
     with_recompute,
 )
-from search.study.move import Move, bisect_wall, feasible_micro, ladder_step, overhead_bound
+from search.strategy.move import Move, bisect_wall, feasible_micro, ladder_step, overhead_bound
 
 __all__ = ["Move", "next_move"]
 

@@ -16,7 +16,7 @@ from search.config.compose import redact
 from search.core.errors import ConfigError
 from search.core.metrics import ranked_on
 from search.space.search_space import SearchSpace
-from search.study.liveness import Recovery, engine_kwargs
+from search.storage.liveness import Recovery, engine_kwargs
 
 __all__ = [
     "OPEN_ATTEMPTS",
@@ -64,7 +64,7 @@ def open_study(
     """Create or load the study; a storage that cannot be opened or other objectives are bad input.
 
     With ``recovery``, the storage keeps heartbeats of running trials (see
-    ``search.study.liveness``).
+    ``search.storage.liveness``).
     """
     directions = [o.direction for o in space.objectives]
     # What Optuna ranks: docs/method/ranking.md.
