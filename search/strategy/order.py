@@ -19,7 +19,8 @@ of memory, breaks a constraint or is being measured by another process:
    units for it: not on a CPU without bf16 instructions); then **the levers**
    (``search.strategy.lever_moves``), each once at the best so far: the compiler's ``default`` mode
    (its other modes only where the host bounds the step), each implementation of the optimizer,
-   then fp8 precisions and fused kernels where the host does not bound the step. The rest of the
+   then fused kernels and fp8 precisions (compiled, where the space can compile) where the host
+   does not bound the step. The rest of the
    order starts from whichever won.
 3. **The least recompute that lets a larger micro-batch fit**: at the micro-batch just above
    the wall, the space's recompute settings from the least recomputed up (as it lists them: a
@@ -88,8 +89,8 @@ def _order(book: Book) -> Iterator[Move]:
     yield from _reference_precision(book)
     yield from lever_moves.compiler(book)
     yield from lever_moves.optimizer(book)
-    yield from lever_moves.fp8(book)
     yield from lever_moves.fused_kernels(book)
+    yield from lever_moves.fp8(book)
     yield from recompute_past_the_wall(book)
     yield from precision_walls(book)
     yield from _batches(book)

@@ -54,16 +54,32 @@ def test_where_compute_binds_each_lever_is_tried_once_at_the_best_so_far_saying_
     made = drive(space, walled(4, compute_bound), budget=10)
     levers = lever_moves(made)
     tried = [(c["optimizer"], c["precision"], c["kernels"]) for c, _ in levers]
-    # the optimizer first (fused wins), then each fp8 recipe from the fused best, then liger from
-    # the fastest so far (fp8-tensorwise)
+    # the optimizer first (fused wins), then liger from the fused best, then each fp8 recipe from
+    # the fastest so far (liger)
     assert tried == [
         ("fused", "bf16", "torch"),
-        ("fused", "fp8-tensorwise", "torch"),
-        ("fused", "fp8-rowwise", "torch"),
+        ("fused", "bf16", "liger"),
         ("fused", "fp8-tensorwise", "liger"),
+        ("fused", "fp8-rowwise", "liger"),
     ]
     assert all(c["micro_batch_size"] == 4 for c, _ in levers)  # the wall found by the opening
     assert "host does not bound" in levers[1][1] and "host does not bound" in levers[3][1]
+    assert all("compile" not in c for c, _ in levers)  # this space cannot compile
+
+
+def test_fp8_is_tried_compiled_where_the_space_can_compile_and_the_line_says_so():
+    compile_modes = {"type": "categorical", "choices": ["off", "default", "max-autotune"]}
+    space = llm_like(batch=(8, 8), micro=(1, 8), precisions=FP8, compile=compile_modes)
+
+    def eager_wins(c: dict[str, Any]) -> float:  # the compiler loses at bf16, so the best is eager
+        return compute_bound(c) * (0.9 if c["compile"] != "off" and c["precision"] == "bf16" else 1)
+
+    made = drive(space, walled(4, eager_wins), budget=12)
+    fp8_moves = [(c, why) for c, why in made if c["precision"].startswith("fp8")]
+    assert [c["precision"] for c, _ in fp8_moves][:2] == ["fp8-tensorwise", "fp8-rowwise"]
+    # the first from the eager best, compiled; the second from it, which compiles already
+    assert all(c["compile"] == "default" for c, _ in fp8_moves[:2])
+    assert "compiled (default)" in fp8_moves[0][1]
 
 
 def test_where_the_host_bounds_the_step_fp8_and_fused_kernels_wait():
