@@ -216,6 +216,7 @@ def test_the_gpu_page_renders_both_ratios_and_old_records_with_one(monkeypatch):
     text = "\n".join(gen._versus({**record, "figures": {"report": old}}))
     assert "Tuned / baseline: 3.000" in text and "compiled" not in text.lower()
     assert "llama_levers" in gen.STEP_ORDER and gen.RENDER["llama_levers"] is gen._study
+    assert gen.RENDER["llama_levers_versus"] is gen._versus
 
 
 def test_the_campaign_compares_with_both_baselines_and_studies_the_gpu_levers(
@@ -229,19 +230,30 @@ def test_the_campaign_compares_with_both_baselines_and_studies_the_gpu_levers(
     monkeypatch.setitem(sys.modules, "gpu_campaign", campaign)  # its dataclass looks it up
     spec.loader.exec_module(campaign)
     steps = {s.name: s for s in campaign.STEPS}
-    assert [s.name for s in campaign.STEPS][-1] == "llama_levers", "after the existing steps"
+    names = [s.name for s in campaign.STEPS]
+    assert names[-2:] == ["llama_levers", "llama_levers_versus"], "after the existing steps"
     versus = steps["llama_versus"].argv(tmp_path)
     assert "--no-compiled" not in versus and "--processes" in versus
     levers = steps["llama_levers"]
     argv = levers.argv(tmp_path)
+    # held at the wall, so that a window's budget goes to the levers, and ending in one window
+    wall = ("+space.params.batch_size=32", "+space.params.micro_batch_size=8")
     for override in (
         "space.params.kernels.choices=[torch,liger]",
         "space.params.precision.choices=[bf16,fp8-tensorwise,fp8-rowwise]",
         "space.params.optimizer.choices=[foreach,fused]",
         f"study.name={levers.study}",
-        *campaign.SHORT_ENDING,
+        *wall,
+        "revalidate.max_candidates=1",
+        "retune.confirm=0",
     ):
         assert override in argv
+    # its comparison reads its recommendation, at the same micro-batch, into its own report
+    compared = steps["llama_levers_versus"]
+    assert compared.needs == "llama_levers"
+    compared_argv = compared.argv(tmp_path)
+    assert str(tmp_path / levers.study / "best.yaml") in compared_argv
+    assert wall[1] in compared_argv and str(tmp_path / "llama_levers_versus.json") in compared_argv
     lines = "[1/9] #0 batch_size=32 kernels=liger -> 50k tokens/s\ntime: 90% of 300 s\n"
     figures = campaign.read_figures(levers, tmp_path, lines)
     assert figures["trial_lines"] == ["[1/9] #0 batch_size=32 kernels=liger -> 50k tokens/s"]
