@@ -20,7 +20,7 @@ import pytest
 import yaml
 from invoke import measured, search  # tests/ is on sys.path
 from mlflow.tracking import MlflowClient
-from tiny import CONTRACT_METRICS, KNOBS, LENIENT, TINY, TRIALS_ONLY
+from tiny_overrides import CONTRACT_METRICS, KNOBS, LENIENT, TINY, TRIALS_ONLY
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow

@@ -16,7 +16,7 @@ import optuna
 import pytest
 from invoke import measured, search  # tests/ is on sys.path
 from mlflow.tracking import MlflowClient
-from tiny import CONTRACT_METRICS, KNOBS, LENIENT, TINY
+from tiny_overrides import CONTRACT_METRICS, KNOBS, LENIENT, TINY
 
 from search.commands.cli import main
 from search.storage.trial_store import SYNCED_RUN_PREFIX
