@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 import mlflow
+import optuna
 
 REPO = Path(__file__).resolve().parents[1]
 TRACKING_STORE = "mlflow.db"
@@ -42,6 +43,14 @@ def search(
     )
     assert result.returncode == code, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
     return result
+
+
+def measured(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """The trials of ``study`` that a run measured: those with figures, none reused from an earlier
+    configuration."""
+    return [
+        t for t in study.trials if "metrics" in t.user_attrs and "reused_from" not in t.user_attrs
+    ]
 
 
 def seed_tracking_store(runs_dir: Path) -> None:

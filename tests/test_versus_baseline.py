@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tiny import measurement
+from factories import llm_settings, measurement
 
 from search.core.records import COMPLETE, INFEASIBLE
 from search.execution.trial import TrialResult
@@ -27,10 +27,10 @@ def versus():
 
 
 def _space():
-    from search.config.compose import compose_config, load_settings, resolve_device
+    from search.config.compose import resolve_device
     from search.config.prepare import load_space
 
-    chosen = load_settings(compose_config(["+space=llm", "device=cpu"]))
+    chosen = llm_settings()
     return load_space(chosen.space, resolve_device(chosen.device))[0]
 
 

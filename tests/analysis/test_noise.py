@@ -9,6 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from factories import llm_settings
 from synthetic import Machine
 
 from search.analysis.noise_floor import NoiseFloor, RunFigures, by_device, stall_steps
@@ -428,12 +429,6 @@ def test_a_control_outside_the_space_is_one_clear_error(chosen, message):
 # -- Review findings: each pinned by a test ------------------------------------------------------
 
 
-def _settings():
-    from search.config.compose import compose_config, load_settings
-
-    return load_settings(compose_config(["+space=llm", "device=cpu"]))
-
-
 def _study_with(controls, candidates):
     import optuna
 
@@ -464,7 +459,7 @@ def test_an_erratic_candidate_cannot_set_its_own_yardstick():
     study = _study_with(
         controls, {1: _runs([100.0, 125.0, 80.0], 1e9 + 10), 2: _runs([50.0, 50.5, 49.5], 1e9 + 20)}
     )
-    settings = _settings()
+    settings = llm_settings()
     judged = judged_revalidations(study, "fp", settings)
     assert not judged[1].stable and judged[1].reason.startswith("disagreement")
     assert judged[2].stable
@@ -522,7 +517,7 @@ def test_the_baseline_benchmark_pools_its_runs():
     import importlib.util
     from pathlib import Path
 
-    from tiny import measurement
+    from factories import measurement
 
     from search.core.records import COMPLETE
     from search.execution.trial import TrialResult
@@ -543,7 +538,7 @@ def test_re_validation_verdicts_are_judged_again_under_the_current_settings():
     from search.storage.repeat_runs import judged_revalidations
 
     study = _study_with(_runs([100.0, 101.0, 99.0, 100.5]), {4: _runs([100.0, 115.0, 87.0], 2e9)})
-    strict = judged_revalidations(study, "fp", _settings())
+    strict = judged_revalidations(study, "fp", llm_settings())
     lenient = load_settings(
         compose_config(["+space=llm", "device=cpu", "stable.excess_between_cv=0.5"])
     )
@@ -719,7 +714,7 @@ def test_the_two_processes_of_compiled_trials_teach_the_floor_their_class_s_spre
         }
         study.add_trial(optuna.trial.create_trial(values=[1.0], user_attrs=attrs))
     assert len(trial_pairs(study, "fp")) == 12 and trial_pairs(study, "other") == []
-    floor = noise_floor(study, "fp", _settings())
+    floor = noise_floor(study, "fp", llm_settings())
     busy_cv, busy_df = floor.between_for(1.0)
     assert busy_df >= 12 + 3 and 0.05 < busy_cv < 0.16, (busy_cv, busy_df)
     without = NoiseFloor.estimate(controls)

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from tiny import TINY_GPT
+from tiny_overrides import TINY_GPT
 
 from search.analysis.racing import Race, Samples, best_case, can_race, out_of_reach, race_against
 from search.core.metrics import quantile_lower_bound

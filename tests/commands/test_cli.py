@@ -385,7 +385,7 @@ def test_a_failed_open_removes_only_what_this_process_created(tmp_path, capsys, 
 
 
 def test_a_study_name_with_a_quote_runs(tmp_path, capsys):
-    from tiny import TINY
+    from tiny_overrides import TINY
 
     runs_dir = tmp_path / "runs"
     argv = ["+space=llm", *TINY, "study.n_trials=1", 'study.name="it\'s"', "noise.budget=0"]

@@ -21,8 +21,9 @@ from pathlib import Path
 
 import optuna
 import pytest
+from invoke import measured  # tests/ is on sys.path
 from mlflow.tracking import MlflowClient
-from servers import MlflowServer, Postgres, postgres_bin  # tests/ is on sys.path
+from servers import MlflowServer, Postgres, postgres_bin
 
 from search.storage.liveness import DB_CONNECTIONS
 
@@ -119,12 +120,6 @@ def worker(
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-
-
-def measured(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    return [
-        t for t in study.trials if "metrics" in t.user_attrs and "reused_from" not in t.user_attrs
-    ]
 
 
 def child_runs(uri: str, experiment: str) -> list:

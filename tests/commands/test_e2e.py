@@ -18,9 +18,9 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
-from invoke import search  # tests/ is on sys.path
+from invoke import measured, search  # tests/ is on sys.path
 from mlflow.tracking import MlflowClient
-from tiny import CONTRACT_METRICS, KNOBS, LENIENT, TINY, TRIALS_ONLY
+from tiny_overrides import CONTRACT_METRICS, KNOBS, LENIENT, TINY, TRIALS_ONLY
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -29,12 +29,6 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def runs_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("runs")
-
-
-def measured(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    return [
-        t for t in study.trials if "metrics" in t.user_attrs and "reused_from" not in t.user_attrs
-    ]
 
 
 def runs_of(runs_dir: Path, experiment: str):

@@ -9,19 +9,17 @@ searching MLflow, not by the ids.
 
 from __future__ import annotations
 
-import socket
 import time
 from pathlib import Path
 
 import optuna
 import pytest
-from invoke import search  # tests/ is on sys.path
+from invoke import measured, search  # tests/ is on sys.path
 from mlflow.tracking import MlflowClient
-from tiny import CONTRACT_METRICS, KNOBS, LENIENT, TINY
+from tiny_overrides import CONTRACT_METRICS, KNOBS, LENIENT, TINY
 
 from search.commands.cli import main
 from search.storage.trial_store import SYNCED_RUN_PREFIX
-from search.tracking.connection import NETWORK_LIMITS
 from search.tracking.tracker import Tracker
 
 CONTRACT_TAGS = {
@@ -36,20 +34,8 @@ CONTRACT_TAGS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def network_env(monkeypatch):
-    """In-process calls set MLflow's network limits in os.environ; start without them and restore
-    after."""
-    for name in NETWORK_LIMITS:
-        # records the original value (or its absence) for teardown ...
-        monkeypatch.setenv(name, "0")
-        monkeypatch.delenv(name)  # ... then starts the test without it
-
-
-def dead_uri() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{s.getsockname()[1]}"
+# in-process calls set MLflow's network limits in os.environ (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("network_env")
 
 
 def children(uri: str, experiment: str = "llm"):
@@ -60,12 +46,6 @@ def children(uri: str, experiment: str = "llm"):
         [r for r in runs if "mlflow.parentRunId" not in r.data.tags],
         [r for r in runs if "mlflow.parentRunId" in r.data.tags],
     )
-
-
-def measured(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    return [
-        t for t in study.trials if "metrics" in t.user_attrs and "reused_from" not in t.user_attrs
-    ]
 
 
 def ms(moment) -> int:
@@ -162,9 +142,9 @@ def test_sync_copies_each_missing_trial_once_with_its_own_times_and_front(tmp_pa
 
 
 @pytest.mark.slow
-def test_a_run_against_a_dead_server_keeps_its_trials_and_sync_copies_them(tmp_path):
+def test_a_run_against_a_dead_server_keeps_its_trials_and_sync_copies_them(tmp_path, dead_uri):
     runs_dir = tmp_path / "runs"
-    dead = dead_uri()
+    dead = dead_uri
     started = time.monotonic()
     tuned = search(
         "+space=llm", *TINY, "study.n_trials=2", f"tracking.uri={dead}", runs_dir=runs_dir
@@ -203,10 +183,10 @@ def make_study(runs_dir: Path) -> None:
     )
 
 
-def test_sync_against_an_unreachable_server_exits_2_with_one_line(tmp_path, capsys):
+def test_sync_against_an_unreachable_server_exits_2_with_one_line(tmp_path, capsys, dead_uri):
     runs_dir = tmp_path / "runs"
     make_study(runs_dir)
-    uri = dead_uri()
+    uri = dead_uri
     assert (
         main(["sync", "+space=llm", "device=cpu", f"runs_dir={runs_dir}", f"tracking.uri={uri}"])
         == 2

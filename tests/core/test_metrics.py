@@ -6,8 +6,8 @@ import csv
 import io
 
 import pytest
+from factories import measurement
 from rich.console import Console
-from tiny import measurement
 
 from search.core.metrics import (
     METRICS,

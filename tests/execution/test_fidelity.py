@@ -428,7 +428,7 @@ def test_the_configurations_own_pass_running_out_is_the_checks_not_the_configura
     assert "cannot be checked here" in report.reason
 
 
-# -- the optimizer knob: the first update (tests/execution/test_optimizer_knob.py has the rest) ---
+# -- the optimizer knob: the first update (tests/execution/test_optimizers.py has the rest) -------
 
 
 def test_a_check_under_another_optimizer_still_builds_two_models():

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny import TINY_GPT
+from tiny_overrides import TINY_GPT
 from trial_workloads import request
 
 from search.analysis.noise_floor import BUSY, WAITING, RunFigures, busy_class

@@ -7,7 +7,7 @@ import time
 
 import pytest
 import torch
-from tiny import TINY_GPT
+from tiny_overrides import TINY_GPT
 from trial_workloads import (
     QUICK,
     Layers,

@@ -3,7 +3,7 @@ configuration uncompiled, and the variance between fresh processes against the m
 
 from __future__ import annotations
 
-from tiny import noise_floor  # tests/ is on sys.path
+from factories import noise_floor  # tests/ is on sys.path
 
 from search.analysis.noise_floor import RunFigures
 from search.core.records import COMPLETE, TrialRecord

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from factories import measurement
 from scipy import stats
-from tiny import measurement
 
 from search.analysis.noise_floor import NoiseFloor, RunFigures
 from search.config.settings import StableSettings

@@ -1,8 +1,9 @@
 """The leave-one-out policy (search.stability.leave_one_out) on plain values: the same verdicts
 the study's storage gets (tests/analysis/test_noise.py), with no study and no Optuna."""
 
+from factories import llm_settings
+
 from search.analysis.noise_floor import RunFigures
-from search.config.compose import compose_config, load_settings
 from search.revalidation.pooling import Pooled
 from search.stability.leave_one_out import judged_candidates
 
@@ -24,13 +25,9 @@ def _pooled(means, t0, stable=True, reason=""):
     return Pooled({"throughput": 1.0}, stable, reason, runs)
 
 
-def _settings():
-    return load_settings(compose_config(["+space=llm", "device=cpu"]))
-
-
 def test_an_erratic_candidate_is_judged_against_a_floor_without_its_own_runs():
     stored = {1: _pooled([100.0, 125.0, 80.0], 1e9 + 10), 2: _pooled([50.0, 50.5, 49.5], 1e9 + 20)}
-    floor, judged = judged_candidates(CONTROLS, [], stored, _settings())
+    floor, judged = judged_candidates(CONTROLS, [], stored, llm_settings())
     assert not judged[1].stable and judged[1].reason.startswith("disagreement")
     assert judged[2].stable
     assert floor.between_cv < 0.02  # the erratic group is left out of the reported floor
@@ -39,7 +36,7 @@ def test_an_erratic_candidate_is_judged_against_a_floor_without_its_own_runs():
 def test_a_candidate_stored_as_failed_keeps_its_verdict_and_stays_out_of_the_floor():
     failed = _pooled([100.0, 125.0, 80.0], 1e9 + 10, stable=False, reason="throttled")
     stored = {1: failed, 2: _pooled([50.0, 50.5, 49.5], 1e9 + 20)}
-    floor, judged = judged_candidates(CONTROLS, [], stored, _settings())
+    floor, judged = judged_candidates(CONTROLS, [], stored, llm_settings())
     assert judged[1] is failed
     assert judged[2].stable
     assert floor.between_cv < 0.02

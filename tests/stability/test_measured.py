@@ -6,15 +6,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from tiny import TINY_GPT, measurement, noise_floor
+from factories import llm_settings, measurement, noise_floor
+from tiny_overrides import TINY_GPT
 
-from search.config.compose import compose_config, load_settings
 from search.config.settings import MeasureSettings
 from search.core.records import COMPLETE, SCREENED
 from search.execution.trial import TrialRequest, TrialResult
 from search.stability.measured import Judging, again_if_compiled, measured_record, second_process
 
-SETTINGS = load_settings(compose_config(["+space=llm", "device=cpu"]))
+SETTINGS = llm_settings()
 CONFIG = {"batch_size": 8, "micro_batch_size": 8, "precision": "fp32", "compile": "default"}
 
 

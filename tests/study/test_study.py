@@ -7,7 +7,7 @@ import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
-from tiny import TINY_GPT
+from tiny_overrides import TINY_GPT
 
 from search.config.compose import compose_config, load_settings
 from search.core.errors import ConfigError
@@ -492,7 +492,7 @@ def test_trials_of_another_fingerprint_are_counted_as_set_aside():
 def test_an_infinite_throughput_is_a_failed_trial_not_a_complete_one(monkeypatch):
     import math
 
-    from tiny import measurement
+    from factories import measurement
 
     import search.study.driver
     from search.execution.trial import TrialResult
@@ -513,7 +513,7 @@ def test_an_infinite_throughput_is_a_failed_trial_not_a_complete_one(monkeypatch
 def test_a_trial_that_stalls_is_judged_again_with_a_control_run_right_after_it(monkeypatch, burst):
     """10% of a trial's steps stall 10x. A control run right after it that stalls as often (a
     burst on the machine) makes it stable; a steady one leaves it unstable by its stalls."""
-    from tiny import measurement
+    from factories import measurement
 
     import search.study.driver
     from search.execution.trial import TrialResult
@@ -561,7 +561,7 @@ def test_a_trial_that_stalls_is_judged_again_with_a_control_run_right_after_it(m
 def test_optuna_is_told_what_the_front_leaves_out_so_its_best_trials_agree(
     monkeypatch, figures, extra, told, front
 ):
-    from tiny import measurement
+    from factories import measurement
 
     import search.study.driver
     from search.execution.trial import TrialResult

@@ -33,14 +33,8 @@ RECORD = TrialRecord(
 )
 
 
-@pytest.fixture(autouse=True)
-def network_env(monkeypatch):
-    """Tracker sets MLflow's network limits in os.environ; start each test without them and restore
-    after."""
-    for name in NETWORK_LIMITS:
-        # records the original value (or its absence) for teardown ...
-        monkeypatch.setenv(name, "0")
-        monkeypatch.delenv(name)  # ... then starts the test without it
+# Tracker sets MLflow's network limits in os.environ (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("network_env")
 
 
 @pytest.fixture(scope="module")
@@ -50,17 +44,6 @@ def store(tmp_path_factory) -> Path:
 
 def working(store: Path, experiment: str) -> Tracker:
     return Tracker.open(f"sqlite:///{store}/mlflow.db", experiment, store / "mlartifacts")
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def dead_uri() -> str:
-    return f"http://127.0.0.1:{closed_port()}"
 
 
 @pytest.fixture

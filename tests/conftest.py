@@ -1,0 +1,33 @@
+"""Fixtures that test files of more than one folder use (a folder's own live in its files).
+
+``network_env`` is not automatic here: the files whose code sets MLflow's network limits ask for it
+(``pytestmark = pytest.mark.usefixtures("network_env")``), and the rest of the suite runs in the
+environment it was given.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from search.tracking.connection import NETWORK_LIMITS
+
+
+@pytest.fixture
+def network_env(monkeypatch):
+    """In-process calls (a ``Tracker``, the command run by ``main``) set MLflow's network limits in
+    os.environ; start each test without them and restore them after."""
+    for name in NETWORK_LIMITS:
+        # records the original value (or its absence) for teardown ...
+        monkeypatch.setenv(name, "0")
+        monkeypatch.delenv(name)  # ... then starts the test without it
+
+
+@pytest.fixture
+def dead_uri() -> str:
+    """The URI of an MLflow server that is not there: a loopback port nothing listens on
+    (connection refused)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"

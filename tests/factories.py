@@ -1,0 +1,58 @@
+"""Shared by the tests: functions that build the objects a test needs whole but cares about only
+in part (a measurement with given figures, a machine's noise floor, the llm space's settings on a
+CPU). The overrides that make a study tiny are in ``tiny_overrides.py``."""
+
+from search.analysis.noise_floor import NoiseFloor, RunFigures
+from search.config.compose import compose_config, load_settings
+from search.config.settings import Settings
+from search.measurement.protocol import Measurement
+
+
+def measurement(
+    throughput: float, cv: float = 0.01, latencies=(10.0, 11.0, 12.0), phases=None
+) -> Measurement:
+    """A measurement with the throughput, CV, step latencies and times inside steps given; the rest
+    does not matter."""
+    return Measurement(
+        throughput=throughput,
+        throughput_ci_low=throughput,
+        throughput_ci_high=throughput,
+        throughput_cv=cv,
+        throughput_median=throughput,
+        latency_p50_ms=0.0,
+        latency_p95_ms=0.0,
+        latency_mean_ms=0.0,
+        outliers_mild=0,
+        outliers_severe=0,
+        n_windows=5,
+        n_steps=len(latencies),
+        steps_per_window=1,
+        warmup_steps=1,
+        warmup_s=0.0,
+        elapsed_s=0.0,
+        stop_reason="max_windows",
+        window_throughputs=(throughput,) * 5,
+        step_latencies_ms=tuple(latencies),
+        phase_samples_ms=dict(phases or {}),
+    )
+
+
+def noise_floor(between_cv: float) -> NoiseFloor:
+    """A machine whose fresh runs spread by ``between_cv`` (20 df), from 3 steady control runs."""
+    controls = tuple(
+        RunFigures(time_s=float(t), throughput=100.0, cv=0.01, n_windows=5, n_steps=5, stalls=0)
+        for t in range(3)
+    )
+    return NoiseFloor(
+        controls=controls,
+        between_cv=between_cv,
+        between_df=20,
+        drift=0.0,
+        drift_p=1.0,
+        corrected=False,
+    )
+
+
+def llm_settings() -> Settings:
+    """The typed settings of the built-in llm space on a CPU, as the command composes them."""
+    return load_settings(compose_config(["+space=llm", "device=cpu"]))
