@@ -17,8 +17,8 @@ from trial_workloads import BreaksEverywhere, MiscompiledSmall, Small, request, 
 
 from search.core.errors import KnobError
 from search.core.records import COMPLETE, INFEASIBLE, config_name
-from search.execution.fidelity import check_fidelity
 from search.execution import isolation
+from search.execution.fidelity import check_fidelity
 from search.execution.isolation import run_isolated
 from search.execution.knobs import Knobs, unsupported_reason
 from search.execution.train_step import TrainStep
