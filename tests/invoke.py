@@ -1,4 +1,15 @@
-"""The real command in a fresh process, as a user types it, for the tests that run it end to end.
+"""The real command, as a user types it, for the tests that run it end to end: in this process by
+default, or in a fresh one.
+
+In this process, ``search.commands.cli.main`` runs with its output captured, as ``python -m
+search`` would run it; only the interpreter's start and the libraries' imports (torch, MLflow,
+Optuna: 8-9 s of CPU on a 2-core machine) are not paid again, and the trials' fork server,
+started once in this process, serves later invocations too. A fresh process (``fresh=True``) is
+for what only a process of its own shows: the exact lines on stderr of a refusal or a failure
+(a library's logger writes to the stderr it found when it was set up), an environment that the
+trials' fork server must see from its start, the command exactly as a page of the docs types it.
+A ``pythonpath`` goes before the repository on the path either way: in this process for the
+invocation, and so for its trials, which start with their parent's ``sys.path``.
 
 A runs directory that has no MLflow store yet gets a copy of an empty one already created
 (``seed_tracking_store``): MLflow creates a new sqlite store by running every schema migration
@@ -10,11 +21,14 @@ as it was, and the tests check that.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import traceback
 from pathlib import Path
 
 import mlflow
@@ -26,23 +40,64 @@ TRACKING_STORE = "mlflow.db"
 
 
 def search(
-    *args: str, runs_dir: Path, code: int = 0, pythonpath: tuple[str, ...] = ()
+    *args: str,
+    runs_dir: Path,
+    code: int = 0,
+    pythonpath: tuple[str, ...] = (),
+    fresh: bool = False,
 ) -> subprocess.CompletedProcess:
-    """``python -m search *args runs_dir=...`` from the repository, ``pythonpath`` before it on
-    the path; asserts its exit status is ``code``."""
+    """``python -m search *args runs_dir=...`` from the repository; asserts its exit status is
+    ``code``, ``pythonpath`` before the repository on the path. In a fresh process where ``fresh``
+    or where it should refuse its input (exit 2); in this one otherwise."""
     if code != 2:
         seed_tracking_store(runs_dir)
+    argv = [*args, f"runs_dir={runs_dir}"]
+    if fresh or code == 2:
+        result = _fresh(argv, pythonpath)
+    else:
+        result = _in_this_process(argv, pythonpath)
+    assert result.returncode == code, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def _fresh(argv: list[str], pythonpath: tuple[str, ...]) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([*pythonpath, str(REPO)])}
-    result = subprocess.run(
-        [sys.executable, "-m", "search", *args, f"runs_dir={runs_dir}"],
+    return subprocess.run(
+        [sys.executable, "-m", "search", *argv],
         cwd=REPO,
         env=env,
         capture_output=True,
         text=True,
         timeout=600,
     )
-    assert result.returncode == code, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
-    return result
+
+
+def _in_this_process(argv: list[str], pythonpath: tuple[str, ...]) -> subprocess.CompletedProcess:
+    """``main(argv)`` from the repository, its output captured; an exception it lets out is a
+    traceback on stderr and exit 1, as the interpreter would make it."""
+    from search.commands.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    path_before, argv_before = list(sys.path), sys.argv
+    sys.path[:0] = pythonpath
+    # as the interpreter sets it: the command writes its own line into its records from it
+    sys.argv = [str(REPO / "search" / "__main__.py"), *argv]
+    try:
+        with (
+            contextlib.chdir(REPO),
+            contextlib.redirect_stdout(out),
+            contextlib.redirect_stderr(err),
+        ):
+            try:
+                code = main(argv)
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else 1
+            except Exception:
+                traceback.print_exc()
+                code = 1
+    finally:
+        sys.path[:], sys.argv = path_before, argv_before
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
 def measured(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:

@@ -275,6 +275,7 @@ def test_a_compile_the_platform_cannot_do_is_infeasible_and_the_study_completes(
         "+space.params.recompute.choices=[false]",
         "space.params.compile.choices=[off,default]",
         runs_dir=runs_dir,  # its compiler cache is empty: no other test here compiles
+        fresh=True,  # the trials' fork server must start without a compiler
     )
     study = optuna.load_study(study_name="nocc", storage=f"sqlite:///{runs_dir}/optuna.db")
     by_mode = {t.user_attrs["config"]["compile"]: t.user_attrs for t in measured(study)}
@@ -301,6 +302,7 @@ def test_readme_user_workload_example(runs_dir):
         # confirmation (37 of its 47 s) are the same for every workload and tested elsewhere
         *TRIALS_ONLY,
         runs_dir=runs_dir,
+        fresh=True,  # as the README types it
         pythonpath=(str(example),),
     )
     assert "study: mlp-" in result.stdout
@@ -422,7 +424,6 @@ def test_a_study_over_every_fault_finishes_and_records_each_kind(runs_dir):
         "study.max_failure_rate=1",
         "study.sampler=random",
         runs_dir=runs_dir,
-        pythonpath=(str(REPO / "tests"),),
     )
     study = optuna.load_study(study_name="faults-cpu", storage=f"sqlite:///{runs_dir}/optuna.db")
     trials = {t.user_attrs["config"]["fault"]: t for t in measured(study)}
@@ -461,6 +462,7 @@ def test_a_study_that_only_fails_stops_with_a_clear_message(runs_dir):
         "study.max_failure_rate=0.5",
         runs_dir=runs_dir,
         pythonpath=(str(REPO / "tests"),),
+        fresh=True,  # its stderr, exactly: one line
         code=1,
     )
     assert "stopped by failure rate" in result.stdout
