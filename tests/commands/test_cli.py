@@ -384,10 +384,10 @@ def test_a_failed_open_removes_only_what_this_process_created(tmp_path, capsys, 
     assert sorted(p.name for p in runs_dir.iterdir()) == ["other-process.db"]
 
 
-def test_a_study_name_with_a_quote_runs(tmp_path, capsys):
+def test_a_study_name_with_a_quote_runs(tmp_path):
     from tiny_overrides import TINY
 
-    runs_dir = tmp_path / "runs"
+    from invoke import search
+
     argv = ["+space=llm", *TINY, "study.n_trials=1", 'study.name="it\'s"', "noise.budget=0"]
-    assert main([*argv, f"runs_dir={runs_dir}"]) == 0
-    assert "study: it's in" in capsys.readouterr().out
+    assert "study: it's in" in search(*argv, runs_dir=tmp_path / "runs").stdout
