@@ -36,6 +36,7 @@ STEP_ORDER = (
     "retune",
     "llama_levers",
     "llama_levers_versus",
+    "llama_fp8",
 )
 
 
@@ -216,6 +217,7 @@ RENDER = {
     "llama": _study,
     "llm_serve": _study,
     "llama_levers": _study,
+    "llama_fp8": _study,
     "llm_versus": _versus,
     "llama_versus": _versus,
     "llama_levers_versus": _versus,
