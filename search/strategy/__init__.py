@@ -3,7 +3,7 @@ has seen (``order``, its moves in ``move``, ``memory_moves`` and ``lever_moves``
 in ``book``), the same order as an Optuna sampler (``guided``) and Optuna's samplers by name
 (``samplers``). It proposes; it neither measures nor stores (``search.study`` drives it)."""
 
-from search.strategy.book import FIDELITY, OOM, PRECISION_ORDER, Seen
+from search.strategy.book import FIDELITY, OOM, PRECISION_ORDER, Seen, config_key
 from search.strategy.guided import HANDED_OVER, WHY, GuidedSampler, distribution, seen_of
 from search.strategy.move import Move
 from search.strategy.order import next_move
@@ -20,6 +20,7 @@ __all__ = [
     "GuidedSampler",
     "Move",
     "Seen",
+    "config_key",
     "distribution",
     "next_move",
     "optuna_names",
