@@ -6,6 +6,7 @@ from search.analysis.noise_floor import NoiseFloor, RunFigures
 from search.config.compose import compose_config, load_settings
 from search.config.settings import Settings
 from search.measurement.protocol import Measurement
+from search.measurement.statistics import Summary
 
 
 def measurement(
@@ -14,18 +15,18 @@ def measurement(
     """A measurement with the throughput, CV, step latencies and times inside steps given; the rest
     does not matter."""
     return Measurement(
-        throughput=throughput,
-        throughput_ci_low=throughput,
-        throughput_ci_high=throughput,
-        throughput_cv=cv,
-        throughput_median=throughput,
-        latency_p50_ms=0.0,
-        latency_p95_ms=0.0,
-        latency_mean_ms=0.0,
-        outliers_mild=0,
-        outliers_severe=0,
-        n_windows=5,
-        n_steps=len(latencies),
+        summary=Summary(
+            throughput=throughput,
+            throughput_ci_low=throughput,
+            throughput_ci_high=throughput,
+            throughput_cv=cv,
+            throughput_median=throughput,
+            latency_p50_ms=0.0,
+            latency_p95_ms=0.0,
+            latency_mean_ms=0.0,
+            outliers_mild=0,
+            outliers_severe=0,
+        ),
         steps_per_window=1,
         warmup_steps=1,
         warmup_s=0.0,

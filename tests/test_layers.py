@@ -39,6 +39,29 @@ def test_every_public_module_says_what_it_exports():
         assert not missing, f"{name}.__all__ names what it does not define: {missing}"
 
 
+def test_every_package_exports_what_it_imports_for_export():
+    """A package's ``__init__`` names its public face in ``__all__``: every name resolves (also
+    where it is exported lazily, through ``search.core.lazy_exports``), and the names it imports
+    from its modules, for use or for type checkers, are those of ``__all__``."""
+    import ast
+    import importlib
+
+    for path in sorted((REPO / "search").glob("*/__init__.py")):
+        name = f"search.{path.parent.name}"
+        package = importlib.import_module(name)
+        exported = getattr(package, "__all__", None)
+        assert exported is not None, f"{name} has no __all__"
+        missing = [x for x in exported if not hasattr(package, x)]
+        assert not missing, f"{name}.__all__ names what it does not export: {missing}"
+        imported = {
+            alias.asname or alias.name
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(f"{name}.")
+            for alias in node.names
+        } - {"lazy_exports"}
+        assert imported == set(exported), f"{name}: its imports and its __all__ differ"
+
+
 MODULE_LINES = 500
 FUNCTION_LINES = 60
 

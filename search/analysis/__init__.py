@@ -1,2 +1,63 @@
-"""Judging measurements: the machine's noise floor and its drift, the Pareto front, racing, the
-regime. Whether a measurement is stable against that floor is ``search.stability``."""
+"""Judging measurements: the machine's noise floor and its drift (``noise_floor``, ``drift``,
+``between_sessions``), what one run keeps (``run_figures``), the Pareto front and the SLO
+(``pareto``), racing (``racing``), the regime (``diagnosis``). Whether a measurement is stable
+against that floor is ``search.stability``.
+
+Exported: what the packages above use. Every module here is light (no Optuna, no MLflow, no
+Hydra), so the worker process that imports ``search.execution`` pays little for importing them
+all."""
+
+from search.analysis.diagnosis import (
+    Diagnosis,
+    Peak,
+    count_work,
+    device_peak,
+    diagnose,
+    doubling,
+    table_peak,
+    work_metrics,
+)
+from search.analysis.noise_floor import MIN_BETWEEN_DF, NoiseFloor, by_device
+from search.analysis.pareto import check_slo, constraint_values, meets_slo, pareto_mask
+from search.analysis.racing import Race, Samples, can_race, out_of_reach, race_against
+from search.analysis.run_figures import (
+    BUSY,
+    MICRO_BATCH_PHASE,
+    STALL_FACTOR,
+    RunFigures,
+    busy_class,
+    median_busy,
+    micro_batch_metrics,
+    stall_steps,
+)
+
+__all__ = [
+    "BUSY",
+    "MICRO_BATCH_PHASE",
+    "MIN_BETWEEN_DF",
+    "STALL_FACTOR",
+    "Diagnosis",
+    "NoiseFloor",
+    "Peak",
+    "Race",
+    "RunFigures",
+    "Samples",
+    "busy_class",
+    "by_device",
+    "can_race",
+    "check_slo",
+    "constraint_values",
+    "count_work",
+    "device_peak",
+    "diagnose",
+    "doubling",
+    "meets_slo",
+    "median_busy",
+    "micro_batch_metrics",
+    "out_of_reach",
+    "pareto_mask",
+    "race_against",
+    "stall_steps",
+    "table_peak",
+    "work_metrics",
+]

@@ -94,9 +94,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             from search.commands.history import run_history
 
             return run_history(cfg)
-        from search.commands.tune import run
+        if command == "retune":
+            from search.commands.tune import run_retune
 
-        return run(cfg, command)
+            return run_retune(cfg)
+        from search.commands.tune import run_tune
+
+        return run_tune(cfg)
     except ConfigError as e:
         from search.config.compose import redact
 

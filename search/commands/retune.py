@@ -17,9 +17,10 @@ from search.reporting.report import knobs_text, si
 from search.retune.tuned import Tuned
 from search.revalidation.pooling import FreshRuns, Pooled, revalidate
 from search.storage.repeat_runs import save_revalidation
+from search.strategy.book import config_key
 from search.strategy.samplers import optuna_names
 from search.study.driver import StudyDriver
-from search.study.guards import KnownOutcomes, config_key
+from search.study.guards import KnownOutcomes
 
 __all__ = ["adopt_remeasured", "remeasure_baseline", "warm_start"]
 

@@ -16,6 +16,7 @@ import importlib.metadata
 import sys
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,7 @@ from search.measurement.energy import energy_unavailable_reason
 from search.measurement.environment import contention, environment
 from search.reporting.report import console, si
 from search.retune.comparison import MIN_RUNS
-from search.retune.tuned import RETUNE, TUNE, Tuned, baseline
+from search.retune.tuned import Tuned, baseline
 from search.revalidation.pooling import Pooled
 from search.space.search_space import SearchSpace
 from search.storage.liveness import Heartbeat, Recovery, owner
@@ -54,28 +55,82 @@ from search.storage.stores import open_stores, quiet_libraries, recover_runs, re
 from search.storage.trial_store import set_aside
 from search.tracking.tracker import Tracker
 
-__all__ = ["run"]
+__all__ = ["run_retune", "run_tune"]
 
 
-def run(cfg_node: DictConfig, kind: str = TUNE) -> int:
-    """A tuning (``kind`` ``tune``) or a re-tune against the study's last tuning (``retune``)."""
+def run_tune(cfg_node: DictConfig) -> int:
+    """A tuning: the study searched, re-validated and concluded; the exit code."""
+    checked = _checked(cfg_node)
+    study = checked.settings.study
+    if study.n_trials == 0:  # a summary of what workers stored: a study must exist
+        require_study(study.name, study.storage)
+    return _invocation(checked, _opened(checked), None)
+
+
+def run_retune(cfg_node: DictConfig) -> int:
+    """A re-tune against the study's last tuning (or ``retune.baseline``): the baseline's front
+    re-measured, a little search, and today's recommendation confirmed and compared; the exit
+    code. It needs confirmation runs and its baseline's study."""
+    checked = _checked(cfg_node)
+    settings = checked.settings
+    if settings.retune.confirm == 0:
+        raise ConfigError(
+            "retune.confirm=0: a re-tune compares confirmation runs of today's "
+            f"recommendation with the baseline's; use retune.confirm >= {MIN_RUNS}"
+        )
+    require_study(settings.study.name, settings.study.storage)
+    opened = _opened(checked)
+    device_name = environment(checked.device)["device_name"]
+    base = baseline(opened.study, settings.retune.baseline, device_name)
+    return _invocation(checked, opened, base)
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """What an invocation read and checked before it writes anything."""
+
+    cfg_node: DictConfig
+    spent: Spent
+    settings: Settings
+    device: torch.device
+    space: SearchSpace
+    notes: list[str]
+    control: dict[str, Any] | None
+    out: Console
+
+
+@dataclass(frozen=True)
+class _Opened:
+    """The stores an invocation opened, and who recovers what stopped processes left."""
+
+    study: optuna.Study
+    tracker: Tracker
+    recovery: Recovery
+
+
+def _checked(cfg_node: DictConfig) -> _Checked:
+    """The settings, the device and the space, validated before anything is written."""
     spent = Spent()
     quiet_libraries()
     settings = load_settings(cfg_node)
     device = resolve_device(settings.device)
     space, notes = load_space(settings.space, device, settings.slo)
     control = control_config(space, settings.noise.control) if settings.noise.budget > 0 else None
-    _require_study(settings, kind)
-    out = console()
-    for note in notes:
-        out.print(f"[yellow]note:[/] {note}")
-    recovery = Recovery(settings.study.heartbeat_s)
-    study, tracker = open_stores(settings, space, recovery)
-    base = (
-        baseline(study, settings.retune.baseline, environment(device)["device_name"])
-        if kind == RETUNE
-        else None
-    )
+    return _Checked(cfg_node, spent, settings, device, space, notes, control, console())
+
+
+def _opened(checked: _Checked) -> _Opened:
+    """The space's notes said, and the study and the tracker opened."""
+    for note in checked.notes:
+        checked.out.print(f"[yellow]note:[/] {note}")
+    recovery = Recovery(checked.settings.study.heartbeat_s)
+    study, tracker = open_stores(checked.settings, checked.space, recovery)
+    return _Opened(study, tracker, recovery)
+
+
+def _invocation(checked: _Checked, opened: _Opened, base: Tuned | None) -> int:
+    """The parent run started and the study run under it (a re-tune of ``base`` where given)."""
+    out, device, settings, tracker = checked.out, checked.device, checked.settings, opened.tracker
     if tracker.offline_reason:
         out.print(
             f"warning: {tracker.offline_reason}; going on without MLflow: results stay in the "
@@ -83,35 +138,21 @@ def run(cfg_node: DictConfig, kind: str = TUNE) -> int:
             markup=False,
         )
     env = {**environment(device), **_versions()}
-    peak = _peak(out, device, env["device_name"], space, Path(settings.runs_dir))
+    peak = _peak(out, device, env["device_name"], checked.space, Path(settings.runs_dir))
     ctx = Context(
         settings=settings,
-        space=space,
+        space=checked.space,
         device=device,
         env=env,
-        fingerprint=fingerprint(space, env),
+        fingerprint=fingerprint(checked.space, env),
         out=out,
-        control=control,
+        control=checked.control,
         peak=peak,
-        spent=spent,
+        spent=checked.spent,
     )
-    cfg = for_logging(cfg_node)  # as written, for the parent run's params and config.yaml
+    cfg = for_logging(checked.cfg_node)  # as written, for the parent run's params and config.yaml
     _start_parent(ctx, tracker, cfg, base)
-    return _run_study(ctx, study, tracker, recovery, base, cfg)
-
-
-def _require_study(settings: Settings, kind: str) -> None:
-    """A re-tune needs confirmation runs and its baseline's study; a summary (no new trials) needs
-    the study whose trials it sums up."""
-    if kind == RETUNE:
-        if settings.retune.confirm == 0:
-            raise ConfigError(
-                "retune.confirm=0: a re-tune compares confirmation runs of today's "
-                f"recommendation with the baseline's; use retune.confirm >= {MIN_RUNS}"
-            )
-        require_study(settings.study.name, settings.study.storage)
-    elif settings.study.n_trials == 0:  # a summary of what workers stored: a study must exist
-        require_study(settings.study.name, settings.study.storage)
+    return _run_study(ctx, opened.study, tracker, opened.recovery, base, cfg)
 
 
 def _run_study(

@@ -1,2 +1,37 @@
-"""Measuring one configuration: timers, the timing protocol and its statistics, GPU and host
-telemetry, energy."""
+"""Measuring one configuration: timers (``timers``), the timing protocol (``protocol``) and its
+statistics (``statistics``), GPU telemetry (``nvml``), energy (``energy``, with the stand-in of
+``monitor``), the host and its memory (``environment``).
+
+Exported: what the packages above use. Nothing here imports Optuna or MLflow, and the worker
+process imports every module of it anyway, so the names are imported eagerly."""
+
+from search.measurement.energy import energy_unavailable_reason, make_monitor
+from search.measurement.environment import (
+    MemoryProbe,
+    contention,
+    device_label,
+    environment,
+    rss_bytes,
+)
+from search.measurement.nvml import SLOWDOWN_NAMES
+from search.measurement.protocol import Measurement, MeasureSettings, measure
+from search.measurement.statistics import summarize, t_interval, t_quantile
+from search.measurement.timers import make_timer
+
+__all__ = [
+    "SLOWDOWN_NAMES",
+    "MeasureSettings",
+    "Measurement",
+    "MemoryProbe",
+    "contention",
+    "device_label",
+    "energy_unavailable_reason",
+    "environment",
+    "make_monitor",
+    "make_timer",
+    "measure",
+    "rss_bytes",
+    "summarize",
+    "t_interval",
+    "t_quantile",
+]

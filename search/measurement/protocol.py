@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from search.core.errors import require
 from search.core.records import SCREENED
-from search.measurement.statistics import rel_halfwidth, summarize
+from search.measurement.statistics import Summary, rel_halfwidth, summarize
 from search.measurement.timers import Timer
 
 __all__ = [
@@ -115,12 +115,18 @@ def _must_hold(condition: str, **received: object) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class Measurement:
-    """One configuration's speed: statistics, the raw samples behind them, and how they were taken.
+    """One configuration's speed: the raw samples, their statistics, and how they were taken.
 
     Throughput is in items/s (the workload names its item: samples, tokens, ...); one sample of it
     is one window. Latency is per optimizer step, in ms; one sample of it is one step.
 
+    The statistics are kept once, in ``summary`` (``search.measurement.statistics.summarize`` of
+    the samples), and read as the measurement's own figures (``m.throughput``), as
+    ``torch.utils.benchmark``'s measurement derives its figures from its raw times.
+
     Attributes:
+        summary: the statistics of the samples (``Summary``); its figures, read as this
+            measurement's own:
         throughput: mean of the window throughputs, items/s.
         throughput_ci_low, throughput_ci_high: two-sided ``confidence`` interval of the mean
             window throughput, items/s: Student-t, widened on the side the windows are skewed to
@@ -132,7 +138,8 @@ class Measurement:
             (Criterion's classes, either side): mild more than 1.5 and at most 3 interquartile
             ranges beyond the nearer quartile, severe more than 3. Counted, never dropped: every
             statistic above uses all windows.
-        n_windows: timed windows. n_steps: timed steps (n_windows * steps_per_window).
+        n_windows: timed windows. n_steps: timed steps (n_windows * steps_per_window); both
+            counted from the samples.
         steps_per_window: steps in every window, fixed from the warm-up step time.
         warmup_steps: untimed steps run first. warmup_s: how long they took, s (host clock).
         elapsed_s: warm-up plus windows, s (host clock).
@@ -144,18 +151,7 @@ class Measurement:
             step.
     """
 
-    throughput: float
-    throughput_ci_low: float
-    throughput_ci_high: float
-    throughput_cv: float
-    throughput_median: float
-    latency_p50_ms: float
-    latency_p95_ms: float
-    latency_mean_ms: float
-    outliers_mild: int
-    outliers_severe: int
-    n_windows: int
-    n_steps: int
+    summary: Summary
     steps_per_window: int
     warmup_steps: int
     warmup_s: float
@@ -164,6 +160,54 @@ class Measurement:
     window_throughputs: tuple[float, ...]
     step_latencies_ms: tuple[float, ...]
     phase_samples_ms: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+
+    @property
+    def n_windows(self) -> int:
+        return len(self.window_throughputs)
+
+    @property
+    def n_steps(self) -> int:
+        return len(self.step_latencies_ms)
+
+    @property
+    def throughput(self) -> float:
+        return self.summary.throughput
+
+    @property
+    def throughput_ci_low(self) -> float:
+        return self.summary.throughput_ci_low
+
+    @property
+    def throughput_ci_high(self) -> float:
+        return self.summary.throughput_ci_high
+
+    @property
+    def throughput_cv(self) -> float:
+        return self.summary.throughput_cv
+
+    @property
+    def throughput_median(self) -> float:
+        return self.summary.throughput_median
+
+    @property
+    def latency_p50_ms(self) -> float:
+        return self.summary.latency_p50_ms
+
+    @property
+    def latency_p95_ms(self) -> float:
+        return self.summary.latency_p95_ms
+
+    @property
+    def latency_mean_ms(self) -> float:
+        return self.summary.latency_mean_ms
+
+    @property
+    def outliers_mild(self) -> int:
+        return self.summary.outliers_mild
+
+    @property
+    def outliers_severe(self) -> int:
+        return self.summary.outliers_severe
 
 
 Screen = Callable[[Sequence[float], Sequence[float], Mapping[str, Sequence[float]]], bool]
@@ -221,11 +265,8 @@ def measure(
         if stop_reason is None and _screened(screen, settings, throughputs, latencies_ms, inside):
             stop_reason = STOP_SCREENED
 
-    summary = summarize(throughputs, latencies_ms, settings.confidence)
     return Measurement(
-        **asdict(summary),
-        n_windows=len(throughputs),
-        n_steps=len(latencies_ms),
+        summary=summarize(throughputs, latencies_ms, settings.confidence),
         steps_per_window=steps_per_window,
         warmup_steps=len(warmup_durations_s),
         warmup_s=warmup_s,

@@ -28,7 +28,7 @@ __all__ = [
 
 @dataclass(frozen=True, kw_only=True)
 class Summary:
-    """Statistics of raw samples; the same field names and units as in ``Measurement``."""
+    """Statistics of raw samples: a ``Measurement``'s figures (its ``summary``), in its units."""
 
     throughput: float
     throughput_ci_low: float

@@ -55,10 +55,6 @@ def compile_lines(
     ]
 
 
-def _mode(record: TrialRecord) -> str:
-    return str(record.config.get("compile", "off"))
-
-
 def _time_line(shown: TrialRecord, compiled: Sequence[TrialRecord]) -> str:
     m = shown.metrics
     cold = [r.metrics["compile_time_s"] for r in compiled if not r.metrics["compile_cache_warm"]]

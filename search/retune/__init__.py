@@ -13,4 +13,53 @@ The reference step (its settings ``reference_settings``, its workload
 ``search.workloads.reference``) does not depend on the space's model, so a slower machine is not
 blamed on the model (``environment_diff`` says what else changed). ``retune_report`` writes the
 re-tune's files, ``tuning_history`` the study's runs one after another.
+
+Exported: what the commands use, lazily (``search.core.lazy_exports``): ``tuned`` keeps its
+record in the Optuna study, which the statistics (``comparison``, ``verdict``, ``figure``) do
+without. ``confirm`` is both a module and its main function; the package
+leaves that name to the module (``from search.retune.confirm import confirm``), so that
+``search.retune.confirm`` means one thing.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from search.core.lazy_exports import lazy_exports
+
+if TYPE_CHECKING:
+    from search.retune.comparison import MIN_RUNS
+    from search.retune.figure import Figure
+    from search.retune.retune_report import write_report
+    from search.retune.tuned import RETUNE, TUNE, Tuned, baseline, save_tuned, tuned_runs
+    from search.retune.tuning_history import history_rows, write_history
+    from search.retune.verdict import MOVED, Conclusion, conclude
+
+__all__ = [
+    "MIN_RUNS",
+    "MOVED",
+    "RETUNE",
+    "TUNE",
+    "Conclusion",
+    "Figure",
+    "Tuned",
+    "baseline",
+    "conclude",
+    "history_rows",
+    "save_tuned",
+    "tuned_runs",
+    "write_history",
+    "write_report",
+]
+
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "comparison": ["MIN_RUNS"],
+        "figure": ["Figure"],
+        "retune_report": ["write_report"],
+        "tuned": ["RETUNE", "TUNE", "Tuned", "baseline", "save_tuned", "tuned_runs"],
+        "tuning_history": ["history_rows", "write_history"],
+        "verdict": ["MOVED", "Conclusion", "conclude"],
+    },
+)

@@ -1,1 +1,17 @@
-"""Search spaces: a space file's parameters, constraints and objectives as typed values."""
+"""Search spaces: a space file read and checked (``parse``), its knobs (``params``), constraints
+and objectives (``search_space``) as typed values, constraint expressions evaluated without running
+Python (``expressions``)."""
+
+from search.space.params import CategoricalParam, FixedParam, FloatParam, IntParam, Param
+from search.space.parse import parse_space
+from search.space.search_space import SearchSpace
+
+__all__ = [
+    "CategoricalParam",
+    "FixedParam",
+    "FloatParam",
+    "IntParam",
+    "Param",
+    "SearchSpace",
+    "parse_space",
+]

@@ -4,7 +4,7 @@ time, and throttling (``judge``); a trial just measured, judged against the floo
 reported floor is made (``leave_one_out``). Nothing here knows Optuna: the study's storage reads
 the runs and hands them here."""
 
-from search.stability.judge import StabilityLimits, Verdict, Yardstick, assess, assess_pooled, judge
+from search.stability.judge import Verdict, Yardstick, assess, assess_pooled, judge
 from search.stability.leave_one_out import judged_candidates
 from search.stability.measured import (
     Judging,
@@ -17,7 +17,6 @@ from search.stability.measured import (
 __all__ = [
     "Judging",
     "MeasuredTrial",
-    "StabilityLimits",
     "Verdict",
     "Yardstick",
     "again_if_compiled",

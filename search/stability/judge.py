@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from scipy import stats
@@ -21,18 +21,10 @@ from search.analysis.noise_floor import NoiseFloor
 from search.analysis.run_figures import BUSY, STALL_FACTOR, RunFigures, busy_class, median_busy
 from search.core.records import with_requests
 
-__all__ = ["StabilityLimits", "Verdict", "Yardstick", "assess", "assess_pooled", "judge"]
+if TYPE_CHECKING:  # for the hints alone: judging reads the stable.* limits, nothing else of a run
+    from search.config.settings import StableSettings
 
-
-class StabilityLimits(Protocol):
-    """The limits ``judge`` applies (``stable.*``; ``search.config.settings.StableSettings`` is the
-    one a run reads): a protocol, so that the statistics here need nothing of the settings above."""
-
-    alpha: float
-    excess_cv: float
-    excess_stalls: float
-    excess_between_cv: float
-    max_cv: float | None
+__all__ = ["Verdict", "Yardstick", "assess", "assess_pooled", "judge"]
 
 
 @dataclass(frozen=True)
@@ -42,7 +34,7 @@ class Yardstick:
     the stability limits and the confidence of the intervals."""
 
     floor: NoiseFloor
-    settings: StabilityLimits
+    settings: StableSettings
     confidence: float
 
 
@@ -57,7 +49,7 @@ class Verdict:
 def judge(
     run: RunFigures,
     floor: NoiseFloor,
-    settings: StabilityLimits,
+    settings: StableSettings,
     *,
     throttled: bool = False,
     replicates: Sequence[RunFigures] = (),
@@ -128,7 +120,7 @@ class _Grain:
         return sum(c.stalls for c in self.near), sum(c.steps_time_s for c in self.near)
 
 
-def _stall_test(grain: _Grain, settings: StabilityLimits, alpha: float) -> Verdict:
+def _stall_test(grain: _Grain, settings: StableSettings, alpha: float) -> Verdict:
     """Whether ``grain``'s stalls come at a higher rate per second than the control's, by an
     excess share of its units of at least ``stable.excess_stalls``."""
     # Stalls the machine causes (preemption, a neighbour's burst) come at a rate per second, so a
@@ -153,7 +145,7 @@ def _stall_test(grain: _Grain, settings: StabilityLimits, alpha: float) -> Verdi
 
 
 def _against_control(
-    run: RunFigures, near: Sequence[RunFigures], settings: StabilityLimits, alpha: float
+    run: RunFigures, near: Sequence[RunFigures], settings: StableSettings, alpha: float
 ) -> Verdict:
     """The stall and window-dispersion tests of ``judge``: stalls counted over steps and, where
     both sides timed them, over micro-batches, each at half of the stall test's ``alpha``."""
@@ -183,7 +175,7 @@ def _against_control(
 
 
 def _disagreement(
-    runs: Sequence[RunFigures], floor: NoiseFloor, settings: StabilityLimits, alpha: float
+    runs: Sequence[RunFigures], floor: NoiseFloor, settings: StableSettings, alpha: float
 ) -> Verdict:
     y = np.log([r.throughput / floor.level(r.time_s, r.device)[0] for r in runs])
     spread = float(np.var(y, ddof=1))

@@ -34,7 +34,15 @@ OPEN_ATTEMPTS = 4
 
 def with_retries(open_store: Callable[[], Any]) -> Any:
     """``open_store()``, tried again after a short pause if it fails: processes started together on
-    a new sqlite file race to create its tables, and all but one see an error the first time."""
+    a new sqlite file race to create its tables, and all but one see an error the first time.
+
+    Not ``search.storage.retried_writes.retried``, which differs in each of its three choices.
+    What is retried: here any error, since the race surfaces as whatever the database, Optuna or
+    MLflow raises while another process creates the tables; a write retries only the storage's
+    failures and raises a refusal of the write at once. The pause: here a few short ones with a
+    random part, to spread apart processes that started together; a write backs off
+    exponentially, long enough to outlast a lock. The last failure: here raised as it is, for the
+    caller to name the bad input (``storage_error``); a write raises ``StoreError``."""
     for attempt in range(OPEN_ATTEMPTS):
         try:
             return open_store()

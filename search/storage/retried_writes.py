@@ -32,7 +32,8 @@ to add to the study."""
 def retried(write: Callable[[], T], what: str) -> T:
     """``write()``, tried again with back-off while the storage fails (a locked sqlite file, a
     full disk, a dropped database connection); ``StoreError`` after the last attempt. Refusals of
-    the write itself (a finished trial, a bad value) are raised at once."""
+    the write itself (a finished trial, a bad value) are raised at once. Opening the study is
+    retried otherwise (``search.storage.opening.with_retries`` says how and why)."""
     for attempt in range(WRITE_ATTEMPTS):
         try:
             return write()

@@ -24,7 +24,7 @@ __all__ = [
     "PRECISION_ORDER",
     "Book",
     "Seen",
-    "knobs_key",
+    "config_key",
     "recomputes",
 ]
 
@@ -54,9 +54,12 @@ def recomputes(config: Mapping[str, Any]) -> bool:
     return recompute_setting(config.get("recompute", False)) != RECOMPUTE_NONE
 
 
-def knobs_key(config: Mapping[str, Any], knobs: Sequence[str]) -> str:
-    """``config``'s values of ``knobs`` as one string: the book's key for a configuration."""
-    return json.dumps({k: config[k] for k in knobs}, sort_keys=True, default=str)
+def config_key(config: Mapping[str, Any], knobs: Sequence[str] | None = None) -> str:
+    """``config`` as one string, the same whatever the order of its knobs: the key a
+    configuration's outcome is found under. With ``knobs``, of their values alone (the book keys a
+    configuration by its discrete knobs)."""
+    values = dict(config) if knobs is None else {k: config[k] for k in knobs}
+    return json.dumps(values, sort_keys=True, default=str)
 
 
 class Book:
@@ -73,16 +76,16 @@ class Book:
         self.discrete = [k for k, p in space.searched.items() if not isinstance(p, FloatParam)]
         self.outcomes: dict[str, Seen] = {}
         for s in seen:  # an OOM outweighs a figure (a complete run above today's memory limit)
-            key = knobs_key(s.config, self.discrete)
+            key = config_key(s.config, self.discrete)
             if key not in self.outcomes or s.outcome == OOM:
                 self.outcomes[key] = s
         self.ran_out = [s.config for s in seen if s.outcome == OOM]
-        self.busy = {knobs_key(c, self.discrete) for c in busy}
+        self.busy = {config_key(c, self.discrete) for c in busy}
         self.complete = [s for s in self.outcomes.values() if s.outcome == COMPLETE]
 
     def outcome(self, config: Mapping[str, Any]) -> str | None:
         """What is known of ``config``: its outcome, ``oom`` when certain to run out, else None."""
-        known = self.outcomes.get(knobs_key(config, self.discrete))
+        known = self.outcomes.get(config_key(config, self.discrete))
         if known is not None:
             return known.outcome
         if any(self.space.certain_oom(dict(config), dict(r)) for r in self.ran_out):
@@ -94,7 +97,7 @@ class Book:
         return (
             self.space.contains(dict(config))
             and self.outcome(config) is None
-            and knobs_key(config, self.discrete) not in self.busy
+            and config_key(config, self.discrete) not in self.busy
         )
 
     def tried(self, knob: str, value: Any, **same: Any) -> bool:
@@ -110,7 +113,7 @@ class Book:
         return self.space.contains(dict(config)) and self.outcome(config) in (None, COMPLETE)
 
     def throughput(self, config: Mapping[str, Any]) -> float | None:
-        known = self.outcomes.get(knobs_key(config, self.discrete))
+        known = self.outcomes.get(config_key(config, self.discrete))
         if known is None or known.outcome != COMPLETE:
             return None
         return known.figures.get("throughput")

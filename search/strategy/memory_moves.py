@@ -8,7 +8,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from search.core.records import COMPLETE
-from search.strategy.book import OOM, Book, knobs_key, recomputes
+from search.strategy.book import OOM, Book, config_key, recomputes
 from search.strategy.move import Move, bisect_wall, feasible_micro
 
 __all__ = ["precision_walls", "recompute_between", "recompute_past_the_wall", "with_recompute"]
@@ -119,7 +119,7 @@ def _recompute_saves_memory(book: Book) -> bool:
     for s in book.complete:
         if recomputes(s.config):
             without = {**s.config, "recompute": book.no_recompute()}
-            plain = book.outcomes.get(knobs_key(without, book.discrete))
+            plain = book.outcomes.get(config_key(without, book.discrete))
             if plain is not None and plain.outcome == COMPLETE:
                 pairs.append((plain.figures.get(MEMORY), s.figures.get(MEMORY)))
     known = [(a, b) for a, b in pairs if a and b is not None]

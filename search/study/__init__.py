@@ -4,7 +4,7 @@ measuring it (``guards``), and what one invocation's study did (``outcome``)."""
 
 from search.study.driver import StudyDriver, repeat_run
 from search.study.driver_inputs import Bench, DriverCallbacks
-from search.study.guards import KnownOutcomes, Proposal, config_key
+from search.study.guards import KnownOutcomes, Proposal
 from search.study.outcome import StudyOutcome
 
 __all__ = [
@@ -14,6 +14,5 @@ __all__ = [
     "Proposal",
     "StudyDriver",
     "StudyOutcome",
-    "config_key",
     "repeat_run",
 ]

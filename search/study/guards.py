@@ -20,7 +20,6 @@ proposal, so outcomes other processes stored are reused and learned from too.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +31,7 @@ from search.core.records import COMPLETE, FAILED, INFEASIBLE, fault_kind
 from search.space.search_space import SearchSpace
 from search.storage.liveness import duplicate_retry
 from search.storage.trial_store import OUTCOME_ATTRS, named_constraints, over_limit, own_trials
+from search.strategy.book import config_key
 
 __all__ = [
     "CertainOom",
@@ -43,7 +43,6 @@ __all__ = [
     "RepeatedRetry",
     "Reuse",
     "Ruling",
-    "config_key",
     "guards",
 ]
 
@@ -80,10 +79,6 @@ class Ruling:
 
 
 Guard = Callable[[Proposal], "Ruling | None"]
-
-
-def config_key(config: Mapping[str, Any]) -> str:
-    return json.dumps(dict(config), sort_keys=True, default=str)
 
 
 @dataclass(kw_only=True)
