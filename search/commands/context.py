@@ -26,7 +26,7 @@ from search.execution.trial import TrialRequest
 from search.space.search_space import SearchSpace
 from search.study.driver import StudyDriver, repeat_run
 
-__all__ = ["Context", "Spent", "sync_command"]
+__all__ = ["COMMAND_WORDS", "Context", "Spent", "sync_command"]
 
 
 @dataclass(kw_only=True)
@@ -159,7 +159,15 @@ class Context:
         return Path(self.settings.runs_dir) / "compile-cache" / re.sub(r"[^\w.-]+", "_", device)
 
 
+COMMAND_WORDS = ("sync", "retune", "history")
+"""The words before the overrides that name a command other than the tuning (``cli.main``)."""
+
+
 def sync_command() -> str:
-    """``python -m search sync`` with this invocation's arguments: it copies to MLflow later what
-    could not be logged now."""
-    return redact(" ".join(["python -m search sync", *sys.argv[1:]]))
+    """``python -m search sync`` with this invocation's overrides: it copies to MLflow later what
+    could not be logged now. A re-tune's own command word is left out: ``sync`` takes the
+    overrides alone, and ``sync retune ...`` would be refused."""
+    overrides = sys.argv[1:]
+    if overrides[:1] and overrides[0] in COMMAND_WORDS:
+        overrides = overrides[1:]
+    return redact(" ".join(["python -m search sync", *overrides]))

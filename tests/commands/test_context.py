@@ -1,11 +1,15 @@
-"""Where an invocation's time went (``search.commands.context.Spent``)."""
+"""Where an invocation's time went (``search.commands.context.Spent``), and the command that copies
+what it could not log (``sync_command``)."""
 
 from __future__ import annotations
 
 import re
+import sys
 import time
 
-from search.commands.context import Spent
+import pytest
+
+from search.commands.context import Spent, sync_command
 
 
 def _rest_s(line: str) -> float:
@@ -25,3 +29,19 @@ def test_a_tuning_has_no_baseline_part():
     spent = Spent(started_s=time.monotonic() - 100, new_s=20, new_trials=2, confirmation_s=30)
     assert "baseline" not in spent.line() and "time_baseline_s" not in spent.metrics()
     assert 49 <= _rest_s(spent.line()) <= 51
+
+
+@pytest.mark.parametrize(
+    "typed",
+    [
+        ["+space=llm", "study.n_trials=3"],
+        ["retune", "+space=llm", "study.n_trials=3"],
+        ["sync", "+space=llm", "study.n_trials=3"],
+    ],
+)
+def test_the_sync_command_takes_the_invocation_s_overrides_without_its_command_word(
+    monkeypatch, typed
+):
+    # `python -m search sync retune ...` would be refused: sync takes the overrides alone
+    monkeypatch.setattr(sys, "argv", ["search/__main__.py", *typed])
+    assert sync_command() == "python -m search sync +space=llm study.n_trials=3"
