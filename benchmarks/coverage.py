@@ -7,8 +7,8 @@ worker), it plays a study the way ``python -m search`` schedules one: 2 runs of 
 configuration, one run of each of ``--configs`` random feasible configurations with a control run
 after every third, the 2 fastest re-validated in 3 fresh processes each, a control run at the end.
 From those it estimates the noise floor (``search.analysis.noise_floor``) and each configuration's
-interval spanning runs. Then it measures every configuration ``--repeats`` more times, all runs in one
-seeded random order, and takes their mean as the long-run mean.
+interval spanning runs. Then it measures every configuration ``--repeats`` more times, all runs in
+one seeded random order, and takes their mean as the long-run mean.
 
 Printed: the noise floor, and for the nominal interval both the share of configurations whose
 interval from their one run covers the long-run mean (spanning runs, as the tool reports it) and

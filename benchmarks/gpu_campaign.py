@@ -4,11 +4,11 @@
 
 GPU time comes in short windows (about 15 minutes, the machine's start included), so the
 campaign runs its steps in the order given (``--steps``), each under a time cap, and stops at its
-budget with what it has recorded so far. Each step that ends writes one JSON record to ``--out``
-(``<date>-<HHMM>-<device>-<step>.json``: the device, the versions, the command, its wall time and exit
-code, the figures it read with their intervals, and the tail of its output). A step already recorded
-for this device, in ``--out`` or in ``benchmarks/results``, is skipped, so a later window takes up
-what is not yet recorded (``--again`` measures them anew). The steps, in order:
+budget with what it has recorded so far. Each step that ends writes one JSON record to
+``--out`` (``<date>-<HHMM>-<device>-<step>.json``: the device, the versions, the command, its wall
+time and exit code, the figures it read with their intervals, and the tail of its output). A step
+already recorded for this device, in ``--out`` or in ``benchmarks/results``, is skipped, so a later
+window takes up what is not yet recorded (``--again`` measures them anew). The steps, in order:
 
 - ``peaks``: the device and its measured peaks (a bf16 matrix product, a device-to-device copy);
 - ``fidelity_errors``: ``benchmarks/fidelity_errors.py``, how far bf16, fp16, each fp8 recipe,

@@ -68,12 +68,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(USAGE)
         return 0
-    from search.commands.context import COMMAND_WORDS
+    from search.commands.context import COMMAND_WORDS, remember_invocation
     from search.config.compose import (
         ConfigError,
         compose_config,
     )  # imported late: --help stays fast
 
+    remember_invocation(argv)
     command = argv[0] if argv[:1] and argv[0] in COMMAND_WORDS else "tune"
     if command != "tune":
         argv = argv[1:]

@@ -26,7 +26,15 @@ from search.execution.trial import TrialRequest
 from search.space.search_space import SearchSpace
 from search.study.driver import StudyDriver, repeat_run
 
-__all__ = ["COMMAND_WORDS", "Context", "Spent", "sync_command"]
+__all__ = [
+    "COMMAND_WORDS",
+    "Context",
+    "Spent",
+    "command_line",
+    "invocation_words",
+    "remember_invocation",
+    "sync_command",
+]
 
 
 @dataclass(kw_only=True)
@@ -162,12 +170,31 @@ class Context:
 COMMAND_WORDS = ("sync", "retune", "history")
 """The words before the overrides that name a command other than the tuning (``cli.main``)."""
 
+_invocation_words: list[str] | None = None
+
+
+def remember_invocation(words: Sequence[str]) -> None:
+    """The words ``cli.main`` was called with, command word included: the command lines this
+    invocation records and suggests are built from them (``main(argv)`` need not be
+    ``sys.argv``)."""
+    global _invocation_words
+    _invocation_words = list(words)
+
+
+def invocation_words() -> list[str]:
+    return list(sys.argv[1:] if _invocation_words is None else _invocation_words)
+
+
+def command_line() -> str:
+    """This invocation as a command, passwords redacted (the parent run's ``command`` tag)."""
+    return redact(" ".join(["python -m search", *invocation_words()]))
+
 
 def sync_command() -> str:
     """``python -m search sync`` with this invocation's overrides: it copies to MLflow later what
     could not be logged now. A re-tune's own command word is left out: ``sync`` takes the
     overrides alone, and ``sync retune ...`` would be refused."""
-    overrides = sys.argv[1:]
+    overrides = invocation_words()
     if overrides[:1] and overrides[0] in COMMAND_WORDS:
         overrides = overrides[1:]
     return redact(" ".join(["python -m search sync", *overrides]))

@@ -12,7 +12,6 @@ missing.
 from __future__ import annotations
 
 import shutil
-import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,7 +20,7 @@ import optuna
 import torch
 from omegaconf import DictConfig
 
-from search.commands.context import Context
+from search.commands.context import Context, command_line
 from search.config.compose import load_settings, redact, resolve_device
 from search.config.prepare import fingerprint, load_space
 from search.config.settings import Settings
@@ -178,7 +177,7 @@ def _copy(
             "study": study_name,
             "space": space.name,
             "workload_fingerprint": print_fn,
-            "command": redact(" ".join(["python -m search", *sys.argv[1:]])),
+            "command": command_line(),
         },
     )
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}

@@ -29,7 +29,7 @@ from rich.console import Console
 from search.analysis.diagnosis import Peak, device_peak, table_peak
 from search.commands.callbacks import study_driver
 from search.commands.conclusion import conclude_tuning
-from search.commands.context import Context, Spent
+from search.commands.context import Context, Spent, command_line
 from search.commands.finish import finish
 from search.commands.retune import adopt_remeasured, remeasure_baseline, warm_start
 from search.config.compose import (
@@ -280,7 +280,7 @@ def _start_parent(
             "energy": f"not measured: {energy_note}"
             if energy_note
             else "measured (energy_per_item_j)",
-            "command": redact(" ".join(["python -m search", *sys.argv[1:]])),
+            "command": command_line(),
             **{k: str(v) for k, v in owner().items()},
             **{f"env.{k}": v for k, v in env.items()},
         },

@@ -1,5 +1,5 @@
 """Where an invocation's time went (``search.commands.context.Spent``), and the command that copies
-what it could not log (``sync_command``)."""
+what it could not log (``sync_command``) and the command it records (``command_line``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from search.commands.context import Spent, sync_command
+from search.commands import cli, context
+from search.commands.context import Spent, command_line, sync_command
 
 
 def _rest_s(line: str) -> float:
@@ -45,3 +46,12 @@ def test_the_sync_command_takes_the_invocation_s_overrides_without_its_command_w
     # `python -m search sync retune ...` would be refused: sync takes the overrides alone
     monkeypatch.setattr(sys, "argv", ["search/__main__.py", *typed])
     assert sync_command() == "python -m search sync +space=llm study.n_trials=3"
+
+
+def test_the_command_recorded_is_the_one_main_was_called_with_not_the_process_s(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["pytest", "-q", "tests"])
+    monkeypatch.setattr(context, "_invocation_words", None)  # restored after the test
+    typed = ["retune", "+space=no_such_space", "study.n_trials=3"]
+    assert cli.main(typed) == 2  # refused, but only after it noted what it was called with
+    assert command_line() == "python -m search retune +space=no_such_space study.n_trials=3"
+    assert sync_command() == "python -m search sync +space=no_such_space study.n_trials=3"
