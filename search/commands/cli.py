@@ -68,16 +68,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(USAGE)
         return 0
-    from search.commands.context import COMMAND_WORDS, remember_invocation
-    from search.config.compose import (
-        ConfigError,
-        compose_config,
-    )  # imported late: --help stays fast
+    from search.commands.context import COMMAND_WORDS, invoked_as  # late: --help stays fast
 
-    remember_invocation(argv)
     command = argv[0] if argv[:1] and argv[0] in COMMAND_WORDS else "tune"
-    if command != "tune":
-        argv = argv[1:]
+    with invoked_as(argv):
+        return _run(command, argv[1:] if command != "tune" else argv)
+
+
+def _run(command: str, argv: list[str]) -> int:
+    """``command`` with its overrides and options ``argv``: its exit code."""
+    from search.config.compose import ConfigError, compose_config  # late: --help stays fast
+
     try:
         overrides, config_dirs, show = _parse(argv)
         cfg = compose_config(overrides, config_dirs)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ __all__ = [
     "Spent",
     "command_line",
     "invocation_words",
-    "remember_invocation",
+    "invoked_as",
     "sync_command",
 ]
 
@@ -173,12 +174,17 @@ COMMAND_WORDS = ("sync", "retune", "history")
 _invocation_words: list[str] | None = None
 
 
-def remember_invocation(words: Sequence[str]) -> None:
-    """The words ``cli.main`` was called with, command word included: the command lines this
-    invocation records and suggests are built from them (``main(argv)`` need not be
-    ``sys.argv``)."""
+@contextmanager
+def invoked_as(words: Sequence[str]) -> Iterator[None]:
+    """Within it, this invocation is ``words`` (``cli.main``'s, command word included): the
+    command lines it records and suggests are built from them, since ``main(argv)`` need not be
+    ``sys.argv``. Restored after, so that one call of ``main`` leaves nothing to the next."""
     global _invocation_words
-    _invocation_words = list(words)
+    before, _invocation_words = _invocation_words, list(words)
+    try:
+        yield
+    finally:
+        _invocation_words = before
 
 
 def invocation_words() -> list[str]:

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from search.commands import cli, context
+from search.commands import cli
 from search.commands.context import Spent, command_line, sync_command
 
 
@@ -50,8 +50,20 @@ def test_the_sync_command_takes_the_invocation_s_overrides_without_its_command_w
 
 def test_the_command_recorded_is_the_one_main_was_called_with_not_the_process_s(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["pytest", "-q", "tests"])
-    monkeypatch.setattr(context, "_invocation_words", None)  # restored after the test
-    typed = ["retune", "+space=no_such_space", "study.n_trials=3"]
-    assert cli.main(typed) == 2  # refused, but only after it noted what it was called with
-    assert command_line() == "python -m search retune +space=no_such_space study.n_trials=3"
-    assert sync_command() == "python -m search sync +space=no_such_space study.n_trials=3"
+    seen = []
+
+    def run(command, argv):
+        seen.append((command, argv, command_line(), sync_command()))
+        return 0
+
+    monkeypatch.setattr(cli, "_run", run)
+    assert cli.main(["retune", "+space=llm", "study.n_trials=3"]) == 0
+    assert seen == [
+        (
+            "retune",
+            ["+space=llm", "study.n_trials=3"],
+            "python -m search retune +space=llm study.n_trials=3",
+            "python -m search sync +space=llm study.n_trials=3",
+        )
+    ]
+    assert command_line() == "python -m search -q tests", "one call leaves nothing to the next"
