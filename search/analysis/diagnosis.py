@@ -27,7 +27,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -288,11 +288,16 @@ BUSY_LOAD_SHARE = 0.5
 
 
 def device_peak(
-    device: torch.device, device_name: str, precisions: list[str], cache: Path
+    device: torch.device,
+    device_name: str,
+    precisions: list[str],
+    cache: Path,
+    before_measuring: Callable[[], None] = lambda: None,
 ) -> tuple[Peak, bool]:
     """The device's peak for ``precisions``: the datasheet's for a known GPU; else measured and
-    kept in ``cache`` (a JSON file, by device, torch version and thread count). Returns the peak
-    and whether it was measured just now.
+    kept in ``cache`` (a JSON file, by device, torch version and thread count), with
+    ``before_measuring`` called first (to quiet what would share the device). Returns the peak and
+    whether it was measured just now.
 
     A peak measured on a busy machine reads low and inflates every later MFU (a first run beside
     other work read 107 GFLOP/s where the idle machine reads 433). So a peak measured under load is
@@ -310,6 +315,7 @@ def device_peak(
     have = (entry or {}).get("flops_per_s", {})
     if entry and all(p in have for p in precisions) and not entry.get("under_load", False):
         return _stored_peak(entry), False
+    before_measuring()
     cores = os.cpu_count() or 1
     load = os.getloadavg()[0]
     measured = measure_peak(

@@ -42,6 +42,7 @@ from search.config.compose import (
 )
 from search.config.prepare import control_config, fingerprint, load_space
 from search.config.settings import Settings
+from search.execution.isolation import start_worker_server, wait_for_worker_server
 from search.measurement.energy import energy_unavailable_reason
 from search.measurement.environment import contention, environment
 from search.reporting.report import console, si
@@ -123,6 +124,7 @@ def _opened(checked: _Checked) -> _Opened:
     """The space's notes said, and the study and the tracker opened."""
     for note in checked.notes:
         checked.out.print(f"[yellow]note:[/] {note}")
+    start_worker_server()  # its imports overlap the stores' opening, not the first trial
     recovery = Recovery(checked.settings.study.heartbeat_s)
     study, tracker = open_stores(checked.settings, checked.space, recovery)
     return _Opened(study, tracker, recovery)
@@ -240,7 +242,8 @@ def _peak(
         out.print(
             f"peak: measuring this machine's peak FLOP/s and bandwidth (once; kept in {cache})"
         )
-    peak, _ = device_peak(device, device_name, precisions, cache)
+    # measured once the fork server's imports are done: beside them it read half the idle peak
+    peak, _ = device_peak(device, device_name, precisions, cache, wait_for_worker_server)
     flops = ", ".join(
         f"{p} {si(peak.flops_per_s[p])}FLOP/s" for p in precisions if p in peak.flops_per_s
     )

@@ -15,6 +15,7 @@ import ctypes
 import faulthandler
 import functools
 import multiprocessing
+import multiprocessing.forkserver
 import multiprocessing.reduction
 import os
 import pickle
@@ -35,6 +36,8 @@ __all__ = [
     "STDERR_TAIL_LINES",
     "die_with_parent",
     "run_isolated",
+    "start_worker_server",
+    "wait_for_worker_server",
     "worker_context",
 ]
 
@@ -58,6 +61,26 @@ def worker_context() -> (
     # read when the server starts (the first worker)
     context.set_forkserver_preload(["search.execution._fork_server"])
     return context
+
+
+def start_worker_server() -> None:
+    """Start the fork server now, without waiting for it. Its imports (torch and its compiler:
+    about 3.5 s of a core on a 2-core CPU) then overlap the study process's own start (the stores,
+    the parent run) instead of delaying the first trial: a one-trial invocation took 18.2 s against
+    23.9 s (5 runs each, alternated, idle 2-core CPU). Nothing where workers are spawned."""
+    if worker_context().get_start_method() == "forkserver":
+        multiprocessing.forkserver.ensure_running()
+
+
+def wait_for_worker_server() -> None:
+    """Return once the fork server has imported what workers need (a worker that does nothing,
+    started and joined): a measurement of the machine must not share the CPU with those imports.
+    The peak measured beside them read 70 GFLOP/s where it reads 128 without."""
+    context = worker_context()
+    if context.get_start_method() == "forkserver":
+        process = context.Process(target=os.getpid)
+        process.start()
+        process.join()
 
 
 def run_isolated(request: TrialRequest) -> TrialResult:

@@ -272,3 +272,24 @@ def test_a_native_abort_is_named_with_the_line_that_says_why():
     assert _headline("Fatal Python error: Segmentation fault") == (
         "Fatal Python error: Segmentation fault"
     )
+
+
+def test_the_worker_server_started_early_is_ready_with_torch_once_waited_for():
+    """``start_worker_server`` returns at once and ``wait_for_worker_server`` once the server has
+    imported torch: a trial, or the peak's measurement, then has the CPU to itself."""
+    import multiprocessing.forkserver
+
+    from search.execution.isolation import (
+        start_worker_server,
+        wait_for_worker_server,
+        worker_context,
+    )
+
+    if worker_context().get_start_method() != "forkserver" or not Path("/proc").is_dir():
+        pytest.skip("workers are spawned here, or /proc is absent: there is no server to wait for")
+    start_worker_server()
+    wait_for_worker_server()
+    pid = multiprocessing.forkserver._forkserver._forkserver_pid
+    assert pid is not None
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    assert "libtorch" in maps, "the server has imported torch"
