@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 import numpy as np
-from scipy import stats
+
+from search.core.distributions import line_fit
 
 __all__ = ["ControlRun", "DRIFT_ALPHA", "DriftLine", "SESSION_GAP_S", "split_sessions"]
 
@@ -121,7 +122,7 @@ def _drift_line(controls: Sequence[ControlRun]) -> tuple[float, float, float, fl
     t_ref = float(t.mean())
     if len(controls) < 3 or float(np.ptp(t)) == 0:
         return 0.0, 0.0, t_ref, 1.0, False
-    fit = stats.linregress(t - t_ref, np.log([c.throughput for c in controls]))
+    fit = line_fit(t - t_ref, np.log([c.throughput for c in controls]))
     slope, se = float(fit.slope), float(fit.stderr)
     p = float(fit.pvalue) if math.isfinite(fit.pvalue) else (0.0 if slope else 1.0)
     return slope, se * se, t_ref, p, p < DRIFT_ALPHA

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike
-from scipy import stats
+
+from search.core.distributions import binom_ppf
 
 __all__ = [
     "MAXIMIZE",
@@ -178,7 +179,7 @@ def quantile_upper_bound(samples: ArrayLike, q: float, confidence: float) -> flo
     """
     ordered = np.sort(np.asarray(samples, dtype=float))
     n = len(ordered)
-    k = int(stats.binom.ppf(confidence, n, q)) + 1  # 1-based rank
+    k = binom_ppf(confidence, n, q) + 1  # 1-based rank
     return float(ordered[min(k, n) - 1])
 
 
@@ -193,7 +194,7 @@ def quantile_lower_bound(samples: ArrayLike, q: float, confidence: float) -> flo
     ordered = np.sort(np.asarray(samples, dtype=float))
     # The smallest j with P[X <= j] >= 1 - confidence: P[X >= j] = 1 - P[X <= j - 1] > confidence,
     # and j + 1 would fall short.
-    k = int(stats.binom.ppf(1 - confidence, len(ordered), q))  # 1-based rank
+    k = binom_ppf(1 - confidence, len(ordered), q)  # 1-based rank
     return float(ordered[k - 1]) if k >= 1 else 0.0
 
 

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
+from search.core.distributions import norm_ppf
 from search.measurement.statistics import t_quantile
 from search.retune.figure import Figure
 
@@ -73,8 +73,10 @@ def shift(
     alpha = 1 - confidence
     method = "exact" if max(len(x), len(y)) <= EXACT_UP_TO else "asymptotic"
 
+    from scipy.stats import mannwhitneyu  # here: scipy.stats takes ~0.9 s to import
+
     def accepted(delta: float) -> bool:
-        return bool(stats.mannwhitneyu(x - delta, y, method=method).pvalue > alpha)
+        return bool(mannwhitneyu(x - delta, y, method=method).pvalue > alpha)
 
     # The test's statistic changes only at the pairwise differences: try a shift between each
     # neighbouring pair, and beyond both ends.
@@ -120,7 +122,7 @@ def runs_needed(
     if not spreads:
         return ""
     s = math.sqrt(sum(v**2 for v in spreads) / len(spreads))
-    z = float(stats.norm.ppf(0.5 + confidence / 2))
+    z = norm_ppf(0.5 + confidence / 2)
     n = math.ceil(2 * (z * s / -math.log(1 - threshold)) ** 2)
     spread = f"the runs spread by {spreads[0]:.1%} today and {spreads[-1]:.1%} at the baseline (CV)"
     if n <= min(len(today), len(base)):

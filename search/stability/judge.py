@@ -15,10 +15,10 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from scipy import stats
 
 from search.analysis.noise_floor import NoiseFloor
 from search.analysis.run_figures import BUSY, STALL_FACTOR, RunFigures, busy_class, median_busy
+from search.core.distributions import binom_sf_at_least, f_sf
 from search.core.records import with_requests
 
 if TYPE_CHECKING:  # for the hints alone: judging reads the stable.* limits, nothing else of a run
@@ -132,7 +132,7 @@ def _stall_test(grain: _Grain, settings: StableSettings, alpha: float) -> Verdic
     if excess_share < settings.excess_stalls or not grain.stalls:
         return Verdict(True)
     share = grain.time_s / (grain.time_s + ctl_time)
-    p = float(stats.binomtest(grain.stalls, grain.stalls + ctl_stalls, share, "greater").pvalue)
+    p = binom_sf_at_least(grain.stalls, grain.stalls + ctl_stalls, share)
     if p >= alpha:
         return Verdict(True)
     unit = grain.name.removesuffix("es") if grain.micro else grain.name.removesuffix("s")
@@ -164,7 +164,7 @@ def _against_control(
     ctl_var = sum(c.cv**2 * (c.n_windows - 1) for c in near) / ctl_df if ctl_df else 0.0
     excess = math.sqrt(max(run.cv**2 - ctl_var, 0.0))
     if excess >= settings.excess_cv and run.n_windows > 1:
-        p = float(stats.f.sf(run.cv**2 / ctl_var, run.n_windows - 1, ctl_df)) if ctl_var else 0.0
+        p = f_sf(run.cv**2 / ctl_var, run.n_windows - 1, ctl_df) if ctl_var else 0.0
         if p < alpha:
             return Verdict(
                 False,
@@ -187,7 +187,7 @@ def _disagreement(
     if excess < settings.excess_between_cv:
         return Verdict(True)
     df_expected = between_df or sum(r.n_windows - 1 for r in runs)
-    p = float(stats.f.sf(spread / expected, len(runs) - 1, df_expected)) if expected else 0.0
+    p = f_sf(spread / expected, len(runs) - 1, df_expected) if expected else 0.0
     if p >= alpha:
         return Verdict(True)
     return Verdict(
