@@ -159,6 +159,8 @@ def warm_up(run_once: Callable[[], object], mode: str, device: torch.device) -> 
     _count_recompiles()
     started = time.perf_counter()
     try:
+        if device.type == "cpu":
+            _cpp_compiler()
         run_once()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -176,6 +178,15 @@ def warm_up(run_once: Callable[[], object], mode: str, device: torch.device) -> 
             f"{str(reasons[-1]).splitlines()[0][:200]}"
         )
     return stats
+
+
+def _cpp_compiler() -> None:
+    """Find the C++ compiler a CPU's compiled code needs, as inductor will, before anything is
+    traced: without one, inductor fails only at its code generation, after the tracing and lowering
+    it would have done for nothing (seconds to tens of seconds of a trial on a 2-core CPU)."""
+    from torch._inductor.cpp_builder import get_cpp_compiler
+
+    get_cpp_compiler()
 
 
 def _first_line(error: BaseException) -> str:

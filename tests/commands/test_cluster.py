@@ -76,7 +76,8 @@ def pg():
 
 @pytest.fixture
 def stores(pg, tmp_path, request):
-    """A fresh Optuna database and an MLflow server on a fresh database of its own."""
+    """A fresh Optuna database and an MLflow server on a fresh database of its own (for a test
+    that kills its server)."""
     name = request.node.name[:40].lower()
     optuna_url = pg.create(f"optuna_{name}")
     mlflow_url = pg.create(f"mlflow_{name}")
@@ -85,6 +86,26 @@ def stores(pg, tmp_path, request):
     server.kill()
     pg.drop(f"optuna_{name}")
     pg.drop(f"mlflow_{name}")
+
+
+@pytest.fixture(scope="module")
+def shared_server(pg, tmp_path_factory):
+    """One MLflow server for the tests of this module that leave it running: a server takes about
+    11 s to start on two cores. Each test logs to an experiment of its own."""
+    where = tmp_path_factory.mktemp("mlflow")
+    server = MlflowServer(pg.create("mlflow_shared"), where / "artifacts", where / "mlflow.log")
+    yield server.start()
+    server.kill()
+    pg.drop("mlflow_shared")
+
+
+@pytest.fixture
+def study_stores(pg, shared_server, request):
+    """A fresh Optuna database, the shared MLflow server and an experiment named for the test."""
+    name = request.node.name[:40].lower()
+    optuna_url = pg.create(f"optuna_{name}")
+    yield optuna_url, shared_server, (f"optuna_{name}", "mlflow_shared"), name
+    pg.drop(f"optuna_{name}")
 
 
 def worker(
@@ -155,12 +176,18 @@ class Peak:
         return self.peak
 
 
-def test_workers_share_a_postgres_study_and_an_mlflow_server(pg, stores, tmp_path):
-    storage, server, databases = stores
+def test_workers_share_a_postgres_study_and_an_mlflow_server(pg, study_stores, tmp_path):
+    storage, server, databases, experiment = study_stores
     peak = Peak(pg, databases)
     n_workers, each = 3, 5
     procs = [
-        worker(tmp_path / f"machine{i}", storage, server.uri, f"study.n_trials={each}")
+        worker(
+            tmp_path / f"machine{i}",
+            storage,
+            server.uri,
+            f"study.n_trials={each}",
+            f"tracking.experiment={experiment}",
+        )
         for i in range(n_workers)
     ]
     outs = [p.communicate(timeout=600)[0] for p in procs]
@@ -176,7 +203,7 @@ def test_workers_share_a_postgres_study_and_an_mlflow_server(pg, stores, tmp_pat
     assert len({config_key(t) for t in done}) == len(done), "no configuration measured twice"
     assert len({json.dumps(t.user_attrs["owner"], sort_keys=True) for t in done}) == n_workers
 
-    runs = child_runs(server.uri, "load")
+    runs = child_runs(server.uri, experiment)
     by_trial = Counter(int(r.data.tags["trial"]) for r in runs)
     assert sorted(by_trial) == sorted(t.number for t in done), "every trial in MLflow"
     assert set(by_trial.values()) == {1}, "and exactly once"
@@ -187,10 +214,17 @@ def test_workers_share_a_postgres_study_and_an_mlflow_server(pg, stores, tmp_pat
 
     # One front: the tool's pareto tags are Optuna's best_trials, which the dashboard shows. Workers
     # finishing together tag what each saw; sync (as the summary run) tags everything stored.
-    sync = worker(tmp_path / "machine0", storage, server.uri, command="sync", namespace=False)
+    sync = worker(
+        tmp_path / "machine0",
+        storage,
+        server.uri,
+        f"tracking.experiment={experiment}",
+        command="sync",
+        namespace=False,
+    )
     out = sync.communicate(timeout=300)[0]
     assert sync.returncode == 0, out
-    runs = child_runs(server.uri, "load")
+    runs = child_runs(server.uri, experiment)
     tagged = {int(r.data.tags["trial"]) for r in runs if r.data.tags.get("pareto") == "true"}
     best = {config_key(t) for t in study.best_trials}
     assert tagged and {config_key(study.trials[n]) for n in tagged} == best
@@ -203,12 +237,17 @@ def test_workers_share_a_postgres_study_and_an_mlflow_server(pg, stores, tmp_pat
 
 
 def test_a_killed_worker_s_trial_is_measured_again_by_another_after_the_grace_period(
-    pg, stores, tmp_path
+    pg, study_stores, tmp_path
 ):
     if not NAMESPACE:
         pytest.skip("needs a pid namespace of its own for the killed worker (unshare, as root)")
-    storage, server, _ = stores
-    slow = ["space.workload.step_ms=50", "measure.max_time_s=3", "measure.target_rel_ci=1e-9"]
+    storage, server, _, experiment = study_stores
+    slow = [
+        "space.workload.step_ms=50",
+        "measure.max_time_s=3",
+        "measure.target_rel_ci=1e-9",
+        f"tracking.experiment={experiment}",
+    ]
     victim = worker(tmp_path / "victim", storage, server.uri, "study.n_trials=20", *slow)
     for line in victim.stdout:
         if line.startswith("[1/20]"):
@@ -227,7 +266,13 @@ def test_a_killed_worker_s_trial_is_measured_again_by_another_after_the_grace_pe
     time.sleep(8)  # past the grace period (6 x 1 s), so the other worker finds it stale at once
 
     # Another machine: the victim's pid means nothing there, only its silence does (6 x 1 s).
-    other = worker(tmp_path / "other", storage, server.uri, "study.n_trials=2")
+    other = worker(
+        tmp_path / "other",
+        storage,
+        server.uri,
+        "study.n_trials=2",
+        f"tracking.experiment={experiment}",
+    )
     out = other.communicate(timeout=600)[0]
     assert other.returncode == 0, out
     assert f"recovered: trial #{left[0].number}" in out, out

@@ -93,3 +93,24 @@ def test_a_platform_that_cannot_compile_gives_an_infeasible_trial_with_its_reaso
 def test_a_graph_break_storm_is_refused_with_the_count():
     with pytest.raises(KnobError, match=r"graph breaks in one step \(more than 8\)"):
         TrainStep(BreaksEverywhere(), Knobs(batch_size=4, compile="default"), CPU)
+
+
+def test_a_missing_cpp_compiler_is_found_before_anything_is_traced():
+    # Inductor itself fails only at its code generation, after the tracing and lowering it did for
+    # nothing: the trial is refused before the step runs at all.
+    import torch._inductor.config
+    from torch._inductor import cpp_builder
+
+    from search.execution.compiling import warm_up
+
+    ran = []
+    cpp_builder.cpp_compiler_search.cache_clear()
+    try:
+        with (
+            torch._inductor.config.patch({"cpp.cxx": ("no-such-compiler",)}),
+            pytest.raises(KnobError, match="compile=default cannot compile this step: .*C\\+\\+"),
+        ):
+            warm_up(lambda: ran.append(True), "default", torch.device("cpu"))
+    finally:
+        cpp_builder.cpp_compiler_search.cache_clear()  # the real compiler for the tests after
+    assert not ran, "the step never ran"
