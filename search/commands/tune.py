@@ -26,7 +26,7 @@ import yaml
 from omegaconf import DictConfig
 from rich.console import Console
 
-from search.analysis.diagnosis import Peak, device_peak, table_peak
+from search.analysis.diagnosis import Peak, device_peak
 from search.commands.callbacks import study_driver
 from search.commands.conclusion import conclude_tuning
 from search.commands.context import Context, Spent, command_line
@@ -238,12 +238,15 @@ def _peak(
     param = space.params.get("precision")
     precisions = [str(p) for p in (param.values() if param is not None else None) or ["fp32"]]
     cache = runs_dir / "peaks.json"
-    if table_peak(device_name) is None:
+
+    def before_measuring() -> None:  # only where it measures: a kept peak is not measured again
         out.print(
             f"peak: measuring this machine's peak FLOP/s and bandwidth (once; kept in {cache})"
         )
-    # measured once the fork server's imports are done: beside them it read half the idle peak
-    peak, _ = device_peak(device, device_name, precisions, cache, wait_for_worker_server)
+        # once the fork server's imports are done: beside them it read half the idle peak
+        wait_for_worker_server()
+
+    peak, _ = device_peak(device, device_name, precisions, cache, before_measuring)
     flops = ", ".join(
         f"{p} {si(peak.flops_per_s[p])}FLOP/s" for p in precisions if p in peak.flops_per_s
     )

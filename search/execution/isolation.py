@@ -66,8 +66,8 @@ def worker_context() -> (
 def start_worker_server() -> None:
     """Start the fork server now, without waiting for it. Its imports (torch and its compiler:
     about 3.5 s of a core on a 2-core CPU) then overlap the study process's own start (the stores,
-    the parent run) instead of delaying the first trial: a one-trial invocation took 18.2 s against
-    23.9 s (5 runs each, alternated, idle 2-core CPU). Nothing where workers are spawned."""
+    the parent run) instead of delaying the first trial (``docs/operations/failures.md``: a
+    one-trial invocation 17.2 s against 25.0 s). Nothing where workers are spawned."""
     if worker_context().get_start_method() == "forkserver":
         multiprocessing.forkserver.ensure_running()
 

@@ -67,3 +67,44 @@ def test_the_command_recorded_is_the_one_main_was_called_with_not_the_process_s(
         )
     ]
     assert command_line() == "python -m search -q tests", "one call leaves nothing to the next"
+
+
+def test_the_peak_line_says_measuring_only_where_it_measures(tmp_path, monkeypatch):
+    # It said "measuring" at every invocation, the peak kept in runs_dir or not.
+    from io import StringIO
+
+    import torch
+    from rich.console import Console
+
+    from search.analysis.diagnosis import Peak
+    from search.commands import tune
+    from search.space.parse import parse_space
+
+    measured, waited = [], []
+
+    def measure(device, precisions, budget_s=0.5):
+        measured.append(precisions)
+        return Peak({p: 1e9 for p in precisions}, 5e9, "measured (stand-in)")
+
+    monkeypatch.setattr("search.analysis.diagnosis.measure_peak", measure)
+    monkeypatch.setattr("search.analysis.diagnosis.os.getloadavg", lambda: (0.1, 0.1, 0.1))
+    monkeypatch.setattr(tune, "wait_for_worker_server", lambda: waited.append(True))
+    space = parse_space(
+        "s",
+        {
+            "workload": {"_target_": "x"},
+            "params": {"batch_size": {"type": "int", "low": 4, "high": 8, "pow2": True}},
+            "objectives": {"throughput": "maximize"},
+        },
+    )
+
+    def said() -> str:
+        text = StringIO()
+        tune._peak(Console(file=text, width=300), torch.device("cpu"), "a cpu", space, tmp_path)
+        return text.getvalue()
+
+    first = said()
+    assert "peak: measuring" in first and len(measured) == 1 and waited == [True]
+    again = said()
+    assert "peak: measuring" not in again and "peak: fp32 1GFLOP/s" in again
+    assert len(measured) == 1 and waited == [True], "a kept peak: nothing measured or waited for"
