@@ -122,7 +122,5 @@ def _drift_line(controls: Sequence[ControlRun]) -> tuple[float, float, float, fl
     t_ref = float(t.mean())
     if len(controls) < 3 or float(np.ptp(t)) == 0:
         return 0.0, 0.0, t_ref, 1.0, False
-    fit = line_fit(t - t_ref, np.log([c.throughput for c in controls]))
-    slope, se = float(fit.slope), float(fit.stderr)
-    p = float(fit.pvalue) if math.isfinite(fit.pvalue) else (0.0 if slope else 1.0)
-    return slope, se * se, t_ref, p, p < DRIFT_ALPHA
+    fit = line_fit(t - t_ref, np.log([c.throughput for c in controls]))  # an exact line: p 0 or 1
+    return fit.slope, fit.stderr**2, t_ref, fit.pvalue, fit.pvalue < DRIFT_ALPHA

@@ -32,7 +32,6 @@ __all__ = [
     "Context",
     "Spent",
     "command_line",
-    "invocation_words",
     "invoked_as",
     "sync_command",
 ]
@@ -187,20 +186,24 @@ def invoked_as(words: Sequence[str]) -> Iterator[None]:
         _invocation_words = before
 
 
-def invocation_words() -> list[str]:
+def _words() -> list[str]:
     return list(sys.argv[1:] if _invocation_words is None else _invocation_words)
+
+
+def _as_command(words: Sequence[str]) -> str:
+    return redact(" ".join(["python -m search", *words]))
 
 
 def command_line() -> str:
     """This invocation as a command, passwords redacted (the parent run's ``command`` tag)."""
-    return redact(" ".join(["python -m search", *invocation_words()]))
+    return _as_command(_words())
 
 
 def sync_command() -> str:
     """``python -m search sync`` with this invocation's overrides: it copies to MLflow later what
     could not be logged now. A re-tune's own command word is left out: ``sync`` takes the
     overrides alone, and ``sync retune ...`` would be refused."""
-    overrides = invocation_words()
+    overrides = _words()
     if overrides[:1] and overrides[0] in COMMAND_WORDS:
         overrides = overrides[1:]
-    return redact(" ".join(["python -m search sync", *overrides]))
+    return _as_command(["sync", *overrides])

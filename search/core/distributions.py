@@ -18,6 +18,10 @@ from scipy import special
 __all__ = ["Line", "binom_ppf", "binom_sf_at_least", "f_sf", "line_fit", "norm_ppf"]
 
 
+_TIE = 1e-12
+"""A CDF this close below ``q`` (relative) reaches it: the difference is rounding."""
+
+
 def binom_ppf(q: float, n: int, p: float) -> int:
     """The smallest k with P[Binomial(n, p) <= k] >= q, for 0 < q < 1 (``stats.binom.ppf``): the
     continuous inverse rounded up, then stepped to the smallest k that reaches ``q``. A CDF that
@@ -33,10 +37,6 @@ def binom_ppf(q: float, n: int, p: float) -> int:
     while k < n and not reaches(k):
         k += 1
     return k
-
-
-_TIE = 1e-12
-"""A CDF this close below ``q`` (relative) reaches it: the difference is rounding."""
 
 
 def binom_sf_at_least(k: int, n: int, p: float) -> float:
