@@ -37,6 +37,7 @@ from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from search.core.records import COMPLETE, TrialRecord, si
+from search.measurement.host_load import BUSY_SHARE, cpu_mark, others_busy_cores
 from search.workloads.base import counting
 
 __all__ = [
@@ -282,11 +283,6 @@ def measure_peak(device: torch.device, precisions: list[str], budget_s: float = 
     )
 
 
-BUSY_LOAD_SHARE = 0.5
-"""1-minute load average per core above which a peak measured then was measured under load (as
-``search.measurement.environment`` warns of a busy CPU)."""
-
-
 def device_peak(
     device: torch.device,
     device_name: str,
@@ -317,19 +313,20 @@ def device_peak(
         return _stored_peak(entry), False
     before_measuring()
     cores = os.cpu_count() or 1
-    load = os.getloadavg()[0]
+    mark = cpu_mark()
     measured = measure_peak(
         device, precisions if entry else [p for p in precisions if p not in have]
     )
+    others = others_busy_cores(mark)  # during the measurement itself
     best = {p: max(v, have.get(p, 0.0)) for p, v in {**have, **measured.flops_per_s}.items()}
     entry = {
         "flops_per_s": best,
         "bytes_per_s": max(measured.bytes_per_s, (entry or {}).get("bytes_per_s", 0.0)),
         "method": measured.source,
         "measurements": (entry or {}).get("measurements", 0) + 1,
-        "under_load": load > BUSY_LOAD_SHARE * cores and (entry or {}).get("under_load", True),
+        "under_load": others > BUSY_SHARE * cores and (entry or {}).get("under_load", True),
         "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "load_1min": round(load, 2),
+        "others_busy_cores": round(others, 2),
         "cores": cores,
     }
     stored[key] = entry
@@ -342,8 +339,7 @@ def _stored_peak(entry: Mapping[str, Any]) -> Peak:
     method = entry.get("method") or entry.get("source", "measured on this machine")
     count = entry.get("measurements", 1)
     state = (
-        f"under load (1-minute load average {entry['load_1min']:.1f} on {entry['cores']} cores), "
-        "measured again next time"
+        f"under load ({_load_said(entry)} of {entry['cores']} cores), measured again next time"
         if entry.get("under_load")
         else "idle"
     )
@@ -353,6 +349,14 @@ def _stored_peak(entry: Mapping[str, Any]) -> Peak:
         entry["bytes_per_s"],
         f"{method}, the best of {count} measurement(s), {when}",
     )
+
+
+def _load_said(entry: Mapping[str, Any]) -> str:
+    """How busy the machine was when the peak was measured: by other processes, or by the load
+    average that runs directories of earlier versions kept."""
+    if "others_busy_cores" in entry:
+        return f"other processes kept {entry['others_busy_cores']:.1f} busy"
+    return f"1-minute load average {entry.get('load_1min', 0.0):.1f}"
 
 
 def _read_peaks(cache: Path) -> dict[str, Any]:

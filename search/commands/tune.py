@@ -45,6 +45,7 @@ from search.config.settings import Settings
 from search.execution.isolation import start_worker_server, wait_for_worker_server
 from search.measurement.energy import energy_unavailable_reason
 from search.measurement.environment import contention, environment
+from search.measurement.host_load import CpuMark, cpu_mark
 from search.reporting.report import console, si
 from search.retune.comparison import MIN_RUNS
 from search.retune.tuned import Tuned, baseline
@@ -107,6 +108,8 @@ class _Opened:
     study: optuna.Study
     tracker: Tracker
     recovery: Recovery
+    cpu_since: CpuMark | None
+    """The CPU's accounting when the stores began to open: how busy others keep it since."""
 
 
 def _checked(cfg_node: DictConfig) -> _Checked:
@@ -124,10 +127,11 @@ def _opened(checked: _Checked) -> _Opened:
     """The space's notes said, and the study and the tracker opened."""
     for note in checked.notes:
         checked.out.print(f"[yellow]note:[/] {note}")
+    cpu_since = cpu_mark()
     start_worker_server()  # its imports overlap the stores' opening, not the first trial
     recovery = Recovery(checked.settings.study.heartbeat_s)
     study, tracker = open_stores(checked.settings, checked.space, recovery)
-    return _Opened(study, tracker, recovery)
+    return _Opened(study, tracker, recovery, cpu_since)
 
 
 def _invocation(checked: _Checked, opened: _Opened, base: Tuned | None) -> int:
@@ -153,7 +157,7 @@ def _invocation(checked: _Checked, opened: _Opened, base: Tuned | None) -> int:
         spent=checked.spent,
     )
     cfg = for_logging(checked.cfg_node)  # as written, for the parent run's params and config.yaml
-    _start_parent(ctx, tracker, cfg, base)
+    _start_parent(ctx, tracker, cfg, base, contention(device, opened.cpu_since))
     return _run_study(ctx, opened.study, tracker, opened.recovery, base, cfg)
 
 
@@ -255,12 +259,16 @@ def _peak(
 
 
 def _start_parent(
-    ctx: Context, tracker: Tracker, cfg: Mapping[str, Any], base: Tuned | None
+    ctx: Context,
+    tracker: Tracker,
+    cfg: Mapping[str, Any],
+    base: Tuned | None,
+    shared: list[str],
 ) -> None:
-    """Say where the study runs and what cannot be measured, and start the invocation's parent
-    run (tagged as a re-tune against ``base`` where given)."""
+    """Say where the study runs, what shares its device (``shared``, warnings) and what cannot be
+    measured, and start the invocation's parent run (tagged as a re-tune against ``base`` where
+    given)."""
     out, settings, env = ctx.out, ctx.settings, ctx.env
-    shared = contention(ctx.device)
     for warning in shared:
         out.print(f"[yellow]warning:[/] {warning}")
     energy_note = energy_unavailable_reason(ctx.device)

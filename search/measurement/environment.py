@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from search.measurement.host_load import BUSY_SHARE, CpuMark, others_busy_cores
 from search.measurement.nvml import nvml_handle
 
 __all__ = ["MemoryProbe", "contention", "device_label", "device_name", "environment", "rss_bytes"]
@@ -105,14 +106,16 @@ def _governor() -> str | None:
         return None
 
 
-def contention(device: torch.device) -> list[str]:
-    """Warnings that the machine is not ours alone: a busy CPU, other processes on the GPU."""
+def contention(device: torch.device, since: CpuMark | None) -> list[str]:
+    """Warnings that the machine is not ours alone: a CPU that other processes kept busy since
+    ``since`` (``host_load``), other processes on the GPU."""
     warnings = []
     cores = os.cpu_count() or 1
-    load = os.getloadavg()[0]
-    if load > 0.5 * cores:
+    busy_cores = others_busy_cores(since)
+    if busy_cores > BUSY_SHARE * cores:
         warnings.append(
-            f"the CPU is busy (1-minute load average {load:.1f} on {cores} cores): "
+            f"the CPU is busy (other processes kept {busy_cores:.1f} of {cores} cores busy"
+            f"{'' if since else ', 1-minute load average'}): "
             "measurements will be noisier and slower than on an idle machine"
         )
     if device.type == "cuda":

@@ -132,7 +132,7 @@ def test_known_gpus_have_datasheet_peaks():
 
 
 def test_a_measured_peak_is_measured_once_and_cached(tmp_path, monkeypatch):
-    monkeypatch.setattr("search.analysis.diagnosis.os.getloadavg", lambda: (0.1, 0.1, 0.1))
+    monkeypatch.setattr("search.analysis.diagnosis.others_busy_cores", lambda since: 0.1)
     monkeypatch.setattr(
         "search.analysis.diagnosis.measure_peak",
         lambda device, precisions, budget_s=0.5: Peak(
@@ -155,7 +155,7 @@ def test_a_peak_measured_under_load_is_measured_again_and_the_best_kept(tmp_path
     rates = iter([100e9, 430e9, 300e9])
     loads = iter([3.0, 0.1, 0.1])  # on 2 cores: busy, then idle
     monkeypatch.setattr("search.analysis.diagnosis.os.cpu_count", lambda: 2)
-    monkeypatch.setattr("search.analysis.diagnosis.os.getloadavg", lambda: (next(loads),) * 3)
+    monkeypatch.setattr("search.analysis.diagnosis.others_busy_cores", lambda since: next(loads))
     monkeypatch.setattr(
         "search.analysis.diagnosis.measure_peak",
         lambda device, precisions, budget_s=0.5: Peak(
@@ -165,7 +165,7 @@ def test_a_peak_measured_under_load_is_measured_again_and_the_best_kept(tmp_path
     cache = tmp_path / "peaks.json"
     busy, measured = device_peak(CPU, "some cpu", ["fp32"], cache)
     assert measured and busy.flops_per_s["fp32"] == 100e9
-    assert "under load (1-minute load average 3.0 on 2 cores)" in busy.source
+    assert "under load (other processes kept 3.0 busy of 2 cores)" in busy.source
     idle, measured = device_peak(CPU, "some cpu", ["fp32"], cache)
     assert measured and idle.flops_per_s["fp32"] == 430e9
     assert "best of 2 measurement(s)" in idle.source and idle.source.endswith("idle")
@@ -180,7 +180,7 @@ def test_what_would_share_the_device_is_quieted_before_a_measurement_and_only_th
     """The study waits for its fork server's imports before it measures (beside them the peak
     read 70 GFLOP/s where it reads 128 without), and does not wait where the peak is kept."""
     events = []
-    monkeypatch.setattr("search.analysis.diagnosis.os.getloadavg", lambda: (0.1, 0.1, 0.1))
+    monkeypatch.setattr("search.analysis.diagnosis.others_busy_cores", lambda since: 0.1)
 
     def measure(device, precisions, budget_s=0.5):
         events.append("measured")
@@ -197,7 +197,7 @@ def test_what_would_share_the_device_is_quieted_before_a_measurement_and_only_th
 def test_a_lower_measurement_never_lowers_a_kept_peak(tmp_path, monkeypatch):
     rates = iter([400e9, 200e9])
     monkeypatch.setattr("search.analysis.diagnosis.os.cpu_count", lambda: 2)
-    monkeypatch.setattr("search.analysis.diagnosis.os.getloadavg", lambda: (3.0, 3.0, 3.0))
+    monkeypatch.setattr("search.analysis.diagnosis.others_busy_cores", lambda since: 3.0)
     monkeypatch.setattr(
         "search.analysis.diagnosis.measure_peak",
         lambda device, precisions, budget_s=0.5: Peak(

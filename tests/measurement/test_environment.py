@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 
 import torch
 
 from search.measurement.environment import MemoryProbe, contention, environment
+from search.measurement.host_load import cpu_mark
+
+# the module itself: the package exports a function of the same name, which `import ... as` finds
+environment_module = importlib.import_module("search.measurement.environment")
 
 CPU = torch.device("cpu")
 
@@ -18,13 +23,17 @@ def test_environment_names_device_versions_and_the_tools_commit():
     assert "search_git_commit" in env  # this checkout is a git repository
 
 
-def test_a_busy_cpu_is_reported(monkeypatch):
+def test_a_cpu_that_others_keep_busy_is_reported(monkeypatch):
     cores = os.cpu_count() or 1
-    monkeypatch.setattr(os, "getloadavg", lambda: (2.0 * cores, 0.0, 0.0))
-    (warning,) = contention(CPU)
-    assert "CPU is busy" in warning
-    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
-    assert contention(CPU) == []
+    since = cpu_mark()
+    seen = []
+    monkeypatch.setattr(
+        environment_module, "others_busy_cores", lambda mark: seen.append(mark) or 0.5 * cores
+    )
+    (warning,) = contention(CPU, since)
+    assert "CPU is busy (other processes kept" in warning and seen == [since]
+    monkeypatch.setattr(environment_module, "others_busy_cores", lambda mark: 0.05)
+    assert contention(CPU, since) == []
 
 
 def test_memory_probe_sees_an_allocation_on_cpu():

@@ -447,7 +447,7 @@ def nvml_readings_of(monkeypatch, *devices: FakeDevice) -> FakeNvml:
     """search.measurement imports pynvml itself: give it the stand-in, on an idle host and CPU."""
     nvml = FakeNvml(*devices)
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
-    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))  # contention(..., None) reads it
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "the CUDA device")
     return nvml
 
@@ -471,7 +471,7 @@ def test_nvml_handle_finds_the_gpu_with_the_cuda_uuid(visible_second_gpu):
 
 def test_contention_names_the_processes_on_the_gpu_with_the_cuda_uuid(visible_second_gpu):
     nvml, other, _ = visible_second_gpu
-    (warning,) = contention(torch.device("cuda:0"))
+    (warning,) = contention(torch.device("cuda:0"), None)
     assert "1 other process(es) (pids 222)" in warning  # this process is not counted
     assert other.calls == {}  # nothing was read from the GPU at the same index
     assert nvml.shutdowns == 1
@@ -492,7 +492,7 @@ def test_environment_describes_the_gpu_with_the_cuda_uuid(visible_second_gpu):
 def test_nvml_readings_of_a_device_nvml_does_not_have_are_left_out(monkeypatch):
     nvml_readings_of(monkeypatch, FakeDevice("GPU-aaaa"))  # no CUDA: index 3 is looked up as is
     cuda = torch.device("cuda:3")
-    assert contention(cuda) == []
+    assert contention(cuda, None) == []
     env = environment(cuda)
     assert env["gpu_driver"] == "550.54.15"
     assert not {"gpu_name", "gpu_sm_clock_mhz", "gpu_sm_clock_max_mhz"} & env.keys()
