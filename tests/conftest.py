@@ -7,11 +7,20 @@ environment it was given.
 
 from __future__ import annotations
 
+import os
 import socket
+import sys
 
 import pytest
 
 from search.tracking.connection import NETWORK_LIMITS
+
+# Bytecode caches written even where PYTHONDONTWRITEBYTECODE is set (they are ignored by git): each
+# pytest-xdist worker otherwise rewrites the asserts of every test module again at collection, 7 of
+# its 21 s on two cores, and each of the suite's study processes compiles the package again. Set
+# here, before the workers start, so that they and every process the tests start inherit it.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
 @pytest.fixture

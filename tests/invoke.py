@@ -15,6 +15,11 @@ A runs directory that has no MLflow store yet gets a copy of an empty one alread
 (``seed_tracking_store``): MLflow creates a new sqlite store by running every schema migration
 since its first release, several seconds of CPU per store, which the suite would otherwise pay
 in each of its fresh runs directories. The copy is exactly what MLflow would create there.
+It gets this machine's peak too (``seed_peak``): measured once for every test process by the
+tool's own ``device_peak``. The suite keeps the machine busy, so the tool, which measures a peak
+taken under load again at its next invocation, would otherwise measure it at every invocation:
+1.5 s of both cores each, about 60 times. The tests of the peak itself
+(``tests/analysis/test_diagnosis.py``, ``tests/commands/test_context.py``) measure it.
 Commands expected to refuse their input (exit 2) get no copy: they must leave the runs directory
 as it was, and the tests check that.
 """
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -50,7 +56,7 @@ def search(
     ``code``, ``pythonpath`` before the repository on the path. In a fresh process where ``fresh``
     or where it should refuse its input (exit 2); in this one otherwise."""
     if code != 2:
-        seed_tracking_store(runs_dir)
+        seed_runs_dir(runs_dir)
     argv = [*args, f"runs_dir={runs_dir}"]
     if fresh or code == 2:
         result = _fresh(argv, pythonpath)
@@ -108,6 +114,12 @@ def measured(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     ]
 
 
+def seed_runs_dir(runs_dir: Path) -> None:
+    """An empty MLflow store and this machine's peak in ``runs_dir``, where it has none."""
+    seed_tracking_store(runs_dir)
+    seed_peak(runs_dir)
+
+
 def seed_tracking_store(runs_dir: Path) -> None:
     """Put an empty MLflow store, schema complete, in ``runs_dir`` unless it has one."""
     target = runs_dir / TRACKING_STORE
@@ -127,5 +139,41 @@ def _empty_store() -> Path:
         from mlflow.tracking import MlflowClient
 
         MlflowClient(tracking_uri=f"sqlite:///{building}").search_experiments()
+        os.replace(building, path)
+    return path
+
+
+PEAKS = "peaks.json"
+"""Where a study keeps the device's peak (``search.commands.tune``)."""
+
+
+def seed_peak(runs_dir: Path) -> None:
+    """Put this machine's CPU peak in ``runs_dir`` unless it has one."""
+    target = runs_dir / PEAKS
+    if target.exists():
+        return
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(_machine_peak(), target)
+
+
+def _machine_peak() -> Path:
+    """This machine's CPU peak, measured once for every test process as a study measures it and
+    kept as if measured idle, so that no study of the suite measures it again. Built under a name
+    of this process's own and renamed into place, as ``_empty_store``."""
+    import torch
+
+    from search.analysis.diagnosis import device_peak
+    from search.measurement.environment import device_name
+
+    name = f"search-tests-peaks-{torch.__version__}-{os.getuid()}.json"
+    path = Path(tempfile.gettempdir()) / name
+    if not path.exists():
+        building = path.with_suffix(f".{os.getpid()}.tmp")
+        cpu = torch.device("cpu")
+        device_peak(cpu, device_name(cpu), ["fp32", "tf32", "bf16", "fp16"], building)
+        stored = json.loads(building.read_text())
+        for entry in stored.values():
+            entry["under_load"] = False
+        building.write_text(json.dumps(stored, indent=1, sort_keys=True))
         os.replace(building, path)
     return path

@@ -18,7 +18,7 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
-from invoke import measured, search  # tests/ is on sys.path
+from invoke import measured, search, seed_runs_dir  # tests/ is on sys.path
 from mlflow.tracking import MlflowClient
 from tiny_overrides import CONTRACT_METRICS, KNOBS, LENIENT, TINY, TRIALS_ONLY
 
@@ -28,7 +28,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def runs_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("runs")
+    path = tmp_path_factory.mktemp("runs")
+    seed_runs_dir(path)  # for the commands started as processes here, as search() does for its own
+    return path
 
 
 def runs_of(runs_dir: Path, experiment: str):
