@@ -47,6 +47,7 @@ __all__ = [
     "GPU_PEAKS",
     "MEMORY",
     "OVERHEAD",
+    "PEAKS_FILE",
     "Peak",
     "SUBLINEAR",
     "Work",
@@ -55,6 +56,7 @@ __all__ = [
     "diagnose",
     "doubling",
     "measure_peak",
+    "peak_beaten",
     "table_peak",
     "work_metrics",
 ]
@@ -66,6 +68,8 @@ SUBLINEAR = 1.5
 """Doubling each pass's work in less than this multiple of the time: overhead-bound."""
 
 COMPUTE, MEMORY, OVERHEAD = "compute-bound", "memory-bound", "overhead-bound"
+PEAKS_FILE = "peaks.json"
+"""Where a runs directory keeps the peaks measured on its machines (``device_peak``)."""
 
 
 @dataclass(frozen=True)
@@ -305,7 +309,7 @@ def device_peak(
     if known is not None:
         return known, False
     precisions = [p for p in precisions if p in _DTYPES]
-    key = f"{device_name} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+    key = _peak_key(device_name)
     stored = _read_peaks(cache)
     entry = stored.get(key) if isinstance(stored.get(key), dict) else None
     have = (entry or {}).get("flops_per_s", {})
@@ -334,12 +338,34 @@ def device_peak(
     return _stored_peak(entry), True
 
 
+def _peak_key(device_name: str) -> str:
+    return f"{device_name} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+
+
+def peak_beaten(cache: Path, device_name: str, precision: str, achieved_flops: float) -> bool:
+    """Mark the peak kept in ``cache`` to be measured again where a trial did more FLOP/s at
+    ``precision`` than it says (its MFU read over 100%: the peak was measured low). Returns
+    whether it was marked; a datasheet's peak is not in ``cache`` and is never marked."""
+    stored = _read_peaks(cache)
+    entry = stored.get(_peak_key(device_name))
+    if not isinstance(entry, dict):
+        return False
+    kept = entry.get("flops_per_s", {}).get(precision)
+    if kept is None or achieved_flops <= kept:
+        return False
+    entry.update(under_load=True, beaten_by_flops_per_s={precision: achieved_flops})
+    _write_peaks(cache, stored)
+    return True
+
+
 def _stored_peak(entry: Mapping[str, Any]) -> Peak:
     """A cached measurement as a ``Peak`` whose source says how and when it was measured."""
     method = entry.get("method") or entry.get("source", "measured on this machine")
     count = entry.get("measurements", 1)
     state = (
         f"under load ({_load_said(entry)} of {entry['cores']} cores), measured again next time"
+        if entry.get("under_load") and "beaten_by_flops_per_s" not in entry
+        else "beaten by a trial, measured again next time"
         if entry.get("under_load")
         else "idle"
     )

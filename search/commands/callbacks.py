@@ -6,9 +6,11 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import optuna
 
+from search.analysis.diagnosis import PEAKS_FILE, Diagnosis, peak_beaten
 from search.analysis.noise_floor import NoiseFloor
 from search.commands.context import Context, sync_command
 from search.config.compose import redact
@@ -111,6 +113,8 @@ def _trial_printer(
             tracker.set_tags(
                 record.run_id, {"regime": diagnosis.regime, "regime_why": diagnosis.why}
             )
+        if diagnosis is not None and diagnosis.mfu > 1:
+            _beat_the_peak(ctx, record, diagnosis)
         ctx.out.print(
             trial_line(
                 record,
@@ -146,3 +150,17 @@ def _control_printer(ctx: Context) -> Callable[[TrialResult, NoiseFloor], None]:
             ctx.out.print(floor.line(), markup=False)
 
     return on_control
+
+
+def _beat_the_peak(ctx: Context, record: TrialRecord, diagnosis: Diagnosis) -> None:
+    """A trial above the kept peak: the peak was measured low (beside other work, say), so it is
+    marked to be measured again at the next invocation, and the run says so once."""
+    precision = str(record.config.get("precision", "fp32"))
+    cache = Path(ctx.settings.runs_dir) / PEAKS_FILE
+    if peak_beaten(cache, ctx.env.get("device_name", ""), precision, diagnosis.achieved_flops):
+        ctx.out.print(
+            f"note: trial #{record.number} did {si(diagnosis.achieved_flops)}FLOP/s in "
+            f"{precision}, above the peak kept in {cache} (MFU {diagnosis.mfu:.0%}): the peak "
+            "is measured again at the next invocation",
+            markup=False,
+        )

@@ -26,7 +26,7 @@ import yaml
 from omegaconf import DictConfig
 from rich.console import Console
 
-from search.analysis.diagnosis import Peak, device_peak
+from search.analysis.diagnosis import PEAKS_FILE, Peak, device_peak
 from search.commands.callbacks import study_driver
 from search.commands.conclusion import conclude_tuning
 from search.commands.context import Context, Spent, command_line
@@ -241,7 +241,7 @@ def _peak(
     """The device's peaks for the precisions the space searches, said in one line."""
     param = space.params.get("precision")
     precisions = [str(p) for p in (param.values() if param is not None else None) or ["fp32"]]
-    cache = runs_dir / "peaks.json"
+    cache = runs_dir / PEAKS_FILE
 
     def before_measuring() -> None:  # only where it measures: a kept peak is not measured again
         out.print(

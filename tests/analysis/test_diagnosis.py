@@ -16,6 +16,7 @@ from search.analysis.diagnosis import (
     device_peak,
     diagnose,
     doubling,
+    peak_beaten,
     table_peak,
 )
 from search.core.records import COMPLETE, TrialRecord
@@ -192,6 +193,34 @@ def test_what_would_share_the_device_is_quieted_before_a_measurement_and_only_th
     assert events == ["quieted", "measured"]
     device_peak(CPU, "some cpu", ["fp32"], cache, lambda: events.append("quieted"))
     assert events == ["quieted", "measured"], "a kept peak waits for nothing"
+
+
+def test_a_trial_above_the_kept_peak_has_it_measured_again(tmp_path, monkeypatch):
+    """An MFU over 100% means the peak was measured low: the next invocation measures it again,
+    keeping the best; below the peak, or for a device or precision it does not keep, nothing."""
+    rates = iter([100e9, 150e9])
+    monkeypatch.setattr("search.analysis.diagnosis.others_busy_cores", lambda since: 0.0)
+    monkeypatch.setattr(
+        "search.analysis.diagnosis.measure_peak",
+        lambda device, precisions, budget_s=0.5: Peak(
+            {p: next(rates) for p in precisions}, 5e9, "measured (stand-in)"
+        ),
+    )
+    cache = tmp_path / "peaks.json"
+    device_peak(CPU, "some cpu", ["fp32"], cache)
+    assert not peak_beaten(cache, "some cpu", "fp32", 90e9), "below the peak"
+    assert not peak_beaten(cache, "another cpu", "fp32", 900e9), "no peak kept for that device"
+    assert not peak_beaten(cache, "some cpu", "bf16", 900e9), "none kept for that precision"
+    kept, measured = device_peak(CPU, "some cpu", ["fp32"], cache)
+    assert not measured and kept.source.endswith("idle")
+
+    assert peak_beaten(cache, "some cpu", "fp32", 120e9)
+    (entry,) = json.loads(cache.read_text()).values()
+    assert entry["under_load"] and entry["beaten_by_flops_per_s"] == {"fp32": 120e9}
+    again, measured = device_peak(CPU, "some cpu", ["fp32"], cache)
+    assert measured and again.flops_per_s["fp32"] == 150e9 and again.source.endswith("idle")
+    (entry,) = json.loads(cache.read_text()).values()
+    assert "beaten_by_flops_per_s" not in entry
 
 
 def test_a_lower_measurement_never_lowers_a_kept_peak(tmp_path, monkeypatch):

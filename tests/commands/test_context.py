@@ -108,3 +108,20 @@ def test_the_peak_line_says_measuring_only_where_it_measures(tmp_path, monkeypat
     again = said()
     assert "peak: measuring" not in again and "peak: fp32 1GFLOP/s" in again
     assert len(measured) == 1 and waited == [True], "a kept peak: nothing measured or waited for"
+
+    # a trial above it (MFU 150%): said once, and the next invocation measures the peak again
+    from types import SimpleNamespace
+
+    from search.commands.callbacks import _beat_the_peak
+
+    text = StringIO()
+    ctx = SimpleNamespace(
+        settings=SimpleNamespace(runs_dir=str(tmp_path)),
+        env={"device_name": "a cpu"},
+        out=Console(file=text, width=300),
+    )
+    trial = SimpleNamespace(number=7, config={"precision": "fp32"})
+    _beat_the_peak(ctx, trial, SimpleNamespace(achieved_flops=1.5e9, mfu=1.5))
+    assert "note: trial #7 did 1.5GFLOP/s in fp32, above the peak kept in" in text.getvalue()
+    assert "(MFU 150%): the peak is measured again at the next invocation" in text.getvalue()
+    assert "peak: measuring" in said() and len(measured) == 2
