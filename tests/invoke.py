@@ -157,23 +157,29 @@ def seed_peak(runs_dir: Path) -> None:
 
 
 def _machine_peak() -> Path:
-    """This machine's CPU peak, measured once for every test process as a study measures it and
-    kept as if measured idle, so that no study of the suite measures it again. Built under a name
-    of this process's own and renamed into place, as ``_empty_store``."""
+    """This machine's CPU peak, measured once for every test run as a study measures it and kept
+    as if measured idle, so that no study of the suite measures it again. The pytest-xdist
+    workers of one run share it (named by the run, so a later run measures its own), and the
+    first to come measures it while the others wait on a lock, so that none measures it beside
+    another."""
+    import fcntl
+
     import torch
 
     from search.analysis.diagnosis import device_peak
     from search.measurement.environment import device_name
 
-    name = f"search-tests-peaks-{torch.__version__}-{os.getuid()}.json"
-    path = Path(tempfile.gettempdir()) / name
-    if not path.exists():
-        building = path.with_suffix(f".{os.getpid()}.tmp")
-        cpu = torch.device("cpu")
-        device_peak(cpu, device_name(cpu), ["fp32", "tf32", "bf16", "fp16"], building)
-        stored = json.loads(building.read_text())
-        for entry in stored.values():
-            entry["under_load"] = False
-        building.write_text(json.dumps(stored, indent=1, sort_keys=True))
-        os.replace(building, path)
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID", str(os.getpid()))
+    path = Path(tempfile.gettempdir()) / f"search-tests-peaks-{os.getuid()}-{run}.json"
+    with path.with_suffix(".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            building = path.with_suffix(f".{os.getpid()}.tmp")
+            cpu = torch.device("cpu")
+            device_peak(cpu, device_name(cpu), ["fp32", "tf32", "bf16", "fp16"], building)
+            stored = json.loads(building.read_text())
+            for entry in stored.values():
+                entry["under_load"] = False
+            building.write_text(json.dumps(stored, indent=1, sort_keys=True))
+            os.replace(building, path)
     return path

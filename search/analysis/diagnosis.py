@@ -37,7 +37,7 @@ from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from search.core.records import COMPLETE, TrialRecord, si
-from search.measurement.host_load import BUSY_SHARE, cpu_mark, others_busy_cores
+from search.measurement.host_load import busyness, cpu_mark
 from search.workloads.base import counting
 
 __all__ = [
@@ -316,22 +316,21 @@ def device_peak(
     if entry and all(p in have for p in precisions) and not entry.get("under_load", False):
         return _stored_peak(entry), False
     before_measuring()
-    cores = os.cpu_count() or 1
     mark = cpu_mark()
     measured = measure_peak(
         device, precisions if entry else [p for p in precisions if p not in have]
     )
-    others = others_busy_cores(mark)  # during the measurement itself
+    cpu = busyness(mark)  # during the measurement itself
     best = {p: max(v, have.get(p, 0.0)) for p, v in {**have, **measured.flops_per_s}.items()}
     entry = {
         "flops_per_s": best,
         "bytes_per_s": max(measured.bytes_per_s, (entry or {}).get("bytes_per_s", 0.0)),
         "method": measured.source,
         "measurements": (entry or {}).get("measurements", 0) + 1,
-        "under_load": others > BUSY_SHARE * cores and (entry or {}).get("under_load", True),
+        "under_load": cpu.busy() and (entry or {}).get("under_load", True),
         "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "others_busy_cores": round(others, 2),
-        "cores": cores,
+        "others_busy_cores" if cpu.by_others else "load_1min": round(cpu.cores_busy, 2),
+        "cores": os.cpu_count() or 1,
     }
     stored[key] = entry
     _write_peaks(cache, stored)
@@ -343,9 +342,11 @@ def _peak_key(device_name: str) -> str:
 
 
 def peak_beaten(cache: Path, device_name: str, precision: str, achieved_flops: float) -> bool:
-    """Mark the peak kept in ``cache`` to be measured again where a trial did more FLOP/s at
-    ``precision`` than it says (its MFU read over 100%: the peak was measured low). Returns
-    whether it was marked; a datasheet's peak is not in ``cache`` and is never marked."""
+    """Raise the peak kept in ``cache`` to what a trial did at ``precision`` where that is more
+    (its MFU read over 100%: the peak was measured low; a peak is a maximum), and mark it to be
+    measured again. Returns whether it was raised, so each level is said once; a datasheet's peak
+    is not in ``cache`` and is never raised. A workload that beats the square matrix product (or
+    whose FLOPs are counted high) then sets the peak, and it is measured again only when beaten."""
     stored = _read_peaks(cache)
     entry = stored.get(_peak_key(device_name))
     if not isinstance(entry, dict):
@@ -353,6 +354,7 @@ def peak_beaten(cache: Path, device_name: str, precision: str, achieved_flops: f
     kept = entry.get("flops_per_s", {}).get(precision)
     if kept is None or achieved_flops <= kept:
         return False
+    entry["flops_per_s"][precision] = achieved_flops
     entry.update(under_load=True, beaten_by_flops_per_s={precision: achieved_flops})
     _write_peaks(cache, stored)
     return True
@@ -363,9 +365,7 @@ def _stored_peak(entry: Mapping[str, Any]) -> Peak:
     method = entry.get("method") or entry.get("source", "measured on this machine")
     count = entry.get("measurements", 1)
     state = (
-        f"under load ({_load_said(entry)} of {entry['cores']} cores), measured again next time"
-        if entry.get("under_load") and "beaten_by_flops_per_s" not in entry
-        else "beaten by a trial, measured again next time"
+        f"under load ({_load_said(entry)}), measured again next time"
         if entry.get("under_load")
         else "idle"
     )
@@ -381,8 +381,10 @@ def _load_said(entry: Mapping[str, Any]) -> str:
     """How busy the machine was when the peak was measured: by other processes, or by the load
     average that runs directories of earlier versions kept."""
     if "others_busy_cores" in entry:
-        return f"other processes kept {entry['others_busy_cores']:.1f} busy"
-    return f"1-minute load average {entry.get('load_1min', 0.0):.1f}"
+        return (
+            f"other processes kept {entry['others_busy_cores']:.1f} of {entry['cores']} cores busy"
+        )
+    return f"1-minute load average {entry.get('load_1min', 0.0):.1f} on {entry['cores']} cores"
 
 
 def _read_peaks(cache: Path) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from search.measurement.host_load import BUSY_SHARE, CpuMark, others_busy_cores
+from search.measurement.host_load import CpuMark, busyness
 from search.measurement.nvml import nvml_handle
 
 __all__ = ["MemoryProbe", "contention", "device_label", "device_name", "environment", "rss_bytes"]
@@ -110,12 +110,10 @@ def contention(device: torch.device, since: CpuMark | None) -> list[str]:
     """Warnings that the machine is not ours alone: a CPU that other processes kept busy since
     ``since`` (``host_load``), other processes on the GPU."""
     warnings = []
-    cores = os.cpu_count() or 1
-    busy_cores = others_busy_cores(since)
-    if busy_cores > BUSY_SHARE * cores:
+    cpu = busyness(since)
+    if cpu.busy():
         warnings.append(
-            f"the CPU is busy (other processes kept {busy_cores:.1f} of {cores} cores busy"
-            f"{'' if since else ', 1-minute load average'}): "
+            f"the CPU is busy ({cpu.said()}): "
             "measurements will be noisier and slower than on an idle machine"
         )
     if device.type == "cuda":

@@ -19,13 +19,25 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["BUSY_SHARE", "CpuMark", "cpu_mark", "others_busy_cores"]
+__all__ = [
+    "BUSY_SHARE",
+    "LOAD_SHARE",
+    "Busyness",
+    "CpuMark",
+    "busyness",
+    "cpu_mark",
+    "others_busy_cores",
+]
 
 BUSY_SHARE = 0.25
 """Share of the cores other processes keep busy above which the machine is busy. Lower than the
 half per core the load average was held to: while the tool computes on every core, another
 process gets only its share of them (a neighbour spinning on one of 2 cores beside a study's 2
 threads reads about 0.6 cores), and an idle machine's background reads under 0.1."""
+
+LOAD_SHARE = 0.5
+"""The 1-minute load average per core above which the machine is busy where ``/proc`` cannot be
+read (not Linux): that figure counts this process too, hence the higher bar."""
 
 _PROC = Path("/proc")
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -55,13 +67,38 @@ def cpu_mark() -> CpuMark | None:
     return CpuMark(busy / _TICKS_PER_S, own / _TICKS_PER_S, time.monotonic())
 
 
-def others_busy_cores(since: CpuMark | None) -> float:
+@dataclass(frozen=True)
+class Busyness:
+    """How many cores were kept busy, and by what reading."""
+
+    cores_busy: float
+    by_others: bool
+    """True: other processes' CPU time (``/proc``); False: the 1-minute load average."""
+
+    def busy(self) -> bool:
+        share = BUSY_SHARE if self.by_others else LOAD_SHARE
+        return self.cores_busy > share * (os.cpu_count() or 1)
+
+    def said(self) -> str:
+        cores = os.cpu_count() or 1
+        if self.by_others:
+            return f"other processes kept {self.cores_busy:.1f} of {cores} cores busy"
+        return f"1-minute load average {self.cores_busy:.1f} on {cores} cores"
+
+
+def busyness(since: CpuMark | None) -> Busyness:
+    """How busy other processes kept the CPU since ``since`` (``others_busy_cores``); where it
+    cannot be read, the 1-minute load average, which counts this process too."""
+    others = others_busy_cores(since)
+    return Busyness(os.getloadavg()[0], False) if others is None else Busyness(others, True)
+
+
+def others_busy_cores(since: CpuMark | None) -> float | None:
     """How many cores other processes kept busy on average since ``since``: the machine's busy
-    time less this process tree's, over the time between. Where there is no mark, the 1-minute
-    load average, which counts this process too."""
+    time less this process tree's, over the time between; None where it cannot be read."""
     now = cpu_mark()
     if since is None or now is None or now.at_s <= since.at_s:
-        return os.getloadavg()[0]
+        return None
     others_s = (now.machine_busy_s - since.machine_busy_s) - (now.own_s - since.own_s)
     return max(0.0, others_s / (now.at_s - since.at_s))
 

@@ -87,7 +87,7 @@ def test_the_peak_line_says_measuring_only_where_it_measures(tmp_path, monkeypat
         return Peak({p: 1e9 for p in precisions}, 5e9, "measured (stand-in)")
 
     monkeypatch.setattr("search.analysis.diagnosis.measure_peak", measure)
-    monkeypatch.setattr("search.analysis.diagnosis.others_busy_cores", lambda since: 0.1)
+    monkeypatch.setattr("search.measurement.host_load.others_busy_cores", lambda since: 0.1)
     monkeypatch.setattr(tune, "wait_for_worker_server", lambda: waited.append(True))
     space = parse_space(
         "s",

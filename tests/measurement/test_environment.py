@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 
 import torch
 
+from search.measurement import host_load
 from search.measurement.environment import MemoryProbe, contention, environment
 from search.measurement.host_load import cpu_mark
-
-# the module itself: the package exports a function of the same name, which `import ... as` finds
-environment_module = importlib.import_module("search.measurement.environment")
 
 CPU = torch.device("cpu")
 
@@ -28,11 +25,15 @@ def test_a_cpu_that_others_keep_busy_is_reported(monkeypatch):
     since = cpu_mark()
     seen = []
     monkeypatch.setattr(
-        environment_module, "others_busy_cores", lambda mark: seen.append(mark) or 0.5 * cores
+        host_load, "others_busy_cores", lambda mark: seen.append(mark) or 0.5 * cores
     )
     (warning,) = contention(CPU, since)
     assert "CPU is busy (other processes kept" in warning and seen == [since]
-    monkeypatch.setattr(environment_module, "others_busy_cores", lambda mark: 0.05)
+    monkeypatch.setattr(host_load, "others_busy_cores", lambda mark: 0.05)
+    assert contention(CPU, since) == []
+    # where /proc cannot be read, the load average, held to half the cores (it counts this process)
+    monkeypatch.setattr(host_load, "others_busy_cores", lambda mark: None)
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.4 * cores, 0.0, 0.0))
     assert contention(CPU, since) == []
 
 

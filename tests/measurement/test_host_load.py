@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from search.measurement.host_load import cpu_mark, others_busy_cores
+from search.measurement.host_load import busyness, cpu_mark, others_busy_cores
 
 pytestmark = pytest.mark.skipif(not Path("/proc/stat").exists(), reason="reads Linux's /proc")
 SPIN = "import time\nend = time.time() + {s}\nwhile time.time() < end: pass"
@@ -63,6 +63,11 @@ def test_a_process_outside_this_tree_counts_as_the_others():
     assert others * elapsed >= spun - 4 / TICKS, (others, elapsed, spun)
 
 
-def test_without_a_mark_the_load_average_stands_in(monkeypatch):
-    monkeypatch.setattr(os, "getloadavg", lambda: (1.5, 1.0, 1.0))
-    assert others_busy_cores(None) == 1.5
+def test_without_a_mark_the_load_average_stands_in_held_to_half_the_cores(monkeypatch):
+    cores = os.cpu_count() or 1
+    assert others_busy_cores(None) is None
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.4 * cores, 1.0, 1.0))
+    read = busyness(None)
+    assert not read.by_others and not read.busy() and "1-minute load average" in read.said()
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.6 * cores, 1.0, 1.0))
+    assert busyness(None).busy()
