@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import mlflow
@@ -122,11 +123,22 @@ def seed_runs_dir(runs_dir: Path) -> None:
 
 def seed_tracking_store(runs_dir: Path) -> None:
     """Put an empty MLflow store, schema complete, in ``runs_dir`` unless it has one."""
-    target = runs_dir / TRACKING_STORE
+    _seed(runs_dir / TRACKING_STORE, _empty_store)
+
+
+def seed_peak(runs_dir: Path) -> None:
+    """Put this machine's CPU peak in ``runs_dir`` unless it has one."""
+    from search.analysis.diagnosis import PEAKS_FILE
+
+    _seed(runs_dir / PEAKS_FILE, _machine_peak)
+
+
+def _seed(target: Path, source: Callable[[], Path]) -> None:
+    """Copy the file ``source()`` gives to ``target`` unless ``target`` exists."""
     if target.exists():
         return
-    runs_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(_empty_store(), target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source(), target)
 
 
 def _empty_store() -> Path:
@@ -141,19 +153,6 @@ def _empty_store() -> Path:
         MlflowClient(tracking_uri=f"sqlite:///{building}").search_experiments()
         os.replace(building, path)
     return path
-
-
-PEAKS = "peaks.json"
-"""Where a study keeps the device's peak (``search.commands.tune``)."""
-
-
-def seed_peak(runs_dir: Path) -> None:
-    """Put this machine's CPU peak in ``runs_dir`` unless it has one."""
-    target = runs_dir / PEAKS
-    if target.exists():
-        return
-    runs_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(_machine_peak(), target)
 
 
 def _machine_peak() -> Path:

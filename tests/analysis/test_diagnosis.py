@@ -132,14 +132,23 @@ def test_known_gpus_have_datasheet_peaks():
     assert table_peak("Some Future GPU") is None
 
 
-def test_a_measured_peak_is_measured_once_and_cached(tmp_path, monkeypatch):
-    monkeypatch.setattr("search.measurement.host_load.others_busy_cores", lambda since: 0.1)
+def _measuring(monkeypatch, rates, others_busy=0.1):
+    """``measure_peak`` reads ``rates`` in turn (one figure for every precision; a single float
+    for every call), other processes keep ``others_busy`` cores busy (a float, or an iterator
+    read once a measurement)."""
+    next_rate = (lambda: rates) if isinstance(rates, float) else iter(rates).__next__
+    busy = (lambda: others_busy) if isinstance(others_busy, float) else iter(others_busy).__next__
+    monkeypatch.setattr("search.measurement.host_load.others_busy_cores", lambda since: busy())
     monkeypatch.setattr(
         "search.analysis.diagnosis.measure_peak",
         lambda device, precisions, budget_s=0.5: Peak(
-            {p: 1e9 for p in precisions}, 5e9, "measured (stand-in)"
+            dict.fromkeys(precisions, next_rate()), 5e9, "measured (stand-in)"
         ),
     )
+
+
+def test_a_measured_peak_is_measured_once_and_cached(tmp_path, monkeypatch):
+    _measuring(monkeypatch, 1e9)
     cache = tmp_path / "peaks.json"
     peak, measured = device_peak(CPU, "some cpu", ["fp32"], cache)
     assert measured and peak.flops_per_s == {"fp32": 1e9}
@@ -153,16 +162,8 @@ def test_a_measured_peak_is_measured_once_and_cached(tmp_path, monkeypatch):
 def test_a_peak_measured_under_load_is_measured_again_and_the_best_kept(tmp_path, monkeypatch):
     """A first run beside other work read a bf16 peak of 107 GFLOP/s where the idle machine reads
     433, and every later MFU was inflated by it."""
-    rates = iter([100e9, 430e9, 300e9])
-    loads = iter([3.0, 0.1, 0.1])  # on 2 cores: busy, then idle
     monkeypatch.setattr("search.analysis.diagnosis.os.cpu_count", lambda: 2)
-    monkeypatch.setattr("search.measurement.host_load.others_busy_cores", lambda since: next(loads))
-    monkeypatch.setattr(
-        "search.analysis.diagnosis.measure_peak",
-        lambda device, precisions, budget_s=0.5: Peak(
-            {p: next(rates) for p in precisions}, 5e9, "measured (stand-in)"
-        ),
-    )
+    _measuring(monkeypatch, [100e9, 430e9, 300e9], iter([3.0, 0.1, 0.1]))  # busy, then idle
     cache = tmp_path / "peaks.json"
     busy, measured = device_peak(CPU, "some cpu", ["fp32"], cache)
     assert measured and busy.flops_per_s["fp32"] == 100e9
@@ -199,14 +200,7 @@ def test_a_trial_above_the_kept_peak_raises_it_and_has_it_measured_again(tmp_pat
     """An MFU over 100% means the peak was measured low: it is raised to the trial's figure (a
     peak is a maximum) and measured again at the next invocation, keeping the best; each level is
     said once; below the peak, or for a device or precision it does not keep, nothing."""
-    rates = iter([100e9, 110e9])
-    monkeypatch.setattr("search.measurement.host_load.others_busy_cores", lambda since: 0.0)
-    monkeypatch.setattr(
-        "search.analysis.diagnosis.measure_peak",
-        lambda device, precisions, budget_s=0.5: Peak(
-            {p: next(rates) for p in precisions}, 5e9, "measured (stand-in)"
-        ),
-    )
+    _measuring(monkeypatch, [100e9, 110e9], 0.0)
     cache = tmp_path / "peaks.json"
     device_peak(CPU, "some cpu", ["fp32"], cache)
     assert not peak_beaten(cache, "some cpu", "fp32", 90e9), "below the peak"
@@ -228,15 +222,8 @@ def test_a_trial_above_the_kept_peak_raises_it_and_has_it_measured_again(tmp_pat
 
 
 def test_a_lower_measurement_never_lowers_a_kept_peak(tmp_path, monkeypatch):
-    rates = iter([400e9, 200e9])
     monkeypatch.setattr("search.analysis.diagnosis.os.cpu_count", lambda: 2)
-    monkeypatch.setattr("search.measurement.host_load.others_busy_cores", lambda since: 3.0)
-    monkeypatch.setattr(
-        "search.analysis.diagnosis.measure_peak",
-        lambda device, precisions, budget_s=0.5: Peak(
-            {p: next(rates) for p in precisions}, 5e9, "measured (stand-in)"
-        ),
-    )
+    _measuring(monkeypatch, [400e9, 200e9], 3.0)
     cache = tmp_path / "peaks.json"
     device_peak(CPU, "some cpu", ["fp32"], cache)
     again, measured = device_peak(CPU, "some cpu", ["fp32"], cache)
