@@ -20,8 +20,9 @@ Clopper-Pearson 95% interval, the median half-width against what the kind's betw
 spread requires (the normal quantile times the spread of its runs), and how often a run was
 called unstable. ``--busy-core`` keeps one core spinning in another process throughout.
 ``--rejudge`` judges the runs of a record again (it keeps every run, control runs included) and
-``--history`` judges each round by the control runs of every round, each an invocation of its own,
-as a study that has run before (a nightly re-tune) is judged.
+``--history`` judges each round with the control runs of the rounds before it as the machine's
+history, each an invocation of another study (``search.storage.machine_runs``), as a study is judged
+on a machine that has run others (or itself, nightly) before.
 ``--bursts`` copies memory in bursts in another process throughout. As a study does, a run that
 fails the stall test first (judged against its round's control runs so far) is followed by one
 more control run. ``--pairs`` measures each configuration in two fresh processes in a row, as a
@@ -91,7 +92,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--history",
         action="store_true",
-        help="judge each round by every round's control runs, each round an invocation",
+        help="judge each round with the earlier rounds' control runs as the machine's history",
     )
     args = parser.parse_args(argv)
     settings = load_settings(compose_config(["+space=llm"]))
@@ -121,7 +122,7 @@ def main(argv: list[str]) -> int:
         else f"{args.rounds} rounds, {(time.time() - started) / 60:.1f} min, busy core: "
         f"{args.busy_core}"
     )
-    print(f"\n{measured}; judged by every round's control runs: {args.history}")
+    print(f"\n{measured}; with the earlier rounds as history: {args.history}")
     for kind, s in summary.items():
         print(
             f"{kind:9s} covered {s['covered']}/{s['n']} = {s['coverage']:.0%} "
@@ -215,17 +216,16 @@ def _stalls_first(got, out, round_: int, settings) -> bool:
 
 def _judged(runs, configs, settings, history: bool) -> list[dict[str, Any]]:
     """Each configuration's run (or pair of runs) with its interval and verdict from its round's
-    floor (with ``history``, from every round's control runs, each round a session of its own;
-    with pairs, also from the other configurations' pairs, as a study's floor holds its compiled
-    trials'), and the long-run mean of the other rounds."""
+    floor (with ``history``, also from the earlier rounds' control runs, each round a session of
+    its own; with pairs, also from the other configurations' pairs of its round, as a study's
+    floor holds its compiled trials'), and the long-run mean of the other rounds."""
     confidence, rows = settings.measure.confidence, []
     measured = _measured(runs)
     for r in sorted({run["round"] for run in runs}):
-        controls = [
-            replace(_figures(x), session=str(x["round"]))
-            for x in runs
-            if (history or x["round"] == r) and x["config"] is None
-        ]
+        controls = _controls(runs, r)
+        # with history, the earlier rounds are other invocations on this machine, as a study's
+        # floor reads them from the runs directory (``search.storage.machine_runs``)
+        earlier = [(True, _controls(runs, q)) for q in range(r)] if history else []
         for (round_, i), (first, second) in measured.items():
             if round_ != r:
                 continue
@@ -235,9 +235,9 @@ def _judged(runs, configs, settings, history: bool) -> list[dict[str, Any]]:
             pairs = [
                 tuple(_figures(x) for x in m)
                 for (q, j), m in measured.items()
-                if second is not None and j != i and (history or q == r) and m[1] is not None
+                if second is not None and j != i and q == r and m[1] is not None
             ]
-            floor = NoiseFloor.estimate(controls, pairs)
+            floor = NoiseFloor.estimate(controls, pairs, earlier)
             extra = None if second is None else {"state": COMPLETE, **second}
             spanned, verdict = assess(
                 first["metrics"],
@@ -262,6 +262,15 @@ def _judged(runs, configs, settings, history: bool) -> list[dict[str, Any]]:
                 }
             )
     return rows
+
+
+def _controls(runs, round_: int) -> list[RunFigures]:
+    """The control runs of one round, a session of their own."""
+    return [
+        replace(_figures(x), session=str(x["round"]))
+        for x in runs
+        if x["round"] == round_ and x["config"] is None
+    ]
 
 
 def _measured(runs) -> dict[tuple[int, int], tuple[dict[str, Any], dict[str, Any] | None]]:

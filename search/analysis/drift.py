@@ -17,7 +17,14 @@ import numpy as np
 
 from search.core.distributions import line_fit
 
-__all__ = ["ControlRun", "DRIFT_ALPHA", "DriftLine", "SESSION_GAP_S", "split_sessions"]
+__all__ = [
+    "ControlRun",
+    "DRIFT_ALPHA",
+    "DriftLine",
+    "SESSION_GAP_S",
+    "by_device",
+    "split_sessions",
+]
 
 DRIFT_ALPHA = 0.05
 """Significance level of the drift line's slope (two-sided t-test)."""
@@ -89,6 +96,10 @@ class DriftLine:
             df=max(len(session) - 2, 0),
         )
 
+    def factor(self, run: ControlRun) -> float:
+        """The fitted relative level at ``run``'s time (``level``'s first figure)."""
+        return self.level(run.time_s)[0]
+
     def level(self, time_s: float) -> tuple[float, float]:
         """The fitted relative level at ``time_s`` (1.0 at ``t_ref``; held at the session's end
         values beyond them) and the variance of its log; (1.0, 0.0) when not corrected."""
@@ -124,3 +135,38 @@ def _drift_line(controls: Sequence[ControlRun]) -> tuple[float, float, float, fl
         return 0.0, 0.0, t_ref, 1.0, False
     fit = line_fit(t - t_ref, np.log([c.throughput for c in controls]))  # an exact line: p 0 or 1
     return fit.slope, fit.stderr**2, t_ref, fit.pvalue, fit.pvalue < DRIFT_ALPHA
+
+
+def by_device(controls: Sequence[ControlRun], lines: Sequence[DriftLine] = ()) -> list[str]:
+    """One line per device that ran control runs, when more than one did (several workers, one
+    per GPU or machine): its mean control throughput against the first device's, the spread of its
+    own runs, how many there were and the drift of its latest session (``lines``). GPUs of one
+    model differ by a few percent; this says by how much here, and which device measured what."""
+    groups: dict[str, list[float]] = {}
+    for run in controls:
+        if run.device:  # runs stored before devices were named are left out
+            groups.setdefault(run.device, []).append(run.throughput)
+    if len(groups) < 2:
+        return []
+    latest = {line.device: line for line in lines}  # oldest first: the last of a device stays
+    first = float(np.mean(next(iter(groups.values()))))
+    lines_out = [
+        "  control runs by device (the between-run noise above includes their differences; "
+        "each device's drift corrects its own figures only):"
+    ]
+    for device, values in groups.items():
+        mean = float(np.mean(values))
+        spread = (
+            f", CV {np.std(values, ddof=1) / mean:.1%} between its runs" if len(values) > 1 else ""
+        )
+        line = latest.get(device)
+        drift = (
+            f", drift {line.drift:+.1%} (p={line.p:.2g}{', corrected' if line.corrected else ''})"
+            if line is not None and line.df >= 1
+            else ""
+        )
+        lines_out.append(
+            f"    {device}: {mean:.4g} items/s ({mean / first - 1:+.1%}), "
+            f"{len(values)} run(s){spread}{drift}"
+        )
+    return lines_out

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from search.analysis.between_sessions import between_sessions, session_levels
-from search.analysis.drift import DriftLine, split_sessions
+from search.analysis.drift import DriftLine, by_device, split_sessions
 from search.analysis.run_figures import (
     BUSY,
     BUSY_CPU_S_PER_S,
@@ -55,6 +55,14 @@ from search.analysis.run_figures import (
     busy_class,
     median_busy,
     stall_steps,
+)
+from search.analysis.run_spread import (
+    Part,
+    Spread,
+    half_width,
+    pooled_between,
+    session_parts,
+    spread_of,
 )
 from search.measurement.statistics import t_quantile
 
@@ -82,44 +90,17 @@ its t quantile (12.7, 4.3) makes an interval wider than any spread seen between 
 trials would be ranked on that width; until 3 (t 3.18) a figure carries its within-run interval,
 and the end of the study judges every figure again with the floor as it then stands (the control's
 start, study and end runs, and the re-validation replicates)."""
+SESSION_PRIOR = 1.0
+"""Until the between-session variance σ_s² is known (``MIN_BETWEEN_DF``), it is taken as this
+multiple of the class's between-run variance: a prior, stated, not a measurement of this machine.
+Its source: on the 2-core AMD EPYC, rounds of about 2 minutes (``benchmarks/coverage_by_kind.py``)
+moved their means by about as much as one run moved within a round, in every series: matrix
+products 10.7% against 10.6%, a Python loop 11.9% against 12.3%, a waiting step 1.9% against 1.8%,
+the compute probe about 6% against 6%. Left out, the intervals of a first invocation covered the
+long-run mean in 61-89% of runs at 95% nominal. ``NoiseFloor.session_prior`` = 0 drops it."""
 SESSION_GRACE_S = 60.0
 """A figure measured more than this before the latest session's first control run belongs to an
 earlier session: the latest session's drift line does not correct it."""
-
-
-def by_device(controls: Sequence[RunFigures], lines: Sequence[DriftLine] = ()) -> list[str]:
-    """One line per device that ran control runs, when more than one did (several workers, one
-    per GPU or machine): its mean control throughput against the first device's, the spread of its
-    own runs, how many there were and the drift of its latest session (``lines``). GPUs of one
-    model differ by a few percent; this says by how much here, and which device measured what."""
-    groups: dict[str, list[float]] = {}
-    for run in controls:
-        if run.device:  # runs stored before devices were named are left out
-            groups.setdefault(run.device, []).append(run.throughput)
-    if len(groups) < 2:
-        return []
-    latest = {line.device: line for line in lines}  # oldest first: the last of a device stays
-    first = float(np.mean(next(iter(groups.values()))))
-    lines_out = [
-        "  control runs by device (the between-run noise above includes their differences; "
-        "each device's drift corrects its own figures only):"
-    ]
-    for device, values in groups.items():
-        mean = float(np.mean(values))
-        spread = (
-            f", CV {np.std(values, ddof=1) / mean:.1%} between its runs" if len(values) > 1 else ""
-        )
-        line = latest.get(device)
-        drift = (
-            f", drift {line.drift:+.1%} (p={line.p:.2g}{', corrected' if line.corrected else ''})"
-            if line is not None and line.df >= 1
-            else ""
-        )
-        lines_out.append(
-            f"    {device}: {mean:.4g} items/s ({mean / first - 1:+.1%}), "
-            f"{len(values)} run(s){spread}{drift}"
-        )
-    return lines_out
 
 
 _FIELD_OF = {
@@ -185,6 +166,14 @@ class NoiseFloor:
     """Degrees of freedom behind ``between_session_cv`` (sessions less one per series)."""
     session_classes: tuple[tuple[str, float, int], ...] = ()
     """(class, σ_s, degrees of freedom) of each class of run, from the series of that class."""
+    spreads: tuple[Spread, ...] = ()
+    """The total spread of a run's mean (``search.analysis.run_spread``) of each class and of every
+    run pooled (kind None): what a one-run interval uses. Empty for a floor built by hand:
+    ``between_cv`` then stands for it."""
+    session_prior: float = SESSION_PRIOR
+    """σ_s² as a multiple of the class's spread until σ_s is known (``SESSION_PRIOR``)."""
+    other_sessions: int = 0
+    """Sessions of other studies on this machine the floor learnt from (``estimate``'s history)."""
 
     @property
     def within_cv(self) -> float:
@@ -193,7 +182,10 @@ class NoiseFloor:
 
     @classmethod
     def estimate(
-        cls, controls: Sequence[RunFigures], groups: Sequence[Sequence[RunFigures]] = ()
+        cls,
+        controls: Sequence[RunFigures],
+        groups: Sequence[Sequence[RunFigures]] = (),
+        history: Sequence[tuple[bool, Sequence[RunFigures]]] = (),
     ) -> NoiseFloor:
         """The floor from ``controls`` and from ``groups`` of fresh runs of one configuration each
         (re-validation replicates).
@@ -203,7 +195,13 @@ class NoiseFloor:
         between-run variance and has its own drift line, which corrects only figures of its device
         measured during it. Workers on several GPUs at once each have theirs: one GPU's drift does
         not move another's figures.
-        The floor's own drift fields are those of the session that ended last."""
+        The floor's own drift fields are those of the session that ended last.
+
+        ``history``: the sessions of other studies on this machine
+        (``search.storage.machine_runs``), each with whether it measured the same control. They
+        add to each class's between-run spread and to the between-session variance (their probes
+        always, their control where it is the same), and to nothing else: drift, the nearest
+        control runs and the line are this study's."""
         controls = tuple(sorted(controls, key=lambda c: c.time_s))
         sessions = split_sessions(controls)
         lines = tuple(DriftLine.fit(s) for s in sessions)
@@ -217,30 +215,20 @@ class NoiseFloor:
         floor = cls(
             controls=controls, between_cv=0.0, between_df=0, lines=lines, **_fields_of(last)
         )
-        parts = [
-            *(
-                _Part.of(s, [line.level(r.time_s)[0] for r in s], 2 if line.corrected else 1)
-                for s, line in zip(sessions, lines, strict=True)
-            ),
-            *(_Part.of(g, [floor.level(r.time_s, r.device)[0] for r in g], 1) for g in groups),
-        ]
-        probes = [
-            _Part.of(p, [1.0] * len(p), 1, probe=True)
-            for s in sessions
-            if len(p := [r for c in s if (r := c.probe_run()) is not None]) > 1
-        ]
-        cv, df = _pooled_between(parts)
-        classes = tuple(
-            (name, *_pooled_between([p for p in parts + probes if p.kind == name]))
-            for name in (BUSY, WAITING)
-        )
+        parts, probes = session_parts(sessions, lines)
+        parts += [Part.of(g, [floor.level(r.time_s, r.device)[0] for r in g], 1) for g in groups]
+        earlier = [tuple(sorted(runs, key=lambda c: c.time_s)) for _, runs in history]
+        earlier_lines = [DriftLine.fit(s) for s in earlier]
+        more_parts, more_probes = session_parts(earlier, earlier_lines)
+        parts, probes = parts + more_parts, probes + more_probes
         levels = session_levels(sessions, lambda r: floor.level(r.time_s, r.device)[0])
+        for (same, _), s, line in zip(history, earlier, earlier_lines, strict=True):
+            levels += session_levels([s], line.factor, [not same])
         session_cv, session_df = between_sessions(levels)
         return replace(
             floor,
-            between_cv=cv,
-            between_df=df,
-            classes=classes,
+            **_between_runs(parts, probes),
+            other_sessions=len(history),
             between_session_cv=session_cv,
             between_session_df=session_df,
             session_classes=tuple(
@@ -254,6 +242,16 @@ class NoiseFloor:
         class's (``BUSY`` or ``WAITING``) where that rests on ``MIN_BETWEEN_DF`` or more, else the
         machine's pooled figure (``between_cv``), which also serves a run of unknown busyness."""
         return _of_class(self.classes, busy, (self.between_cv, self.between_df))
+
+    def spread_for(self, busy: float) -> Spread:
+        """The total spread of one run's mean for a run as busy as ``busy``, chosen as
+        ``between_for`` chooses; σ_b with no within-run part on a floor built by hand."""
+        name = busy_class(busy)
+        mine = [s for s in self.spreads if s.kind == name and s.df >= MIN_BETWEEN_DF]
+        pooled = [s for s in self.spreads if s.kind is None]
+        if mine or pooled:
+            return (mine or pooled)[0]
+        return Spread(None, self.between_cv, 0.0, self.between_df)
 
     def between_sessions_for(self, busy: float) -> tuple[float, int]:
         """(σ_s, degrees of freedom) for a run as busy as ``busy``, chosen as ``between_for``
@@ -312,12 +310,22 @@ class NoiseFloor:
         than the run's own interval ``[low, high]``."""
         factor, drift_var = self.level(run.time_s, run.device)
         components = [(run.se_rel**2, run.n_windows - 1)]
-        for cv, df in (self.between_for(run.busy), self.between_sessions_for(run.busy)):
-            if df >= MIN_BETWEEN_DF:
-                components.append((cv**2, df))
+        spread = self.spread_for(run.busy)
+        session_cv, session_df = self.between_sessions_for(run.busy)
+        if spread.df >= MIN_BETWEEN_DF:
+            # The class's runs carry their own within-run error in their spread: only what this
+            # run's exceeds it by is added. Where σ_s is not known yet, its prior rests on the
+            # same estimate, so it joins the same component (one set of degrees of freedom).
+            prior = self.session_prior if session_df < MIN_BETWEEN_DF else 0.0
+            components = [
+                (max(0.0, run.se_rel**2 - spread.within_var), run.n_windows - 1),
+                ((1.0 + prior) * spread.total_cv**2, spread.df),
+            ]
+        if session_df >= MIN_BETWEEN_DF:
+            components.append((session_cv**2, session_df))
         if drift_var:
             components.append((drift_var, self._drift_df([(run.time_s, run.device)])))
-        half = _half_width(components, confidence)
+        half = half_width(components, confidence)
         mean = run.throughput / factor
         return (
             mean,
@@ -346,13 +354,16 @@ class NoiseFloor:
             variance = (prior_df * prior_cv**2 + (k - 1) * max(own, 0.0)) / df
             components.append((variance / k, df))
         session_cv, session_df = self.between_sessions_for(median_busy(runs))
+        spanned = len(split_sessions(sorted(runs, key=lambda r: r.time_s)))
         if session_df >= MIN_BETWEEN_DF:
-            spanned = len(split_sessions(sorted(runs, key=lambda r: r.time_s)))
             components.append((session_cv**2 / spanned, session_df))
+        elif (spread := self.spread_for(median_busy(runs))).df >= MIN_BETWEEN_DF:
+            # σ_s not known yet: its prior (``SESSION_PRIOR``), shared by runs of one session
+            components.append((self.session_prior * spread.total_cv**2 / spanned, spread.df))
         drift_var = float(np.mean([self.level(r.time_s, r.device)[1] for r in runs]))
         if drift_var:
             components.append((drift_var, self._drift_df([(r.time_s, r.device) for r in runs])))
-        half = _half_width(components, confidence)
+        half = half_width(components, confidence)
         return mean, mean * math.exp(-half), mean * math.exp(half)
 
     def line(self) -> str:
@@ -384,12 +395,19 @@ class NoiseFloor:
         sessions = (
             f"between invocations {self.between_session_cv:.1%} ({self.between_session_df} df)"
             if self.between_session_df >= MIN_BETWEEN_DF
-            else f"between invocations not known yet ({len(self.lines) or 1} so far)"
+            else f"between invocations not known yet ({len(self.lines) or 1} so far"
+            + (
+                f", taken as {self.session_prior:g}x between runs)"
+                if self.session_prior and self.between_known
+                else ")"
+            )
         )
+        others = self.other_sessions
         return (
             f"this machine: {between}, within-run {self.within_cv:.1%}, {drift}, {sessions}; "
             f"from {len(session)} control run(s) of this invocation"
             + (f" and {earlier} of earlier ones" if earlier else "")
+            + (f" and {others} invocation(s) of other studies here" if others else "")
         )
 
     @property
@@ -428,29 +446,20 @@ class NoiseFloor:
         return sorted(own or self.controls, key=lambda c: abs(c.time_s - time_s))[:NEAREST_CONTROLS]
 
 
-@dataclass(frozen=True)
-class _Part:
-    """One group of fresh runs of one configuration (a session's control runs, its probes, a
-    re-validated candidate), reduced to what the between-run variance needs."""
-
-    kind: str | None
-    """``BUSY``, ``WAITING`` or None (busyness unknown) by the runs' median busyness."""
-    rss: float
-    """Sum of squared deviations of the runs' log level-corrected means from their average."""
-    explained: float
-    """What the runs' own within-run errors explain of ``rss``."""
-    df: int
-
-    @classmethod
-    def of(
-        cls, runs: Sequence[RunFigures], levels: Sequence[float], fitted: int, probe: bool = False
-    ) -> _Part:
-        kind = BUSY if probe else busy_class(median_busy(runs))
-        if len(runs) <= fitted:
-            return cls(kind, 0.0, 0.0, 0)
-        y = np.log([r.throughput / lv for r, lv in zip(runs, levels, strict=True)])
-        explained = (len(runs) - fitted) / len(runs) * sum(r.se_rel**2 for r in runs)
-        return cls(kind, float(np.sum((y - y.mean()) ** 2)), explained, len(runs) - fitted)
+def _between_runs(parts: Sequence[Part], probes: Sequence[Part]) -> dict[str, Any]:
+    """The floor's between-run fields from the groups of fresh runs: σ_b pooled and by class, and
+    each class's total spread (the probes count for ``BUSY``)."""
+    cv, df = pooled_between(parts)
+    of = {name: [p for p in [*parts, *probes] if p.kind == name] for name in (BUSY, WAITING)}
+    return {
+        "between_cv": cv,
+        "between_df": df,
+        "classes": tuple((name, *pooled_between(of[name])) for name in (BUSY, WAITING)),
+        "spreads": (
+            spread_of(None, parts),
+            *(spread_of(name, of[name]) for name in (BUSY, WAITING)),
+        ),
+    }
 
 
 def _of_class(
@@ -463,24 +472,3 @@ def _of_class(
         if kind == name and df >= MIN_BETWEEN_DF:
             return cv, df
     return pooled
-
-
-def _pooled_between(parts: Sequence[_Part]) -> tuple[float, int]:
-    """σ_b and its degrees of freedom from ``parts``: the method-of-moments estimate (as
-    DerSimonian and Laird's), floored at zero."""
-    df = sum(p.df for p in parts)
-    if df == 0:
-        return 0.0, 0
-    variance = (sum(p.rss for p in parts) - sum(p.explained for p in parts)) / df
-    return math.sqrt(max(0.0, variance)), df
-
-
-def _half_width(components: Sequence[tuple[float, float]], confidence: float) -> float:
-    """t times the standard error of a sum of variance components, with Welch-Satterthwaite degrees
-    of freedom; components with no degrees of freedom are left out (nothing is known of them)."""
-    known = [(v, df) for v, df in components if df > 0 and v > 0]
-    total = sum(v for v, _ in known)
-    if total == 0:
-        return 0.0
-    df = total**2 / sum(v * v / df for v, df in known)
-    return t_quantile(confidence, df) * math.sqrt(total)

@@ -23,9 +23,11 @@ def judged_candidates(
     pairs: Sequence[tuple[RunFigures, RunFigures]],
     stored: Mapping[int, Pooled],
     settings: Settings,
+    history: Sequence[tuple[bool, Sequence[RunFigures]]] = (),
 ) -> tuple[NoiseFloor, dict[int, Pooled]]:
     """The noise floor and the re-validated candidates (``stored``, by trial number) judged
-    against it, from the control runs and the trials' pairs of fresh processes.
+    against it, from the control runs and the trials' pairs of fresh processes (and ``history``,
+    other studies' sessions on this machine: ``NoiseFloor.estimate``).
 
     Each candidate is judged against a floor without its own runs, so that an erratic candidate
     cannot set its own yardstick; the floor that figures are reported with holds only the
@@ -41,11 +43,13 @@ def judged_candidates(
             stored[number].metrics,
             runs,
             Yardstick(
-                NoiseFloor.estimate(controls, [*pairs, *others]), settings.stable, confidence
+                NoiseFloor.estimate(controls, [*pairs, *others], history),
+                settings.stable,
+                confidence,
             ),
         )[1]
     floor = NoiseFloor.estimate(
-        controls, [*pairs, *(g for n, g in groups.items() if verdicts[n].stable)]
+        controls, [*pairs, *(g for n, g in groups.items() if verdicts[n].stable)], history
     )
     reported = Yardstick(floor, settings.stable, confidence)
     judged = {}

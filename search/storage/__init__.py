@@ -1,10 +1,12 @@
 """The study's storage in Optuna: opening it (``opening``, and with the MLflow tracker in
 ``stores``), what each trial keeps (``trial_store``), the runs repeated on configurations measured
-before: control runs and re-validation records (``repeat_runs``), writes retried and kept until
+before: control runs and re-validation records (``repeat_runs``), every study's control runs on
+this machine (``machine_runs``), writes retried and kept until
 ``sync`` (``retried_writes``), heartbeats and recovery (``liveness``), and the few private Optuna
 calls, in ``optuna_private`` alone."""
 
 from search.storage.liveness import Heartbeat, Liveness, Recovery, owner, stale_runs
+from search.storage.machine_runs import MACHINE_RUNS, keep_machine_run, machine_sessions
 from search.storage.opening import open_study, study_id
 from search.storage.optuna_private import study_storage, trial_id
 from search.storage.repeat_runs import (
@@ -29,11 +31,14 @@ from search.storage.trial_store import (
 )
 
 __all__ = [
+    "MACHINE_RUNS",
     "UNSAVED",
     "Heartbeat",
     "Liveness",
     "Recovery",
     "judged_revalidations",
+    "keep_machine_run",
+    "machine_sessions",
     "noise_floor",
     "open_stores",
     "open_study",

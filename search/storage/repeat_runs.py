@@ -6,6 +6,7 @@ trials, and the noise floor judged from them (the policy that judges them is
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import optuna
@@ -15,6 +16,7 @@ from search.analysis.noise_floor import NoiseFloor, RunFigures
 from search.core.records import COMPLETE
 from search.revalidation.pooling import Pooled, Run
 from search.stability.leave_one_out import judged_candidates
+from search.storage.machine_runs import machine_sessions
 from search.storage.retried_writes import retried
 
 if TYPE_CHECKING:
@@ -70,12 +72,16 @@ def _judged(
     study: optuna.Study, fingerprint: str, settings: Settings
 ) -> tuple[NoiseFloor, dict[int, Pooled]]:
     """The noise floor and the re-validated candidates judged against it, by the leave-one-out
-    policy (``search.stability.leave_one_out``) on what the study keeps."""
+    policy (``search.stability.leave_one_out``) on what the study keeps and on the other studies'
+    control runs on this machine (``search.storage.machine_runs``)."""
+    controls = study_controls(study, fingerprint)
+    earlier = machine_sessions(Path(settings.runs_dir), controls)
     return judged_candidates(
-        study_controls(study, fingerprint),
+        controls,
         trial_pairs(study, fingerprint),
         study_revalidations(study, fingerprint),
         settings,
+        [(s.same_control, s.runs) for s in earlier],
     )
 
 

@@ -45,6 +45,7 @@ from search.stability.measured import (
     second_process,
 )
 from search.storage.liveness import Liveness, measuring_here, owner
+from search.storage.machine_runs import keep_machine_run
 from search.storage.optuna_private import stored_trial, trial_id
 from search.storage.repeat_runs import noise_floor, save_control
 from search.storage.trial_store import (
@@ -161,6 +162,7 @@ class StudyDriver:
                 RunFigures.of(metrics, time.time()), session=self.session, device=self.where
             )
             save_control(self.study, self.fingerprint, run, self.session)
+            keep_machine_run(Path(self.settings.runs_dir), self.fingerprint, self.control, run)
         if self.on_control is not None:
             self.on_control(result, self.floor())
         return result

@@ -44,7 +44,15 @@ def simulate_study(seed: int, n_configs: int = 20, between_cv=0.02, drift=-0.03)
     best = sorted(trials, key=lambda t: -t[0])[:3]
     groups = [[machine.run(level, gap_s=gap / 3)[1] for _ in range(3)] for level, _, _ in best]
     controls.append(machine.run(CONTROL, gap_s=gap)[1])
-    return machine, NoiseFloor.estimate(controls, groups), trials
+    return machine, _one_invocation(NoiseFloor.estimate(controls, groups)), trials
+
+
+def _one_invocation(floor: NoiseFloor) -> NoiseFloor:
+    """``floor`` for a synthetic world whose truth is the long-run mean of *this* invocation's
+    processes (no level of its own per invocation): the prior on between-invocation variance,
+    a statement about real machines, would only widen it (``test_between_sessions.py`` has
+    worlds with it)."""
+    return replace(floor, session_prior=0.0)
 
 
 def test_intervals_that_span_runs_cover_the_long_run_mean():
@@ -94,8 +102,10 @@ def _coverage_by_kind(
             for level, busy, _, _ in trials[:revalidated]
         ]
         controls.append(control())
-        floor = NoiseFloor.estimate(controls, groups)
-        floor = floor if classes else replace(floor, classes=())
+        floor = _one_invocation(NoiseFloor.estimate(controls, groups))
+        if not classes:
+            machine_wide = tuple(s for s in floor.spreads if s.kind is None)
+            floor = replace(floor, classes=(), spreads=machine_wide)
         for level, busy, metrics, t in trials:
             truth = level * math.exp(machine.spread(busy) ** 2 / 2)
             spanned, _ = assess(metrics, t, Yardstick(floor, STABLE, 0.95))
@@ -719,3 +729,32 @@ def test_the_two_processes_of_compiled_trials_teach_the_floor_their_class_s_spre
     assert busy_df >= 12 + 3 and 0.05 < busy_cv < 0.16, (busy_cv, busy_df)
     without = NoiseFloor.estimate(controls)
     assert without.between_for(1.0)[0] < 0.03
+
+
+def test_a_spread_the_runs_own_errors_explain_still_widens_an_interval_by_its_t():
+    """Four control runs whose means moved by 1.5%, each with a within-run error of 2%: the
+    spread beyond their errors reads zero, yet a steady run (error 0.3%) lands as far from its
+    level as they did. Its interval spans their total spread with the t of 3 degrees of freedom,
+    and only its own error where the class's spread is unknown."""
+    runs = [
+        RunFigures(
+            time_s=1e9 + 60 * i,
+            throughput=1e4 * f,
+            cv=0.02 * 10**0.5,
+            n_windows=10,
+            n_steps=100,
+            stalls=0,
+            busy=0.1,
+        )
+        for i, f in enumerate((1.0, 0.985, 1.015, 1.0))
+    ]
+    floor = replace(NoiseFloor.estimate(runs), session_prior=0.0)
+    assert floor.between_for(0.1) == (0.0, 3), "the spread beyond the runs' own errors: none"
+    total = floor.spread_for(0.1).total_cv
+    assert 0.010 < total < 0.015
+    steady = replace(runs[0], time_s=1e9 + 90, cv=0.003 * 10**0.5)
+    _, low, high = floor.single_run(steady, 9999.0, 10001.0, 0.95)
+    assert math.log(high / low) / 2 == pytest.approx(3.182 * total, rel=0.01)
+    unknown = replace(floor, spreads=(), classes=(), between_df=0)
+    _, low, high = unknown.single_run(steady, 9999.0, 10001.0, 0.95)
+    assert math.log(high / low) / 2 == pytest.approx(2.262 * 0.003, rel=0.01)  # t of 9 df

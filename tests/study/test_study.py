@@ -18,6 +18,14 @@ from search.storage.opening import open_study
 from search.study.driver import StudyDriver
 from search.study.driver_inputs import Bench, DriverCallbacks
 
+
+@pytest.fixture(autouse=True)
+def _runs_dir_of_its_own(tmp_path, monkeypatch):
+    """Each test in a folder of its own: the settings' relative ``runs_dir`` is where a driver
+    keeps the machine's control runs (``search.storage.machine_runs``), which the next study's
+    floor reads; one test's control runs must not become another's history."""
+    monkeypatch.chdir(tmp_path)
+
 FINGERPRINT = "abc123"
 QUICK = MeasureSettings(
     warmup_steps=1, warmup_s=0.0, window_s=0.01, min_windows=2, max_windows=3, max_time_s=0.5
@@ -449,6 +457,10 @@ def test_a_proposal_gives_way_even_to_a_later_numbered_trial_of_the_same_configu
 
 
 def test_the_control_is_measured_at_the_start_and_kept_in_the_study():
+    from dataclasses import replace
+    from pathlib import Path
+
+    from search.storage.machine_runs import MACHINE_RUNS, machine_sessions
     from search.storage.repeat_runs import study_controls
 
     study = new_study()
@@ -474,6 +486,11 @@ def test_the_control_is_measured_at_the_start_and_kept_in_the_study():
     assert seen[1][1] == 1  # two control runs: one degree of freedom for the between-run spread
     controls = study_controls(study, FINGERPRINT)
     assert len(controls) == len(seen) >= 2 and controls[0].time_s <= controls[1].time_s
+    # and in the machine's file, where the next study's floor finds them as history
+    kept = (Path("runs") / MACHINE_RUNS).read_text().splitlines()
+    assert len(kept) == len(controls) and all(FINGERPRINT in line for line in kept)
+    (later,) = machine_sessions(Path("runs"), [replace(controls[0], session="next")])
+    assert later.runs == tuple(controls)
     record = d.history()[0]
     # the interval spans runs: never narrower than the run's own
     assert record.metrics["throughput_ci_low"] <= record.metrics["throughput_within_ci_low"]

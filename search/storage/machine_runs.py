@@ -1,0 +1,108 @@
+"""The control runs of every study on this machine, kept in the runs directory beside the peaks
+(``control_runs.jsonl``), so that a study's *first* invocation knows how the machine moves between
+invocations.
+
+A study keeps its own control runs (``search.storage.repeat_runs``), and from its fourth
+invocation its floor knows the between-invocation variance σ_s from them
+(``search.analysis.between_sessions``). A new study on a machine that has run others had to start
+from nothing, though the machine is the same: its compute probe (a fixed matrix product) is the
+same series in every study, and a study of the same workload measures the same control. So every
+control run is also appended here, one JSON object a line, and the floor reads the sessions of the
+*other* studies as history: they give σ_s, and more degrees of freedom for each class's between-run
+spread, from the first invocation on (``search.analysis.noise_floor.NoiseFloor.estimate``).
+
+The newest ``MAX_SESSIONS`` sessions are read: a machine that changed months ago (another
+neighbour, a driver) says less about tonight than last week does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from search.analysis.noise_floor import RunFigures
+
+__all__ = ["MACHINE_RUNS", "MAX_SESSIONS", "MachineSession", "keep_machine_run", "machine_sessions"]
+
+MACHINE_RUNS = "control_runs.jsonl"
+"""In ``runs_dir``: every study's control runs, one JSON object a line."""
+MAX_SESSIONS = 30
+"""The newest sessions (invocations) read as history."""
+
+
+@dataclass(frozen=True)
+class MachineSession:
+    """The control runs of one invocation of another study on this machine."""
+
+    same_control: bool
+    """Whether it measured the same control of the same workload (else only its probes compare)."""
+    runs: tuple[RunFigures, ...]
+
+
+def keep_machine_run(
+    runs_dir: Path, fingerprint: str, control: Mapping[str, Any], run: RunFigures
+) -> None:
+    """Append ``run``, a control run of ``control`` under ``fingerprint``, to the machine's file.
+
+    One ``write`` of one line to a file opened for appending: concurrent studies on the machine do
+    not interleave their lines. A file that cannot be written costs the history, not the run."""
+    line = json.dumps(
+        {"fingerprint": fingerprint, "control": _key(control), "run": run.as_dict()},
+        default=str,
+    )
+    try:
+        runs_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(runs_dir / MACHINE_RUNS, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (line + "\n").encode())
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def machine_sessions(runs_dir: Path, own: Sequence[RunFigures]) -> list[MachineSession]:
+    """The sessions of this machine's file that are not among ``own`` (the study's control runs),
+    on the devices of ``own``, the newest ``MAX_SESSIONS``. A session is of the same control
+    where it measured the control under the fingerprint that ``own``'s sessions did (known once
+    ``own`` has a run here)."""
+    entries = _entries(runs_dir / MACHINE_RUNS)
+    mine, devices = {r.session for r in own}, {r.device for r in own}
+    keys = {(e["fingerprint"], e["control"]) for e in entries if e["run"].session in mine}
+    sessions: dict[str, list[dict[str, Any]]] = {}
+    for e in entries:
+        run = e["run"]  # another device's spread (a GPU beside a CPU) is not this one's
+        if run.session and run.session not in mine and run.device in devices:
+            sessions.setdefault(e["run"].session, []).append(e)
+    newest = sorted(sessions.values(), key=lambda es: max(e["run"].time_s for e in es))
+    return [
+        MachineSession(
+            same_control=(es[0]["fingerprint"], es[0]["control"]) in keys,
+            runs=tuple(sorted((e["run"] for e in es), key=lambda r: r.time_s)),
+        )
+        for es in newest[-MAX_SESSIONS:]
+    ]
+
+
+def _entries(path: Path) -> list[dict[str, Any]]:
+    """The readable lines of ``path`` (a line cut short by a kill is skipped)."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            e = json.loads(line)
+            out.append({**e, "run": RunFigures.from_dict(e["run"])})
+        except (ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
+def _key(control: Mapping[str, Any]) -> str:
+    return json.dumps(dict(control), sort_keys=True, default=str)

@@ -1,0 +1,65 @@
+"""Every study's control runs on this machine, kept in the runs directory: the history that gives a
+study's first invocation the machine's between-invocation spread."""
+
+from __future__ import annotations
+
+from search.analysis.noise_floor import RunFigures
+from search.storage.machine_runs import (
+    MACHINE_RUNS,
+    MAX_SESSIONS,
+    keep_machine_run,
+    machine_sessions,
+)
+
+CONTROL = {"batch_size": 4, "micro_batch_size": 1}
+
+
+def _runs(session: str, start: float, device: str = "n1 cpu", n: int = 3) -> list[RunFigures]:
+    return [
+        RunFigures(
+            time_s=start + 60 * i,
+            throughput=1e4 + i,
+            cv=0.01,
+            n_windows=10,
+            n_steps=50,
+            stalls=0,
+            session=session,
+            device=device,
+            probe=500.0,
+            probe_cv=0.02,
+            probe_windows=5,
+            probe_steps=50,
+            busy=0.1,
+        )
+        for i in range(n)
+    ]
+
+
+def test_the_other_studies_sessions_on_this_device_are_read_with_whether_their_control_is_ours(
+    tmp_path,
+):
+    mine = _runs("a", 1e9)
+    kept = {
+        "a": ("fp1", CONTROL, mine),  # this study's own: in its storage already
+        "b": ("fp1", CONTROL, _runs("b", 2e9)),  # another study of the same workload
+        "c": ("fp2", {"batch_size": 8}, _runs("c", 3e9)),  # another workload
+        "d": ("fp1", CONTROL, _runs("d", 4e9, device="n1 cuda:0 GPU-x")),  # another device
+    }
+    for fingerprint, control, runs in kept.values():
+        for run in runs:
+            keep_machine_run(tmp_path, fingerprint, control, run)
+    with (tmp_path / MACHINE_RUNS).open("a") as f:
+        f.write('{"fingerprint": "fp1", "control": "{}", "run": {"time_s": 5e9, "thro')  # killed
+    sessions = machine_sessions(tmp_path, mine)
+    assert [(s.runs[0].session, s.same_control) for s in sessions] == [("b", True), ("c", False)]
+    assert sessions[0].runs == tuple(kept["b"][2])  # every figure as it was kept
+    assert machine_sessions(tmp_path / "nowhere", mine) == []
+
+
+def test_only_the_newest_sessions_are_history(tmp_path):
+    for i in range(MAX_SESSIONS + 5):
+        for run in _runs(f"s{i}", 1e9 + 1e6 * i, n=2):
+            keep_machine_run(tmp_path, "fp1", CONTROL, run)
+    sessions = machine_sessions(tmp_path, _runs("now", 2e9, n=1))
+    assert len(sessions) == MAX_SESSIONS
+    assert sessions[0].runs[0].session == "s5" and sessions[-1].runs[0].session == f"s{34}"
