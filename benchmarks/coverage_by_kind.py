@@ -62,6 +62,7 @@ from search.core.records import COMPLETE  # noqa: E402
 from search.execution.figures import trial_metrics  # noqa: E402
 from search.execution.isolation import run_isolated  # noqa: E402
 from search.execution.trial import TrialRequest  # noqa: E402
+from search.measurement.host_load import cpu_mark, others_busy_cores  # noqa: E402
 from search.stability.judge import Yardstick, assess  # noqa: E402
 
 KINDS = ("steady", "overhead", "compute", "stalling")
@@ -172,11 +173,16 @@ def _run(config: dict[str, Any], settings, probe: bool = False) -> dict[str, Any
         count=False,
         probe_compute=probe,
     )
+    mark = cpu_mark()
     result = run_isolated(request)
     if result.state != COMPLETE:
         print(f"  {config}: {result.state}: {result.failure}", flush=True)
         return None
-    return {"metrics": trial_metrics(result, settings.measure.confidence), "time_s": time.time()}
+    metrics = trial_metrics(result, settings.measure.confidence)
+    others = others_busy_cores(mark) if probe else None
+    if others is not None:  # as the study driver keeps it for a control run
+        metrics["others_busy_cores"] = others
+    return {"metrics": metrics, "time_s": time.time()}
 
 
 def _rounds(configs, settings, args, rng: random.Random) -> list[dict[str, Any]]:

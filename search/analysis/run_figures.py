@@ -74,6 +74,9 @@ class RunFigures:
     """Micro-batches slower than ``STALL_FACTOR`` times the run's median micro-batch."""
     micro_time_s: float = 0.0
     """Time its timed micro-batches took, s."""
+    others_busy: float = math.nan
+    """Cores other processes kept busy during it (``search.measurement.host_load``), for control
+    runs; NaN where unknown."""
 
     def probe_run(self) -> RunFigures | None:
         """The compute probe timed in this run's process, as a run of its own (None without)."""
@@ -128,6 +131,7 @@ class RunFigures:
             micro_batches=int(metrics.get("micro_batches_timed", 0)),
             micro_stalls=int(metrics.get("stall_micro_batches", 0)),
             micro_time_s=float(metrics.get("micro_batch_time_s", 0.0)),
+            others_busy=float(metrics.get("others_busy_cores", math.nan)),
         )
 
     def as_dict(self) -> dict[str, Any]:

@@ -12,12 +12,15 @@ control run is also appended here, one JSON object a line, and the floor reads t
 spread, from the first invocation on (``search.analysis.noise_floor.NoiseFloor.estimate``).
 
 The newest ``MAX_SESSIONS`` sessions are read: a machine that changed months ago (another
-neighbour, a driver) says less about tonight than last week does.
+neighbour, a driver) says less about tonight than last week does. A session measured while other
+processes kept the machine busy is left out (``_busy``).
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from search.analysis.noise_floor import RunFigures
+from search.measurement.host_load import Busyness
 
 __all__ = ["MACHINE_RUNS", "MAX_SESSIONS", "MachineSession", "keep_machine_run", "machine_sessions"]
 
@@ -78,7 +82,8 @@ def machine_sessions(runs_dir: Path, own: Sequence[RunFigures]) -> list[MachineS
         run = e["run"]  # another device's spread (a GPU beside a CPU) is not this one's
         if run.session and run.session not in mine and run.device in devices:
             sessions.setdefault(e["run"].session, []).append(e)
-    newest = sorted(sessions.values(), key=lambda es: max(e["run"].time_s for e in es))
+    quiet = [es for es in sessions.values() if not any(_busy(e["run"]) for e in es)]
+    newest = sorted(quiet, key=lambda es: max(e["run"].time_s for e in es))
     return [
         MachineSession(
             same_control=(es[0]["fingerprint"], es[0]["control"]) in keys,
@@ -88,8 +93,28 @@ def machine_sessions(runs_dir: Path, own: Sequence[RunFigures]) -> list[MachineS
     ]
 
 
+def _busy(run: RunFigures) -> bool:
+    """Whether other processes kept the machine busy during ``run`` (``BUSY_SHARE`` of its cores).
+
+    Such a session stays in its own study's floor, whose figures it measured, but is no history
+    for another's: beside other checks on the 2-core test machine the multi-threaded probe ran
+    5-18x slower, and one such session set the busy class's between-session spread of every
+    later invocation to 61%, its intervals to +-158% (``docs/method/noise-floor.md``)."""
+    return not math.isnan(run.others_busy) and Busyness(run.others_busy, True).busy()
+
+
 def _entries(path: Path) -> list[dict[str, Any]]:
-    """The readable lines of ``path`` (a line cut short by a kill is skipped)."""
+    """The readable lines of ``path`` (a line cut short by a kill is skipped), read again only
+    when the file changed: the floor is judged at every trial."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return []
+    return _parsed(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=4)
+def _parsed(path: Path, mtime_ns: int, size: int) -> list[dict[str, Any]]:
     try:
         lines = path.read_text().splitlines()
     except OSError:

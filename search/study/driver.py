@@ -18,6 +18,7 @@ storage, see ``search.storage.liveness``).
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from dataclasses import replace
@@ -36,6 +37,7 @@ from search.core.records import COMPLETE, FAILED, TrialRecord, fault_kind
 from search.execution.figures import trial_metrics
 from search.execution.isolation import run_isolated
 from search.execution.trial import TrialRequest, TrialResult
+from search.measurement.host_load import cpu_mark, others_busy_cores
 from search.space.search_space import SearchSpace
 from search.stability.measured import (
     Judging,
@@ -151,15 +153,19 @@ class StudyDriver:
         without a control)."""
         if self.control is None:
             return None
-        started = time.monotonic()
+        started, mark = time.monotonic(), cpu_mark()
         request = replace(repeat_run(self.request(self.control), self.settings), probe_compute=True)
         result = run_isolated(request)
         self.control_s += time.monotonic() - started
         self.control_runs += 1
         if result.state == COMPLETE and result.measurement is not None:
             metrics = trial_metrics(result, self.settings.measure.confidence)
+            others = others_busy_cores(mark)  # kept: a busy session is no other study's history
             run = replace(
-                RunFigures.of(metrics, time.time()), session=self.session, device=self.where
+                RunFigures.of(metrics, time.time()),
+                session=self.session,
+                device=self.where,
+                others_busy=math.nan if others is None else others,
             )
             save_control(self.study, self.fingerprint, run, self.session)
             keep_machine_run(Path(self.settings.runs_dir), self.fingerprint, self.control, run)

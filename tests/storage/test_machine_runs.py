@@ -3,6 +3,10 @@ study's first invocation the machine's between-invocation spread."""
 
 from __future__ import annotations
 
+import math
+import os
+from dataclasses import replace
+
 from search.analysis.noise_floor import RunFigures
 from search.storage.machine_runs import (
     MACHINE_RUNS,
@@ -30,6 +34,7 @@ def _runs(session: str, start: float, device: str = "n1 cpu", n: int = 3) -> lis
             probe_windows=5,
             probe_steps=50,
             busy=0.1,
+            others_busy=0.0,
         )
         for i in range(n)
     ]
@@ -63,3 +68,15 @@ def test_only_the_newest_sessions_are_history(tmp_path):
     sessions = machine_sessions(tmp_path, _runs("now", 2e9, n=1))
     assert len(sessions) == MAX_SESSIONS
     assert sessions[0].runs[0].session == "s5" and sessions[-1].runs[0].session == f"s{34}"
+
+
+def test_a_session_measured_beside_other_work_is_no_history_for_another_study(tmp_path):
+    cores = os.cpu_count() or 1
+    quiet = [replace(r, others_busy=0.05) for r in _runs("quiet", 1e9)]
+    loaded = _runs("loaded", 2e9)
+    loaded[1] = replace(loaded[1], others_busy=0.3 * cores)  # one run beside a neighbour
+    unknown = [replace(r, others_busy=math.nan) for r in _runs("unknown", 3e9)]  # not measured
+    for run in quiet + loaded + unknown:
+        keep_machine_run(tmp_path, "fp1", CONTROL, run)
+    sessions = machine_sessions(tmp_path, _runs("now", 4e9, n=1))
+    assert [s.runs[0].session for s in sessions] == ["quiet", "unknown"]
