@@ -26,6 +26,7 @@ def _runs_dir_of_its_own(tmp_path, monkeypatch):
     floor reads; one test's control runs must not become another's history."""
     monkeypatch.chdir(tmp_path)
 
+
 FINGERPRINT = "abc123"
 QUICK = MeasureSettings(
     warmup_steps=1, warmup_s=0.0, window_s=0.01, min_windows=2, max_windows=3, max_time_s=0.5
