@@ -11,7 +11,7 @@ a nightly re-tune adds one a night.
 
 The model, per series of runs (the control configuration, and the compute probe timed in each
 control run) on one device: ``log(session level) = long-run level + s_session + e``,
-``s ~ N(0, σ_s²)``, ``e`` the session level's own error, the spread of its runs over their number.
+``s ~ N(0, σ_s²)``, ``e`` the session level's own error (its runs' spread over their number).
 σ_s² is estimated from the sessions' squared deviations from their series' mean, their own errors
 included (``between_sessions`` says why); each series of n sessions gives n - 1 degrees of
 freedom. A class of run (``BUSY``, ``WAITING``) reads
@@ -44,9 +44,6 @@ class SessionLevel:
     device: str
     log_level: float
     """Mean log throughput of its runs, each corrected for the session's drift."""
-    error_var: float
-    """Variance of ``log_level`` from its runs' own spread (their sample variance over their
-    number)."""
 
 
 def session_levels(
@@ -74,7 +71,6 @@ def session_levels(
                     kind=kind,
                     device=session[-1].device,
                     log_level=float(y.mean()),
-                    error_var=float(np.var(y, ddof=1)) / len(y),
                 )
             )
     return out

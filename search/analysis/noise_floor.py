@@ -22,12 +22,16 @@ it and at its end, and reads the machine from those runs and from the re-validat
   few runs would add more noise than it removes.
 - **between-session variance** σ_s² (``search.analysis.between_sessions``): how far one
   invocation's level lands from the long-run level, from the control runs of the study's earlier
-  invocations; unknown (left out, and the terminal says so) until it rests on ``MIN_BETWEEN_DF``
-  degrees of freedom (3 invocations whose control runs timed the probe, else 4).
+  invocations and of other studies on this machine (``estimate``'s history); until it rests on
+  ``MIN_BETWEEN_DF`` degrees of freedom (3 invocations whose control runs timed the probe, else
+  4) it is taken as ``SESSION_PRIOR`` times the class's between-run spread, and the terminal says
+  so.
 - **intervals that span runs**: a figure from one run gets the variance ``σ_b² + se² + σ_s²``
-  (plus the drift line's), with Welch-Satterthwaite degrees of freedom; a mean of k fresh runs
-  gets ``(σ_b² + mean se²) / k + σ_s² / (its sessions)``. The interval is never narrower than
-  the run's own.
+  (plus the drift line's), with Welch-Satterthwaite degrees of freedom, where ``σ_b² + se²`` is
+  the class's total spread (``search.analysis.run_spread``) and what the run's own ``se²``
+  exceeds it by; a mean of k fresh runs gets ``(σ_b² + mean se²) / k + σ_s² / (its sessions)``,
+  its own spread pooled with its class's (``NoiseFloor.pooled``). The interval is never narrower
+  than the run's own.
 
 Stability, judged against the control runs this floor holds, is ``search.stability.judge``.
 
@@ -92,7 +96,8 @@ and the end of the study judges every figure again with the floor as it then sta
 start, study and end runs, and the re-validation replicates)."""
 SESSION_PRIOR = 1.0
 """Until the between-session variance σ_s² is known (``MIN_BETWEEN_DF``), it is taken as this
-multiple of the class's between-run variance: a prior, stated, not a measurement of this machine.
+multiple of the class's total between-run variance (``search.analysis.run_spread``: its runs'
+own within-run errors included): a prior, stated, not a measurement of this machine.
 Its source: on the 2-core AMD EPYC, rounds of about 2 minutes (``benchmarks/coverage_by_kind.py``)
 moved their means by about as much as one run moved within a round, in every series: matrix
 products 10.7% against 10.6%, a Python loop 11.9% against 12.3%, a waiting step 1.9% against 1.8%,
@@ -217,6 +222,7 @@ class NoiseFloor:
         )
         parts, probes = session_parts(sessions, lines)
         parts += [Part.of(g, [floor.level(r.time_s, r.device)[0] for r in g], 1) for g in groups]
+        history = [(same, runs) for same, runs in history if runs]
         earlier = [tuple(sorted(runs, key=lambda c: c.time_s)) for _, runs in history]
         earlier_lines = [DriftLine.fit(s) for s in earlier]
         more_parts, more_probes = session_parts(earlier, earlier_lines)
@@ -254,11 +260,15 @@ class NoiseFloor:
         return Spread(None, self.between_cv, 0.0, self.between_df)
 
     def between_sessions_for(self, busy: float) -> tuple[float, int]:
-        """(σ_s, degrees of freedom) for a run as busy as ``busy``, chosen as ``between_for``
-        chooses."""
-        return _of_class(
-            self.session_classes, busy, (self.between_session_cv, self.between_session_df)
-        )
+        """(σ_s, degrees of freedom) for a run as busy as ``busy``: its class's, as far as it is
+        known (a run that waits does not borrow the probe's spread, which computes: until its
+        class's is known, the prior stands for it); the pooled figure for a run of unknown
+        busyness or a floor built by hand."""
+        name = busy_class(busy)
+        mine = [(cv, df) for kind, cv, df in self.session_classes if kind == name]
+        if name is None or not self.session_classes:
+            return self.between_session_cv, self.between_session_df
+        return mine[0] if mine else (0.0, 0)
 
     @property
     def session(self) -> tuple[RunFigures, ...]:
@@ -305,9 +315,10 @@ class NoiseFloor:
     def single_run(
         self, run: RunFigures, low: float, high: float, confidence: float
     ) -> tuple[float, float, float]:
-        """(mean, low, high) of one run's throughput, spanning runs: the between-run spread of its
-        class (``between_for``), corrected for drift where the floor says so, and never narrower
-        than the run's own interval ``[low, high]``."""
+        """(mean, low, high) of one run's throughput, spanning runs: the total spread of its
+        class (``spread_for``), the between-session variance or its prior
+        (``between_sessions_for``, ``SESSION_PRIOR``), corrected for drift where the floor says
+        so, and never narrower than the run's own interval ``[low, high]``."""
         factor, drift_var = self.level(run.time_s, run.device)
         components = [(run.se_rel**2, run.n_windows - 1)]
         spread = self.spread_for(run.busy)
@@ -336,30 +347,37 @@ class NoiseFloor:
     def pooled(self, runs: Sequence[RunFigures], confidence: float) -> tuple[float, float, float]:
         """(mean, low, high) of the mean of ``runs`` (fresh processes of one configuration).
 
-        The between-run variance is the configuration's own spread pooled with its class's
-        (``between_for``) as a prior of that many degrees of freedom: the posterior mean of a
-        scaled inverse-chi-square prior, ``(df0 σ0² + (k-1) s²) / (df0 + k - 1)`` on
-        ``df0 + k - 1`` degrees of freedom (as limma moderates a gene's variance, Smyth 2004).
-        So a configuration whose processes disagree widens its own interval as far as its k runs
-        can tell, and one that agrees borrows the class's degrees of freedom."""
-        k = len(runs)
+        A run's variance (its process's offset and its own error) is the configuration's own
+        total spread pooled with its class's (``spread_for``) as a prior of that many degrees of
+        freedom: the posterior mean of a scaled inverse-chi-square prior,
+        ``(df0 σ0² + (k-1) s²) / (df0 + k - 1)`` on ``df0 + k - 1`` degrees of freedom (as limma
+        moderates a gene's variance, Smyth 2004). So a configuration whose processes disagree
+        widens its own interval as far as its k runs can tell, and one that agrees borrows the
+        class's degrees of freedom. Where σ_s is not known yet its prior (``SESSION_PRIOR``),
+        shared by runs of one session, joins that component: both rest on the class's spread."""
+        k, busy = len(runs), median_busy(runs)
         corrected = [r.throughput / self.level(r.time_s, r.device)[0] for r in runs]
         mean = float(np.mean(corrected))
         within = float(np.mean([r.se_rel**2 for r in runs]))
-        components = [(within / k, sum(r.n_windows - 1 for r in runs))]
-        prior_cv, prior_df = self.between_for(median_busy(runs))
-        own = float(np.var(np.log(corrected), ddof=1)) - within if k > 1 else 0.0
-        df = prior_df + k - 1
-        if df >= MIN_BETWEEN_DF:
-            variance = (prior_df * prior_cv**2 + (k - 1) * max(own, 0.0)) / df
-            components.append((variance / k, df))
-        session_cv, session_df = self.between_sessions_for(median_busy(runs))
+        windows_df = sum(r.n_windows - 1 for r in runs)
+        spread = self.spread_for(busy)
+        session_cv, session_df = self.between_sessions_for(busy)
         spanned = len(split_sessions(sorted(runs, key=lambda r: r.time_s)))
+        components = [(within / k, windows_df)]
+        df = spread.df + k - 1
+        if df >= MIN_BETWEEN_DF:
+            own = float(np.var(np.log(corrected), ddof=1)) if k > 1 else 0.0
+            total = (spread.df * spread.total_cv**2 + (k - 1) * own) / df
+            prior = self.session_prior if session_df < MIN_BETWEEN_DF <= spread.df else 0.0
+            components = [
+                (max(0.0, within - spread.within_var) / k, windows_df),
+                (
+                    total / k + prior * spread.total_cv**2 / spanned,
+                    min(df, spread.df) if prior else df,
+                ),
+            ]
         if session_df >= MIN_BETWEEN_DF:
             components.append((session_cv**2 / spanned, session_df))
-        elif (spread := self.spread_for(median_busy(runs))).df >= MIN_BETWEEN_DF:
-            # σ_s not known yet: its prior (``SESSION_PRIOR``), shared by runs of one session
-            components.append((self.session_prior * spread.total_cv**2 / spanned, spread.df))
         drift_var = float(np.mean([self.level(r.time_s, r.device)[1] for r in runs]))
         if drift_var:
             components.append((drift_var, self._drift_df([(r.time_s, r.device) for r in runs])))
@@ -398,7 +416,7 @@ class NoiseFloor:
             else f"between invocations not known yet ({len(self.lines) or 1} so far"
             + (
                 f", taken as {self.session_prior:g}x between runs)"
-                if self.session_prior and self.between_known
+                if self.session_prior and any(x.df >= MIN_BETWEEN_DF for x in self.spreads)
                 else ")"
             )
         )

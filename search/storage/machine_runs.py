@@ -23,7 +23,7 @@ import json
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,17 +52,21 @@ def keep_machine_run(
 ) -> None:
     """Append ``run``, a control run of ``control`` under ``fingerprint``, to the machine's file.
 
-    One ``write`` of one line to a file opened for appending: concurrent studies on the machine do
-    not interleave their lines. A file that cannot be written costs the history, not the run."""
+    One line a write to a file opened for appending: concurrent studies on the machine do not
+    interleave their lines (on a local file system). A file that cannot be written costs the
+    history, not the run."""
     line = json.dumps(
         {"fingerprint": fingerprint, "control": _key(control), "run": run.as_dict()},
         default=str,
     )
+    # a newline first too: a line a kill cut short ends there and does not swallow this one
+    data = ("\n" + line + "\n").encode()
     try:
         runs_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(runs_dir / MACHINE_RUNS, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            os.write(fd, (line + "\n").encode())
+            while data:
+                data = data[os.write(fd, data) :]
         finally:
             os.close(fd)
     except OSError:
@@ -71,23 +75,31 @@ def keep_machine_run(
 
 def machine_sessions(runs_dir: Path, own: Sequence[RunFigures]) -> list[MachineSession]:
     """The sessions of this machine's file that are not among ``own`` (the study's control runs),
-    on the devices of ``own``, the newest ``MAX_SESSIONS``. A session is of the same control
+    on the devices of ``own``, that ended before ``own``'s last run (a study judged again later
+    reads what it could read then), the newest ``MAX_SESSIONS``. A session is of the same control
     where it measured the control under the fingerprint that ``own``'s sessions did (known once
     ``own`` has a run here)."""
+    if not own:
+        return []
     entries = _entries(runs_dir / MACHINE_RUNS)
     mine, devices = {r.session for r in own}, {r.device for r in own}
-    keys = {(e["fingerprint"], e["control"]) for e in entries if e["run"].session in mine}
-    sessions: dict[str, list[dict[str, Any]]] = {}
+    until = max(r.time_s for r in own)
+    keys = {(fp, control) for fp, control, run in entries if run.session in mine}
+    sessions: dict[str, list[tuple[str, str, RunFigures]]] = {}
     for e in entries:
-        run = e["run"]  # another device's spread (a GPU beside a CPU) is not this one's
+        run = e[2]  # another device's spread (a GPU beside a CPU) is not this one's
         if run.session and run.session not in mine and run.device in devices:
-            sessions.setdefault(e["run"].session, []).append(e)
-    quiet = [es for es in sessions.values() if not any(_busy(e["run"]) for e in es)]
-    newest = sorted(quiet, key=lambda es: max(e["run"].time_s for e in es))
+            sessions.setdefault(run.session, []).append(e)
+    kept = [
+        es
+        for es in sessions.values()
+        if max(run.time_s for _, _, run in es) <= until and not any(_busy(e[2]) for e in es)
+    ]
+    newest = sorted(kept, key=lambda es: max(run.time_s for _, _, run in es))
     return [
         MachineSession(
-            same_control=(es[0]["fingerprint"], es[0]["control"]) in keys,
-            runs=tuple(sorted((e["run"] for e in es), key=lambda r: r.time_s)),
+            same_control=(es[0][0], es[0][1]) in keys,
+            runs=tuple(sorted((run for _, _, run in es), key=lambda r: r.time_s)),
         )
         for es in newest[-MAX_SESSIONS:]
     ]
@@ -103,30 +115,34 @@ def _busy(run: RunFigures) -> bool:
     return not math.isnan(run.others_busy) and Busyness(run.others_busy, True).busy()
 
 
-def _entries(path: Path) -> list[dict[str, Any]]:
-    """The readable lines of ``path`` (a line cut short by a kill is skipped), read again only
-    when the file changed: the floor is judged at every trial."""
+def _entries(path: Path) -> tuple[tuple[str, str, RunFigures], ...]:
+    """(fingerprint, control, run) of each readable line of ``path``, read again only when the
+    file changed: the floor is judged at every trial."""
     try:
         stat = path.stat()
     except OSError:
-        return []
+        return ()
     return _parsed(path, stat.st_mtime_ns, stat.st_size)
 
 
-@functools.lru_cache(maxsize=4)
-def _parsed(path: Path, mtime_ns: int, size: int) -> list[dict[str, Any]]:
+@functools.lru_cache(maxsize=1)
+def _parsed(path: Path, mtime_ns: int, size: int) -> tuple[tuple[str, str, RunFigures], ...]:
+    """The lines of ``path`` that hold a whole entry: a line cut short by a kill, or written by
+    hand, is skipped rather than failing every floor of the study."""
     try:
-        lines = path.read_text().splitlines()
+        lines = path.read_bytes().decode(errors="replace").splitlines()
     except OSError:
-        return []
+        return ()
     out = []
     for line in lines:
         try:
             e = json.loads(line)
-            out.append({**e, "run": RunFigures.from_dict(e["run"])})
-        except (ValueError, KeyError, TypeError):
+            run = RunFigures.from_dict(e["run"])
+            run = replace(run, others_busy=float(run.others_busy), time_s=float(run.time_s))
+            out.append((str(e["fingerprint"]), str(e["control"]), run))
+        except (ValueError, KeyError, TypeError, AttributeError):
             continue
-    return out
+    return tuple(out)
 
 
 def _key(control: Mapping[str, Any]) -> str:

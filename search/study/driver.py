@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import random
 import time
+import uuid
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -144,7 +145,9 @@ class StudyDriver:
         self.new_s = 0.0
         """Time spent measuring the configurations of this invocation's trials, s."""
         self.control_runs = 0
-        self.session = f"{owner()['host']}-{owner()['pid']}-{time.time():.0f}"
+        self.session = (
+            f"{owner()['host']}-{owner()['pid']}-{time.time():.0f}-{uuid.uuid4().hex[:8]}"
+        )
         """This invocation, as its control runs name it (``search.analysis.drift.split_sessions``
         sessions)."""
 

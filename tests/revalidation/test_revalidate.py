@@ -82,16 +82,18 @@ def test_the_judged_interval_pools_the_runs_own_spread_with_the_machines_as_a_pr
     pooled = pool([run(100.0), run(102.0), run(98.0)], TIMES, confidence=0.95)
     m, verdict = assess_pooled(pooled.metrics, pooled.runs, Yardstick(_floor(0.03), STABLE, 0.95))
     assert verdict.stable
-    # the machine's 3% on 20 df as the prior, the runs' own spread (less their within-run
-    # errors, 1% / sqrt(5) each) on 2 df: posterior on 22 df; k = 3; Welch-Satterthwaite
+    # a run's total variance: the machine's 3% on 20 df as the prior (a floor built by hand: no
+    # within-run part of its own), the runs' own total spread on 2 df: posterior on 22 df; the
+    # runs' within-run errors (1% / sqrt(5) each) beyond the prior's none; k = 3. And, the
+    # between-session variance not known yet, its prior: the machine's 3% again, whole (the
+    # three runs share one session; SESSION_PRIOR), in the same component (the same estimate),
+    # on the prior's 20 df. Welch-Satterthwaite.
     within = 0.01**2 / 5
-    own = np.var(np.log([100.0, 102.0, 98.0]), ddof=1) - within
-    between = (20 * 0.03**2 + 2 * own) / 22
-    # and, the between-session variance not known yet, its prior: the machine's 3% (on its 20
-    # df) again, whole, since the three runs share one session (SESSION_PRIOR)
-    session = 1.0 * 0.03**2
-    var = (between + within) / 3 + session
-    df = var**2 / ((between / 3) ** 2 / 22 + (within / 3) ** 2 / 12 + session**2 / 20)
+    own = np.var(np.log([100.0, 102.0, 98.0]), ddof=1)
+    total = (20 * 0.03**2 + 2 * own) / 22
+    between = total / 3 + 1.0 * 0.03**2
+    var = between + within / 3
+    df = var**2 / (between**2 / 20 + (within / 3) ** 2 / 12)
     half = stats.t.ppf(0.975, df) * var**0.5
     assert m["throughput_ci_high"] == pytest.approx(m["throughput"] * np.exp(half))
     assert m["throughput_ci_low"] == pytest.approx(m["throughput"] * np.exp(-half))

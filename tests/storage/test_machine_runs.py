@@ -43,7 +43,7 @@ def _runs(session: str, start: float, device: str = "n1 cpu", n: int = 3) -> lis
 def test_the_other_studies_sessions_on_this_device_are_read_with_whether_their_control_is_ours(
     tmp_path,
 ):
-    mine = _runs("a", 1e9)
+    mine = _runs("a", 5e9)  # the others ended before this study's last control run
     kept = {
         "a": ("fp1", CONTROL, mine),  # this study's own: in its storage already
         "b": ("fp1", CONTROL, _runs("b", 2e9)),  # another study of the same workload
@@ -80,3 +80,22 @@ def test_a_session_measured_beside_other_work_is_no_history_for_another_study(tm
         keep_machine_run(tmp_path, "fp1", CONTROL, run)
     sessions = machine_sessions(tmp_path, _runs("now", 4e9, n=1))
     assert [s.runs[0].session for s in sessions] == ["quiet", "unknown"]
+
+
+def test_a_later_session_and_a_line_kept_after_a_cut_one_are_read_as_the_file_grows(tmp_path):
+    """The file is parsed again when it changes; a line a kill cut short does not hide the lines
+    after it; a session that ended after the study's last control run is not its history (a
+    study judged again later reads what it could read then)."""
+    mine = _runs("mine", 2e9)
+    for run in _runs("before", 1e9):
+        keep_machine_run(tmp_path, "fp1", CONTROL, run)
+    assert [s.runs[0].session for s in machine_sessions(tmp_path, mine)] == ["before"]
+    with (tmp_path / MACHINE_RUNS).open("a") as f:
+        f.write('{"fingerprint": "fp1", "control": "{}", "ru')  # cut short, no newline
+    for run in _runs("also-before", 1.5e9):
+        keep_machine_run(tmp_path, "fp1", CONTROL, run)
+    for run in _runs("after", 3e9):
+        keep_machine_run(tmp_path, "fp1", CONTROL, run)
+    sessions = machine_sessions(tmp_path, mine)
+    assert [s.runs[0].session for s in sessions] == ["before", "also-before"]
+    assert len(sessions[1].runs) == 3  # none lost to the cut line before them

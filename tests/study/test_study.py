@@ -493,9 +493,10 @@ def test_the_control_is_measured_at_the_start_and_kept_in_the_study(monkeypatch)
     controls = study_controls(study, FINGERPRINT)
     assert len(controls) == len(seen) >= 2 and controls[0].time_s <= controls[1].time_s
     # and in the machine's file, where the next study's floor finds them as history
-    kept = (Path("runs") / MACHINE_RUNS).read_text().splitlines()
+    kept = [x for x in (Path("runs") / MACHINE_RUNS).read_text().splitlines() if x]
     assert len(kept) == len(controls) and all(FINGERPRINT in line for line in kept)
-    (later,) = machine_sessions(Path("runs"), [replace(controls[0], session="next")])
+    next_one = replace(controls[-1], session="next", time_s=controls[-1].time_s + 60)
+    (later,) = machine_sessions(Path("runs"), [next_one])
     assert later.runs == tuple(controls) and {r.others_busy for r in later.runs} == {0.0}
     record = d.history()[0]
     # the interval spans runs: never narrower than the run's own
