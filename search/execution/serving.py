@@ -14,7 +14,6 @@ that; ``take_phases`` reads them once the device is synchronised (after each tim
 from __future__ import annotations
 
 import functools
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -32,6 +31,7 @@ from search.execution.knobs import (
     build_model,
     concurrently,
     knobs_off_default,
+    lane_threads,
     make_streams,
     refuse_unsupported,
 )
@@ -100,7 +100,7 @@ class ServeStep:
         self._autocast_dtype = AUTOCAST_DTYPES.get(knobs.precision)
         self._streams = make_streams(knobs.streams, device)
         self._previous_matmul_precision = torch.get_float32_matmul_precision()
-        self._pool = ThreadPoolExecutor(knobs.streams, thread_name_prefix="lane")
+        self._lanes = lane_threads(knobs.streams)
         self._marks: list[tuple[Mark, list[tuple[Mark, Mark]]]] = []
         self._forward = compiled(workload.forward, knobs.compile)
         self.compile_stats: CompileStats | None = None
@@ -156,7 +156,8 @@ class ServeStep:
     def close(self) -> None:
         """Restore the float32 matmul precision found at construction; stop the lane threads."""
         torch.set_float32_matmul_precision(self._previous_matmul_precision)
-        self._pool.shutdown()
+        for lane in self._lanes:
+            lane.shutdown()
 
     def __enter__(self) -> ServeStep:
         return self
@@ -172,7 +173,7 @@ class ServeStep:
             for stream in cuda_streams:
                 stream.wait_stream(main)  # the last batch's work must end first
         lanes = concurrently(
-            self._pool,
+            self._lanes,
             [
                 functools.partial(self._serve_lane, lane, forced, record)
                 for lane in range(self.knobs.streams)

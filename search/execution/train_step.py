@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch import nn
@@ -24,6 +23,7 @@ from search.execution.knobs import (
     Knobs,
     build_model,
     concurrently,
+    lane_threads,
     make_streams,
     map_tensors,
     refuse_unsupported,
@@ -64,7 +64,7 @@ class TrainStep:
         self._streams = make_streams(knobs.streams, device)
         self._cuda_streams = [s for s in self._streams if s is not None]
         self._previous_matmul_precision = torch.get_float32_matmul_precision()
-        self._pool = ThreadPoolExecutor(knobs.streams, thread_name_prefix="lane")
+        self._lanes = lane_threads(knobs.streams)
         self._loss = compiled(workload.loss, knobs.compile)
         self._marks: list[tuple[Mark, Mark]] = []
         """Each micro-batch's start and end since the last ``take_phases``."""
@@ -118,7 +118,8 @@ class TrainStep:
     def close(self) -> None:
         """Restore the float32 matmul precision found at construction; stop the lane threads."""
         torch.set_float32_matmul_precision(self._previous_matmul_precision)
-        self._pool.shutdown()
+        for lane in self._lanes:
+            lane.shutdown()
 
     def __enter__(self) -> TrainStep:
         return self
@@ -137,7 +138,7 @@ class TrainStep:
             for stream in streams:
                 stream.wait_stream(main)  # the last optimizer step must end before new grads land
         lanes = concurrently(
-            self._pool,
+            self._lanes,
             [functools.partial(self._run_lane, lane) for lane in range(self.knobs.streams)],
         )
         losses = [loss for lane in lanes for loss in lane]
