@@ -49,20 +49,19 @@ class SessionLevel:
 def session_levels(
     sessions: Sequence[Sequence[RunFigures]],
     level: Callable[[RunFigures], float],
-    probes_only: Sequence[bool] = (),
+    probes_only: bool = False,
 ) -> list[SessionLevel]:
     """The level of the control and of its probe in each of ``sessions`` (control runs, oldest
-    first) that holds two runs or more of it; ``level`` is a run's fitted drift factor. A session
-    marked in ``probes_only`` (another study's, of another control) gives its probe's level
-    only."""
+    first) that holds two runs or more of it; ``level`` is a run's fitted drift factor. With
+    ``probes_only`` (another study's sessions, of another control), their probe's level only."""
     out = []
-    for i, session in enumerate(sessions):
+    for session in sessions:
         probes = [p for r in session if (p := r.probe_run()) is not None]
         for series, runs, kind in (
             ("control", session, busy_class(median_busy(session))),
             ("probe", probes, BUSY),
         ):
-            if len(runs) < 2 or (series == "control" and i < len(probes_only) and probes_only[i]):
+            if len(runs) < 2 or (series == "control" and probes_only):
                 continue
             y = np.log([r.throughput / level(r) for r in runs])
             out.append(

@@ -229,7 +229,7 @@ class NoiseFloor:
         parts, probes = parts + more_parts, probes + more_probes
         levels = session_levels(sessions, lambda r: floor.level(r.time_s, r.device)[0])
         for (same, _), s, line in zip(history, earlier, earlier_lines, strict=True):
-            levels += session_levels([s], line.factor, [not same])
+            levels += session_levels([s], line.factor, probes_only=not same)
         session_cv, session_df = between_sessions(levels)
         return replace(
             floor,

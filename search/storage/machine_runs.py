@@ -25,7 +25,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from search.analysis.noise_floor import RunFigures
 from search.measurement.host_load import Busyness
@@ -45,6 +45,14 @@ class MachineSession:
     same_control: bool
     """Whether it measured the same control of the same workload (else only its probes compare)."""
     runs: tuple[RunFigures, ...]
+
+
+class _Entry(NamedTuple):
+    """One line of the file."""
+
+    fingerprint: str
+    control: str
+    run: RunFigures
 
 
 def keep_machine_run(
@@ -84,22 +92,21 @@ def machine_sessions(runs_dir: Path, own: Sequence[RunFigures]) -> list[MachineS
     entries = _entries(runs_dir / MACHINE_RUNS)
     mine, devices = {r.session for r in own}, {r.device for r in own}
     until = max(r.time_s for r in own)
-    keys = {(fp, control) for fp, control, run in entries if run.session in mine}
-    sessions: dict[str, list[tuple[str, str, RunFigures]]] = {}
-    for e in entries:
-        run = e[2]  # another device's spread (a GPU beside a CPU) is not this one's
-        if run.session and run.session not in mine and run.device in devices:
-            sessions.setdefault(run.session, []).append(e)
+    keys = {(e.fingerprint, e.control) for e in entries if e.run.session in mine}
+    sessions: dict[str, list[_Entry]] = {}
+    for e in entries:  # another device's spread (a GPU beside a CPU) is not this one's
+        if e.run.session and e.run.session not in mine and e.run.device in devices:
+            sessions.setdefault(e.run.session, []).append(e)
     kept = [
         es
         for es in sessions.values()
-        if max(run.time_s for _, _, run in es) <= until and not any(_busy(e[2]) for e in es)
+        if max(e.run.time_s for e in es) <= until and not any(_busy(e.run) for e in es)
     ]
-    newest = sorted(kept, key=lambda es: max(run.time_s for _, _, run in es))
+    newest = sorted(kept, key=lambda es: max(e.run.time_s for e in es))
     return [
         MachineSession(
-            same_control=(es[0][0], es[0][1]) in keys,
-            runs=tuple(sorted((run for _, _, run in es), key=lambda r: r.time_s)),
+            same_control=(es[0].fingerprint, es[0].control) in keys,
+            runs=tuple(sorted((e.run for e in es), key=lambda r: r.time_s)),
         )
         for es in newest[-MAX_SESSIONS:]
     ]
@@ -115,8 +122,8 @@ def _busy(run: RunFigures) -> bool:
     return not math.isnan(run.others_busy) and Busyness(run.others_busy, True).busy()
 
 
-def _entries(path: Path) -> tuple[tuple[str, str, RunFigures], ...]:
-    """(fingerprint, control, run) of each readable line of ``path``, read again only when the
+def _entries(path: Path) -> tuple[_Entry, ...]:
+    """The entries of the readable lines of ``path``, read again only when the
     file changed: the floor is judged at every trial."""
     try:
         stat = path.stat()
@@ -126,7 +133,7 @@ def _entries(path: Path) -> tuple[tuple[str, str, RunFigures], ...]:
 
 
 @functools.lru_cache(maxsize=1)
-def _parsed(path: Path, mtime_ns: int, size: int) -> tuple[tuple[str, str, RunFigures], ...]:
+def _parsed(path: Path, mtime_ns: int, size: int) -> tuple[_Entry, ...]:
     """The lines of ``path`` that hold a whole entry: a line cut short by a kill, or written by
     hand, is skipped rather than failing every floor of the study."""
     try:
@@ -139,7 +146,7 @@ def _parsed(path: Path, mtime_ns: int, size: int) -> tuple[tuple[str, str, RunFi
             e = json.loads(line)
             run = RunFigures.from_dict(e["run"])
             run = replace(run, others_busy=float(run.others_busy), time_s=float(run.time_s))
-            out.append((str(e["fingerprint"]), str(e["control"]), run))
+            out.append(_Entry(str(e["fingerprint"]), str(e["control"]), run))
         except (ValueError, KeyError, TypeError, AttributeError):
             continue
     return tuple(out)
