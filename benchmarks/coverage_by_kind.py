@@ -1,7 +1,7 @@
 """Do the tool's intervals cover the long-run mean for every kind of configuration, here?
 
     python benchmarks/coverage_by_kind.py [--rounds 6] [--busy-core] [--bursts] [--pairs]
-                                          [--json PATH]
+                                          [--revalidate K] [--json PATH]
     python benchmarks/coverage_by_kind.py --rejudge RECORD [--history]
 
 A ground truth of known kinds (``benchmarks/kinds.py``): steady (waits), overhead-bound (Python),
@@ -27,7 +27,11 @@ on a machine that has run others (or itself, nightly) before.
 fails the stall test first (judged against its round's control runs so far) is followed by one
 more control run. ``--pairs`` measures each configuration in two fresh processes in a row, as a
 compiled trial is, and judges the mean of the two with a floor that also holds the other
-configurations' pairs.
+configurations' pairs. ``--revalidate K`` re-validates every configuration of a round as a study
+re-validates its candidates: K more fresh processes each, all in one random order after the
+configurations and before the round's last control run, each with re-validation's time budget;
+their mean is judged as a re-validated candidate is (``search.stability.leave_one_out``: the
+other configurations' fresh runs in the floor, not its own) and printed as a second table.
 """
 
 from __future__ import annotations
@@ -63,7 +67,9 @@ from search.execution.figures import trial_metrics  # noqa: E402
 from search.execution.isolation import run_isolated  # noqa: E402
 from search.execution.trial import TrialRequest  # noqa: E402
 from search.measurement.host_load import cpu_mark, others_busy_cores  # noqa: E402
+from search.revalidation.pooling import Pooled  # noqa: E402
 from search.stability.judge import Yardstick, assess  # noqa: E402
+from search.stability.leave_one_out import judged_candidates  # noqa: E402
 
 KINDS = ("steady", "overhead", "compute", "stalling")
 SHAPES = ((8, 1), (32, 1), (32, 8))
@@ -89,6 +95,13 @@ def main(argv: list[str]) -> int:
         "--pairs",
         action="store_true",
         help="measure each configuration in two fresh processes in a row, as a compiled trial",
+    )
+    parser.add_argument(
+        "--revalidate",
+        type=int,
+        default=0,
+        metavar="K",
+        help="re-validate every configuration of a round in K more fresh processes",
     )
     parser.add_argument(
         "--history",
@@ -117,6 +130,8 @@ def main(argv: list[str]) -> int:
                 neighbour.kill()
     rows = _judged(runs, configs, settings, args.history)
     summary = _by_kind(rows, settings.measure.confidence)
+    revalidated = _revalidated(runs, configs, settings, args.history)
+    summary_revalidated = _by_kind(revalidated, settings.measure.confidence)
     measured = (
         f"the runs of {args.rejudge}"
         if args.rejudge
@@ -124,6 +139,23 @@ def main(argv: list[str]) -> int:
         f"{args.busy_core}"
     )
     print(f"\n{measured}; with the earlier rounds as history: {args.history}")
+    _print(summary)
+    if revalidated:
+        print("re-validated (the mean of each configuration's fresh processes):")
+        _print(summary_revalidated)
+    if args.json:
+        record = {
+            "summary": summary,
+            "rows": rows,
+            "summary_revalidated": summary_revalidated,
+            "rows_revalidated": revalidated,
+            "runs": runs,
+        }
+        args.json.write_text(json.dumps(record, indent=1))
+    return 0
+
+
+def _print(summary) -> None:
     for kind, s in summary.items():
         print(
             f"{kind:9s} covered {s['covered']}/{s['n']} = {s['coverage']:.0%} "
@@ -131,10 +163,6 @@ def main(argv: list[str]) -> int:
             f"{s['width_ratio']:.2f}x the {s['spread']:.1%} spread requires; unstable "
             f"{s['unstable']}/{s['n']}"
         )
-    if args.json:
-        record = {"summary": summary, "rows": rows, "runs": runs}
-        args.json.write_text(json.dumps(record, indent=1))
-    return 0
 
 
 def _spin() -> subprocess.Popen:
@@ -161,13 +189,20 @@ def _bursts() -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", BURSTS])
 
 
-def _run(config: dict[str, Any], settings, probe: bool = False) -> dict[str, Any] | None:
+def _run(
+    config: dict[str, Any], settings, probe: bool = False, again: bool = False
+) -> dict[str, Any] | None:
+    """One fresh process of ``config``; ``again``: a re-validation run, with its time budget."""
+    measure = settings.measure
+    if again:  # as ``search.study.driver.repeat_run`` budgets it
+        budget_s = min(measure.max_time_s, settings.revalidate.max_time_s)
+        measure = replace(measure, max_time_s=budget_s)
     request = TrialRequest(
         workload={"_target_": "kinds.Kinds"},
         config=config,
         device="cpu",
         seed=settings.seed,
-        measure=settings.measure,
+        measure=measure,
         timeout_s=300.0,
         fidelity=False,
         count=False,
@@ -193,7 +228,9 @@ def _rounds(configs, settings, args, rng: random.Random) -> list[dict[str, Any]]
         order = list(range(len(configs)))
         rng.shuffle(order)
         half = len(order) // 2
-        schedule = [None, None, *order[:half], None, *order[half:], None]  # None: a control run
+        schedule = [None, None, *order[:half], None, *order[half:]]  # None: a control run
+        fresh = [i for i in order for _ in range(args.revalidate)]
+        rng.shuffle(fresh)  # one random order, as re-validation interleaves its runs
         for i in schedule:
             for second in (False, True) if args.pairs and i is not None else (False,):
                 got = _run(CONTROL if i is None else configs[i], settings, probe=i is None)
@@ -205,6 +242,13 @@ def _rounds(configs, settings, args, rng: random.Random) -> list[dict[str, Any]]
                     again = _run(CONTROL, settings, probe=True)
                     if again is not None:
                         out.append({**again, "round": r, "config": None, "second": False})
+        for i in fresh:
+            got = _run(configs[i], settings, again=True)
+            if got is not None:
+                out.append({**got, "round": r, "config": i, "second": False, "again": True})
+        got = _run(CONTROL, settings, probe=True)
+        if got is not None:
+            out.append({**got, "round": r, "config": None, "second": False})
         print(f"  round {r + 1}/{args.rounds} done", flush=True)
     return out
 
@@ -270,6 +314,45 @@ def _judged(runs, configs, settings, history: bool) -> list[dict[str, Any]]:
     return rows
 
 
+def _revalidated(runs, configs, settings, history: bool) -> list[dict[str, Any]]:
+    """Each re-validated configuration's mean of its fresh processes, judged as a study judges
+    its re-validated candidates (``judged_candidates``: the other configurations' fresh runs in
+    the floor, not its own), with the long-run mean of its search-time runs in the other rounds
+    (as ``_judged``'s)."""
+    measured, rows = _measured(runs), []
+    for r in sorted({run["round"] for run in runs}):
+        fresh: dict[int, list[dict[str, Any]]] = {}
+        for x in runs:
+            if x["round"] == r and x.get("again"):
+                fresh.setdefault(x["config"], []).append(x)
+        stored = {
+            i: Pooled(xs[0]["metrics"], True, "", tuple(_figures(x) for x in xs))
+            for i, xs in fresh.items()
+            if len(xs) >= 2
+        }
+        earlier = [(True, _controls(runs, q)) for q in range(r)] if history else []
+        _, judged = judged_candidates(_controls(runs, r), [], stored, settings, earlier)
+        for i, pooled in judged.items():
+            others = [_mean(m) for (q, j), m in measured.items() if j == i and q != r]
+            if len(others) < 2:
+                continue
+            truth = float(np.mean(others))
+            low, high = pooled.metrics["throughput_ci_low"], pooled.metrics["throughput_ci_high"]
+            rows.append(
+                {
+                    "round": r,
+                    "config": configs[i],
+                    "throughput": pooled.metrics["throughput"],
+                    "interval": [low, high],
+                    "long_run_mean": truth,
+                    "covered": low <= truth <= high,
+                    "stable": pooled.stable,
+                    "reason": pooled.reason,
+                }
+            )
+    return rows
+
+
 def _controls(runs, round_: int) -> list[RunFigures]:
     """The control runs of one round, a session of their own."""
     return [
@@ -283,7 +366,7 @@ def _measured(runs) -> dict[tuple[int, int], tuple[dict[str, Any], dict[str, Any
     """(round, configuration): its first run and its second (None where it had none)."""
     out: dict[tuple[int, int], list[dict[str, Any]]] = {}
     for x in runs:
-        if x["config"] is not None:
+        if x["config"] is not None and not x.get("again"):
             out.setdefault((x["round"], x["config"]), []).append(x)
     return {k: (v[0], v[1] if len(v) > 1 else None) for k, v in out.items()}
 

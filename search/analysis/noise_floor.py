@@ -87,7 +87,7 @@ __all__ = [
 
 
 NEAREST_CONTROLS = 2
-"""Control runs nearest in time that a configuration's variability is compared with."""
+"""Control runs nearest in time that a configuration's stalls are compared with."""
 MIN_BETWEEN_DF = 3
 """Degrees of freedom the between-run variance needs before intervals include it. From 1 or 2
 its t quantile (12.7, 4.3) makes an interval wider than any spread seen between runs, and early
@@ -457,11 +457,17 @@ class NoiseFloor:
             },
         }
 
+    def of_device(self, device: str = "") -> tuple[RunFigures, ...]:
+        """The control runs of ``device`` where it made any, else all of them."""
+        own = tuple(c for c in self.controls if device and c.device == device)
+        return own or self.controls
+
     def nearest(self, time_s: float, device: str = "") -> list[RunFigures]:
         """The control runs nearest to ``time_s`` (``NEAREST_CONTROLS`` of them), of ``device``
         where it made any."""
-        own = [c for c in self.controls if device and c.device == device]
-        return sorted(own or self.controls, key=lambda c: abs(c.time_s - time_s))[:NEAREST_CONTROLS]
+        return sorted(self.of_device(device), key=lambda c: abs(c.time_s - time_s))[
+            :NEAREST_CONTROLS
+        ]
 
 
 def _between_runs(parts: Sequence[Part], probes: Sequence[Part]) -> dict[str, Any]:

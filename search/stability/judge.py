@@ -1,7 +1,8 @@
 """Stability: whether a configuration's runs are as steady as the machine's control runs.
 
 Stability is a property of the configuration: a run is unstable when its variability is
-significantly larger than the control's measured nearest in time (``judge``), by tests whose
+significantly larger than the control's (its stalls against the control runs nearest in time, its
+window dispersion against all of the device's control runs of its class: ``judge``), by tests whose
 false-alarm rates add up to ``stable.alpha`` (Bonferroni), and by at least a margin that matters.
 ``assess`` and ``assess_pooled`` give a run's (or a re-validated candidate's) stored figures their
 intervals spanning runs (``search.analysis.noise_floor``) and their verdict.
@@ -18,6 +19,7 @@ import numpy as np
 
 from search.analysis.noise_floor import NoiseFloor
 from search.analysis.run_figures import BUSY, STALL_FACTOR, RunFigures, busy_class, median_busy
+from search.analysis.window_spread import window_df_scale
 from search.core.distributions import binom_sf_at_least, f_sf
 from search.core.records import with_requests
 
@@ -54,18 +56,21 @@ def judge(
     throttled: bool = False,
     replicates: Sequence[RunFigures] = (),
 ) -> Verdict:
-    """Judge one configuration against the control runs nearest in time.
+    """Judge one configuration against the control runs of its device and class (where it keeps
+    the host busy and the control waits, the compute probes timed in them).
 
     Three one-sided tests, each at ``alpha / 3`` so that a configuration as steady as the control
     is called unstable with probability at most ``alpha`` (Bonferroni), and each also asks for an
     excess that matters:
 
     - **stalls**: its steps slower than ``STALL_FACTOR`` times its median step come at a higher
-      rate per second of steps than the control's (conditional binomial test of two Poisson
-      rates), and the excess over what the control's rate predicts is at least
+      rate per second of steps than the nearest control runs' (conditional binomial test of two
+      Poisson rates), and the excess over what the control's rate predicts is at least
       ``stable.excess_stalls`` of its steps;
-    - **window dispersion**: its window CV exceeds the control's (F-test of the variances) and
-      the excess, ``sqrt(cv² - cv_control²)``, is at least ``stable.excess_cv``;
+    - **window dispersion**: its window CV exceeds the control runs' pooled (F-test of the
+      variances, its degrees of freedom scaled down by how much more their window CVs vary from
+      run to run than normal windows would make them: ``search.analysis.window_spread``) and the
+      excess, ``sqrt(cv² - cv_control²)``, is at least ``stable.excess_cv``;
     - **fresh processes disagree** (only with ``replicates``): their means vary more than the
       machine's between-run variance plus their own within-run errors explain (F-test against
       the floor's degrees of freedom), by an excess CV of at least ``stable.excess_between_cv``.
@@ -81,7 +86,11 @@ def judge(
     alpha = settings.alpha / 3
     near = _of_its_class(run, floor.nearest(run.time_s, run.device))
     if near:  # else nothing to compare with (noise.budget=0, or every control run failed)
-        verdict = _against_control(run, near, settings, alpha)
+        verdict = _stall_tests(run, near, settings, alpha)
+        if verdict.stable:
+            verdict = _dispersion(
+                run, _of_its_class(run, floor.of_device(run.device)), settings, alpha
+            )
         if not verdict.stable:
             return verdict
     if len(replicates) >= 2 and (floor.between_df or near):
@@ -90,7 +99,7 @@ def judge(
 
 
 def _of_its_class(run: RunFigures, near: Sequence[RunFigures]) -> Sequence[RunFigures]:
-    """What ``run`` is compared with: the control runs nearest in time, or, where the run keeps
+    """What ``run`` is compared with: the control runs ``near``, or, where the run keeps
     the host busy and the control waits, the compute probes timed in those runs. A host that
     computes jitters more than one that sleeps (window CVs of 12-14% for matrix products against
     1-5% for the waiting control, on a 2-core AMD EPYC): judged against a waiting control, every
@@ -144,11 +153,11 @@ def _stall_test(grain: _Grain, settings: StableSettings, alpha: float) -> Verdic
     )
 
 
-def _against_control(
+def _stall_tests(
     run: RunFigures, near: Sequence[RunFigures], settings: StableSettings, alpha: float
 ) -> Verdict:
-    """The stall and window-dispersion tests of ``judge``: stalls counted over steps and, where
-    both sides timed them, over micro-batches, each at half of the stall test's ``alpha``."""
+    """The stall test of ``judge`` against the control runs nearest in time: stalls counted over
+    steps and, where both sides timed them, over micro-batches, each at half of ``alpha``."""
     grains = [_Grain("steps", run.stalls, run.n_steps, run.steps_time_s, near, False)]
     if run.micro_batches and all(c.micro_batches for c in near):
         grains.append(
@@ -160,18 +169,34 @@ def _against_control(
         verdict = _stall_test(grain, settings, alpha / len(grains))
         if not verdict.stable:
             return verdict
-    ctl_df = sum(c.n_windows - 1 for c in near)
-    ctl_var = sum(c.cv**2 * (c.n_windows - 1) for c in near) / ctl_df if ctl_df else 0.0
+    return Verdict(True)
+
+
+def _dispersion(
+    run: RunFigures, controls: Sequence[RunFigures], settings: StableSettings, alpha: float
+) -> Verdict:
+    """The window-dispersion test of ``judge`` against all of ``controls`` (the device's control
+    runs of the run's class), their window variances pooled, every degree of freedom counted
+    ``window_df_scale(controls)``: where their window CVs vary from run to run as heavy-tailed
+    windows make them, the two nearest alone are too few to say what the machine's is."""
+    df_scale = window_df_scale(controls)
+    ctl_df = sum(c.n_windows - 1 for c in controls)
+    ctl_var = sum(c.cv**2 * (c.n_windows - 1) for c in controls) / ctl_df if ctl_df else 0.0
     excess = math.sqrt(max(run.cv**2 - ctl_var, 0.0))
     if excess >= settings.excess_cv and run.n_windows > 1:
-        p = f_sf(run.cv**2 / ctl_var, run.n_windows - 1, ctl_df) if ctl_var else 0.0
+        df = (run.n_windows - 1) * df_scale, ctl_df * df_scale
+        p = f_sf(run.cv**2 / ctl_var, *df) if ctl_var else 0.0
         if p < alpha:
             return Verdict(
                 False,
-                f"dispersion: window CV {run.cv:.1%}, the control's {math.sqrt(ctl_var):.1%}: "
-                f"excess {excess:.1%} >= {settings.excess_cv:.0%} (F-test p={p:.2g} < {alpha:.2g})",
+                f"dispersion: window CV {run.cv:.1%}, the control runs' {math.sqrt(ctl_var):.1%}: "
+                f"excess {excess:.1%} >= {settings.excess_cv:.0%} (F-test p={p:.2g} < {alpha:.2g}"
+                + (f", windows counted {df_scale:.2g}x: {_SCALED})" if df_scale < 1 else ")"),
             )
     return Verdict(True)
+
+
+_SCALED = "the control runs' window CVs vary beyond normal windows'"
 
 
 def _disagreement(
