@@ -264,7 +264,8 @@ def assess_pooled(
 ) -> tuple[dict[str, float], Verdict]:
     """A re-validated candidate's pooled figures with the throughput interval of the mean of its
     fresh runs (``NoiseFloor.pooled``), and its verdict: the stall and dispersion tests on all its
-    runs together (their median CV, their steps summed) and the disagreement of their means."""
+    runs together (their median CV, their steps and micro-batches summed) and the disagreement
+    of their means."""
     floor = yardstick.floor
     mean, low, high = floor.pooled(runs, yardstick.confidence)
     median_run = sorted(runs, key=lambda r: r.cv)[len(runs) // 2]
@@ -276,6 +277,10 @@ def assess_pooled(
         n_steps=sum(r.n_steps for r in runs),
         stalls=sum(r.stalls for r in runs),
         step_s=float(np.mean([r.step_s for r in runs])),
+        # each run's stalls counted against its own median micro-batch, as its steps' are
+        micro_batches=sum(r.micro_batches for r in runs),
+        micro_stalls=sum(r.micro_stalls for r in runs),
+        micro_time_s=sum(r.micro_time_s for r in runs),
         busy=median_busy(runs),
         device=runs[0].device if len({r.device for r in runs}) == 1 else "",
     )

@@ -18,7 +18,7 @@ from search.config.settings import StableSettings
 from search.core.errors import ConfigError
 from search.measurement.protocol import MeasureSettings
 from search.space.parse import parse_space
-from search.stability.judge import Yardstick, assess, judge
+from search.stability.judge import Yardstick, assess, assess_pooled, judge
 
 STABLE = StableSettings(
     alpha=0.01, excess_cv=0.10, excess_stalls=0.01, excess_between_cv=0.05, max_cv=None
@@ -261,6 +261,25 @@ def test_micro_batch_stalls_that_hide_inside_the_step_are_unstable():
         unstable += not verdict.stable
         by_micro += "micro-batches over 2x the median micro-batch" in verdict.reason
     assert unstable >= 19 and by_micro >= 19
+
+
+def test_a_re_validated_candidate_s_micro_batch_stalls_count_too():
+    """The same stalls in a candidate re-validated in 2 fresh processes: its runs judged together
+    (``assess_pooled``) count their micro-batches' stalls as one run's, unstable in at least 19
+    of 20 repetitions (before, their micro-batches were not summed, and the stalls hid)."""
+    unstable = 0
+    for seed in range(20):
+        machine = Machine(between_cv=0.0, drift=0.0, seed=1900 + seed)
+        floor = _controls(machine)
+        fresh = [
+            machine.run(2000.0, stall_p=0.02, stall_x=10.0, micro_batches=32, settings=LONG)
+            for _ in range(2)
+        ]
+        _, verdict = assess_pooled(
+            fresh[0][0], [run for _, run in fresh], Yardstick(floor, STABLE, 0.95)
+        )
+        unstable += "micro-batches over 2x the median micro-batch" in verdict.reason
+    assert unstable >= 19
 
 
 def test_steady_micro_batches_are_stable():
