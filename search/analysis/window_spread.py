@@ -6,7 +6,8 @@ Why: the dispersion test compares a run's window variance with the control's by 
 holds where every run's windows are independent draws from one normal distribution. Here they are
 not. On the 2-core AMD EPYC the compute probe's window CV ranged from 0.4% to 27% over the 56
 control runs of one idle record (``benchmarks/data/coverage_by_kind-2026-11-27-idle.json``, 5
-windows each), where 5 normal windows would make the CVs of runs alike within a factor of about 3.
+windows each), where from 5 normal windows two runs' CVs differ by more than 3x in only 5% of
+pairs.
 Its windows are heavy-tailed: a run that catches a slow second has a large CV, one beside it none.
 Judged by the F-test alone, a steady configuration that computes was called unstable in 4 of 24
 runs at alpha 1%.
