@@ -239,9 +239,9 @@ def _rounds(configs, settings, args, rng: random.Random) -> list[dict[str, Any]]
                 out.append({**got, "round": r, "config": i, "second": second})
                 if i is not None and not second and _stalls_first(got, out, r, settings):
                     # as the study driver does: a control run right after, to tell a burst
-                    again = _run(CONTROL, settings, probe=True)
-                    if again is not None:
-                        out.append({**again, "round": r, "config": None, "second": False})
+                    follow_up = _run(CONTROL, settings, probe=True)
+                    if follow_up is not None:
+                        out.append({**follow_up, "round": r, "config": None, "second": False})
         for i in fresh:
             got = _run(configs[i], settings, again=True)
             if got is not None:
