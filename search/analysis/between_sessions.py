@@ -9,13 +9,13 @@ round to the next (``docs/method/noise-floor.md``). One invocation cannot see th
 runs. The control runs of the study's earlier invocations can: each invocation is a session, and
 a nightly re-tune adds one a night.
 
-The model, per series of runs (the control configuration, and the compute probe timed in each
-control run) on one device: ``log(session level) = long-run level + s_session + e``,
+The model, per series of runs (the control configuration, and each probe timed in each control
+run) on one device: ``log(session level) = long-run level + s_session + e``,
 ``s ~ N(0, σ_s²)``, ``e`` the session level's own error (its runs' spread over their number).
 σ_s² is estimated from the sessions' squared deviations from their series' mean, their own errors
 included (``between_sessions`` says why); each series of n sessions gives n - 1 degrees of
-freedom. A class of run (``BUSY``, ``WAITING``) reads
-the series of its class: the probe, and the control where it is of that class.
+freedom. A class of run (``BUSY``, ``SERIAL``, ``WAITING``) reads the series of its class: its
+probe, and the control where it is of that class.
 
 Nothing here knows Optuna or processes; ``NoiseFloor.estimate`` calls it.
 """
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from search.analysis.run_figures import BUSY, RunFigures, busy_class, median_busy
+from search.analysis.run_figures import PROBE_PREFIX, RunFigures, busy_class, median_busy
 
 __all__ = ["SessionLevel", "between_sessions", "session_levels"]
 
@@ -38,9 +38,9 @@ class SessionLevel:
     """The mean log level of one series' runs in one session."""
 
     series: str
-    """``control`` or ``probe``."""
+    """``control``, or the probe's ``search.analysis.run_figures.PROBE_PREFIX``."""
     kind: str | None
-    """The runs' class (``BUSY``, ``WAITING``; None where their busyness is unknown)."""
+    """The runs' class (``BUSY``, ``SERIAL``, ``WAITING``; None where their busyness is unknown)."""
     device: str
     log_level: float
     """Mean log throughput of its runs, each corrected for the session's drift."""
@@ -51,18 +51,20 @@ def session_levels(
     level: Callable[[RunFigures], float],
     probes_only: bool = False,
 ) -> list[SessionLevel]:
-    """The level of the control and of its probe in each of ``sessions`` (control runs, oldest
+    """The level of the control and of each probe in each of ``sessions`` (control runs, oldest
     first) that holds two runs or more of it; ``level`` is a run's fitted drift factor. With
-    ``probes_only`` (another study's sessions, of another control), their probe's level only."""
+    ``probes_only`` (another study's sessions, of another control), their probes' levels only."""
     out = []
     for session in sessions:
-        probes = [p for r in session if (p := r.probe_run()) is not None]
-        for series, runs, kind in (
-            ("control", session, busy_class(median_busy(session))),
-            ("probe", probes, BUSY),
-        ):
-            if len(runs) < 2 or (series == "control" and probes_only):
+        series_runs = [("control", list(session))] if not probes_only else []
+        series_runs += [
+            (prefix, [p for r in session if (p := r.probe_run(kind)) is not None])
+            for kind, prefix in PROBE_PREFIX.items()
+        ]
+        for series, runs in series_runs:
+            if len(runs) < 2:
                 continue
+            kind = busy_class(median_busy(runs))
             y = np.log([r.throughput / level(r) for r in runs])
             out.append(
                 SessionLevel(

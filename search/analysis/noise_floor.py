@@ -53,6 +53,8 @@ from search.analysis.drift import DriftLine, by_device, split_sessions
 from search.analysis.run_figures import (
     BUSY,
     BUSY_CPU_S_PER_S,
+    CLASSES,
+    SERIAL,
     STALL_FACTOR,
     WAITING,
     RunFigures,
@@ -78,6 +80,7 @@ __all__ = [
     "NoiseFloor",
     "WAITING",
     "RunFigures",
+    "SERIAL",
     "SESSION_GRACE_S",
     "STALL_FACTOR",
     "busy_class",
@@ -160,10 +163,10 @@ class NoiseFloor:
     """The drift line of every session, oldest last run first; the fields above are the last
     one's. Empty for a floor built by hand: the fields above then apply to every figure."""
     classes: tuple[tuple[str, float, int], ...] = ()
-    """(class, σ_b, degrees of freedom) of each class of run (``BUSY``, ``WAITING``), each from
-    the runs of that class alone: the control's, the re-validated candidates' and, for ``BUSY``,
-    the compute probe's timed in every control run (``between_for``). Empty for a floor built by
-    hand: ``between_cv`` then serves every run."""
+    """(class, σ_b, degrees of freedom) of each class of run (``BUSY``, ``SERIAL``, ``WAITING``),
+    each from the runs of that class alone: the control's, the re-validated candidates' and the
+    class's probe timed in every control run (``between_for``). Empty for a floor built by hand:
+    ``between_cv`` then serves every run."""
     between_session_cv: float = 0.0
     """σ_s: between-session standard deviation of an invocation's level, relative
     (``search.analysis.between_sessions``)."""
@@ -239,20 +242,33 @@ class NoiseFloor:
             between_session_df=session_df,
             session_classes=tuple(
                 (name, *between_sessions([lv for lv in levels if lv.kind == name]))
-                for name in (BUSY, WAITING)
+                for name in CLASSES
             ),
         )
 
+    def class_of(self, busy: float) -> str | None:
+        """The class whose spread a run as busy as ``busy`` takes: ``busy_class``'s, except that a
+        ``SERIAL`` run takes ``BUSY``'s until its own rests on ``MIN_BETWEEN_DF`` (on CUDA the
+        serial probe is not timed and, the host spinning on the device, every run reads as one
+        busy thread; a floor stored before the class has none)."""
+        name = busy_class(busy)
+        known = any(s.kind == SERIAL and s.df >= MIN_BETWEEN_DF for s in self.spreads)
+        return BUSY if name == SERIAL and not known else name
+
     def between_for(self, busy: float) -> tuple[float, int]:
         """(σ_b, degrees of freedom) for a run as busy as ``busy`` (CPU-seconds per second): its
-        class's (``BUSY`` or ``WAITING``) where that rests on ``MIN_BETWEEN_DF`` or more, else the
-        machine's pooled figure (``between_cv``), which also serves a run of unknown busyness."""
-        return _of_class(self.classes, busy, (self.between_cv, self.between_df))
+        class's (``class_of``) where that rests on ``MIN_BETWEEN_DF`` or more, else the machine's
+        pooled figure (``between_cv``), which also serves a run of unknown busyness."""
+        name = self.class_of(busy)
+        for kind, cv, df in self.classes:
+            if kind == name and df >= MIN_BETWEEN_DF:
+                return cv, df
+        return self.between_cv, self.between_df
 
     def spread_for(self, busy: float) -> Spread:
         """The total spread of one run's mean for a run as busy as ``busy``, chosen as
         ``between_for`` chooses; σ_b with no within-run part on a floor built by hand."""
-        name = busy_class(busy)
+        name = self.class_of(busy)
         mine = [s for s in self.spreads if s.kind == name and s.df >= MIN_BETWEEN_DF]
         pooled = [s for s in self.spreads if s.kind is None]
         if mine or pooled:
@@ -260,11 +276,10 @@ class NoiseFloor:
         return Spread(None, self.between_cv, 0.0, self.between_df)
 
     def between_sessions_for(self, busy: float) -> tuple[float, int]:
-        """(σ_s, degrees of freedom) for a run as busy as ``busy``: its class's, as far as it is
-        known (a run that waits does not borrow the probe's spread, which computes: until its
-        class's is known, the prior stands for it); the pooled figure for a run of unknown
-        busyness or a floor built by hand."""
-        name = busy_class(busy)
+        """(σ_s, degrees of freedom) for a run as busy as ``busy``: its class's (``class_of``) as
+        far as it is known (until then the prior stands for it, not another class's); the pooled
+        figure for a run of unknown busyness or a floor built by hand."""
+        name = self.class_of(busy)
         mine = [(cv, df) for kind, cv, df in self.session_classes if kind == name]
         if name is None or not self.session_classes:
             return self.between_session_cv, self.between_session_df
@@ -472,27 +487,12 @@ class NoiseFloor:
 
 def _between_runs(parts: Sequence[Part], probes: Sequence[Part]) -> dict[str, Any]:
     """The floor's between-run fields from the groups of fresh runs: σ_b pooled and by class, and
-    each class's total spread (the probes count for ``BUSY``)."""
+    each class's total spread (each probe counts for its class)."""
     cv, df = pooled_between(parts)
-    of = {name: [p for p in [*parts, *probes] if p.kind == name] for name in (BUSY, WAITING)}
+    of = {name: [p for p in [*parts, *probes] if p.kind == name] for name in CLASSES}
     return {
         "between_cv": cv,
         "between_df": df,
-        "classes": tuple((name, *pooled_between(of[name])) for name in (BUSY, WAITING)),
-        "spreads": (
-            spread_of(None, parts),
-            *(spread_of(name, of[name]) for name in (BUSY, WAITING)),
-        ),
+        "classes": tuple((name, *pooled_between(of[name])) for name in CLASSES),
+        "spreads": (spread_of(None, parts), *(spread_of(name, of[name]) for name in CLASSES)),
     }
-
-
-def _of_class(
-    classes: Sequence[tuple[str, float, int]], busy: float, pooled: tuple[float, int]
-) -> tuple[float, int]:
-    """The (σ, degrees of freedom) of ``busy``'s class in ``classes`` where that rests on
-    ``MIN_BETWEEN_DF`` or more, else ``pooled`` (which also serves a run of unknown busyness)."""
-    name = busy_class(busy)
-    for kind, cv, df in classes:
-        if kind == name and df >= MIN_BETWEEN_DF:
-            return cv, df
-    return pooled

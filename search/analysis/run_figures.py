@@ -13,8 +13,11 @@ import numpy as np
 __all__ = [
     "BUSY",
     "BUSY_CPU_S_PER_S",
+    "CLASSES",
     "MICRO_BATCH_PHASE",
     "RunFigures",
+    "SERIAL",
+    "SERIAL_MAX_CPU_S_PER_S",
     "STALL_FACTOR",
     "WAITING",
     "busy_class",
@@ -27,12 +30,30 @@ STALL_FACTOR = 2.0
 """A step slower than this multiple of its run's median step counts as a stall."""
 MICRO_BATCH_PHASE = "micro_batch_ms"
 """The phase a training step marks: each micro-batch's forward and backward, ms."""
-BUSY, WAITING = "busy", "waiting"
-"""The two classes of between-run spread: runs that keep the host computing, runs that wait."""
+BUSY, SERIAL, WAITING = "busy", "serial", "waiting"
+"""The three classes of between-run spread: runs that keep more than one core computing (matrix
+products on every thread), runs that keep about one thread busy (a step bound by the Python
+interpreter dispatching small operations; on CUDA, where the host spins on the device, every run),
+and runs that wait."""
 BUSY_CPU_S_PER_S = 0.5
-"""A run whose process used at least this many CPU-seconds per second of measuring is ``BUSY``.
-Measured on a 2-core AMD EPYC: a step that sleeps reads about 0.01, a step of matrix products 1-2
-(one per thread), a Python-bound step about 1; the boundary lies between with room on both sides."""
+"""A run whose process used at least this many CPU-seconds per second of measuring computes
+(``SERIAL`` or ``BUSY``). Measured on a 2-core AMD EPYC: a step that sleeps reads about 0.01, a step
+of matrix products 1-2 (one per thread), a Python-bound step about 1; the boundary lies between
+with room on both sides."""
+SERIAL_MAX_CPU_S_PER_S = 1.3
+"""A computing run below this many CPU-seconds per second is ``SERIAL``, at or above it ``BUSY``.
+One thread cannot ask for more than one core (its time waiting for one counts, ``host_busy``): on
+the 2-core AMD EPYC a Python-bound step read 1.00-1.14 idle and with a core kept busy, matrix
+products on two threads 1.47-1.71 (``benchmarks/coverage_by_kind.py``). Why it matters there: in
+episodes of a few seconds the interpreter ran at 0.56x while matrix products ran at 0.92x, so
+Python-bound configurations moved by 12-16% between fresh processes where the compute probe moved
+by 6%."""
+CLASSES = (BUSY, SERIAL, WAITING)
+"""Every class, in the order a floor keeps their spreads."""
+PROBE_PREFIX = {BUSY: "probe", SERIAL: "serial_probe"}
+"""The ``RunFigures`` fields of each class's probe: ``<prefix>``, ``<prefix>_cv``, ..."""
+CLASS_BUSY = {BUSY: 2.0, SERIAL: 1.0}
+"""The busyness a probe's run is given: one that ``busy_class`` puts in the probe's class."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,6 +89,14 @@ class RunFigures:
     probe_steps: int = 0
     probe_stalls: int = 0
     probe_step_s: float = 0.0
+    serial_probe: float = 0.0
+    """A control run's serial probe (small operations dispatched from Python, one thread), ops/s;
+    0.0 where none was timed."""
+    serial_probe_cv: float = 0.0
+    serial_probe_windows: int = 0
+    serial_probe_steps: int = 0
+    serial_probe_stalls: int = 0
+    serial_probe_step_s: float = 0.0
     micro_batches: int = 0
     """Micro-batches timed (0 where they were not: a serving step, or figures stored before)."""
     micro_stalls: int = 0
@@ -78,25 +107,31 @@ class RunFigures:
     """Cores other processes kept busy during it (``search.measurement.host_load``), for control
     runs; NaN where unknown."""
 
-    def probe_run(self) -> RunFigures | None:
-        """The compute probe timed in this run's process, as a run of its own (None without)."""
-        if self.probe <= 0 or self.probe_windows < 2:
+    def probe_run(self, kind: str = BUSY) -> RunFigures | None:
+        """The probe of class ``kind`` timed in this run's process (``BUSY``: the compute probe,
+        ``SERIAL``: the serial probe), as a run of its own (None without)."""
+        prefix = PROBE_PREFIX[kind]
+        throughput, windows = getattr(self, prefix), getattr(self, f"{prefix}_windows")
+        if throughput <= 0 or windows < 2:
             return None
+        steps, step_s = getattr(self, f"{prefix}_steps"), getattr(self, f"{prefix}_step_s")
+        stalls = getattr(self, f"{prefix}_stalls")
         return replace(
             self,
-            throughput=self.probe,
-            cv=self.probe_cv,
-            n_windows=self.probe_windows,
-            n_steps=self.probe_steps or self.probe_windows,
-            stalls=self.probe_stalls,
-            step_s=self.probe_step_s,
-            busy=1.0,
+            throughput=throughput,
+            cv=getattr(self, f"{prefix}_cv"),
+            n_windows=windows,
+            n_steps=steps or windows,
+            stalls=stalls,
+            step_s=step_s,
+            busy=CLASS_BUSY[kind],
             probe=0.0,
-            # The probe's step is one product, as short as a micro-batch: its stalls stand for
-            # the machine's at that grain too.
-            micro_batches=self.probe_steps,
-            micro_stalls=self.probe_stalls,
-            micro_time_s=self.probe_steps * self.probe_step_s,
+            serial_probe=0.0,
+            # The probe's step is as short as a micro-batch: its stalls stand for the machine's
+            # at that grain too.
+            micro_batches=steps,
+            micro_stalls=stalls,
+            micro_time_s=steps * step_s,
         )
 
     @property
@@ -128,6 +163,12 @@ class RunFigures:
             probe_steps=int(metrics.get("probe_n_steps", 0)),
             probe_stalls=int(metrics.get("probe_stall_steps", 0)),
             probe_step_s=float(metrics.get("probe_step_ms", 0.0)) / 1000.0,
+            serial_probe=float(metrics.get("serial_probe_throughput", 0.0)),
+            serial_probe_cv=float(metrics.get("serial_probe_cv", 0.0)),
+            serial_probe_windows=int(metrics.get("serial_probe_n_windows", 0)),
+            serial_probe_steps=int(metrics.get("serial_probe_n_steps", 0)),
+            serial_probe_stalls=int(metrics.get("serial_probe_stall_steps", 0)),
+            serial_probe_step_s=float(metrics.get("serial_probe_step_ms", 0.0)) / 1000.0,
             micro_batches=int(metrics.get("micro_batches_timed", 0)),
             micro_stalls=int(metrics.get("stall_micro_batches", 0)),
             micro_time_s=float(metrics.get("micro_batch_time_s", 0.0)),
@@ -144,11 +185,13 @@ class RunFigures:
 
 
 def busy_class(busy: float) -> str | None:
-    """``BUSY`` or ``WAITING`` for a run as busy as ``busy`` (CPU-seconds per second); None where
-    unknown (NaN)."""
+    """``BUSY``, ``SERIAL`` or ``WAITING`` for a run as busy as ``busy`` (CPU-seconds per second);
+    None where unknown (NaN)."""
     if math.isnan(busy):
         return None
-    return BUSY if busy >= BUSY_CPU_S_PER_S else WAITING
+    if busy < BUSY_CPU_S_PER_S:
+        return WAITING
+    return SERIAL if busy < SERIAL_MAX_CPU_S_PER_S else BUSY
 
 
 def median_busy(runs: Sequence[RunFigures]) -> float:

@@ -1,5 +1,5 @@
 """How far one run's mean lands from its configuration's level: the between-run spread of groups of
-fresh runs (a session's control runs, its compute probes, a re-validated candidate, a compiled
+fresh runs (a session's control runs, its probes, a re-validated candidate, a compiled
 trial's two processes), the building block of ``search.analysis.noise_floor``.
 
 Two estimates come from the same groups, for two uses:
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from search.analysis.drift import DriftLine
-from search.analysis.run_figures import BUSY, RunFigures, busy_class, median_busy
+from search.analysis.run_figures import PROBE_PREFIX, RunFigures, busy_class, median_busy
 from search.measurement.statistics import t_quantile
 
 __all__ = ["Part", "Spread", "half_width", "pooled_between", "session_parts", "spread_of"]
@@ -39,7 +39,7 @@ class Part:
     """One group of fresh runs of one configuration, reduced to what the spread needs."""
 
     kind: str | None
-    """``BUSY``, ``WAITING`` or None (busyness unknown) by the runs' median busyness."""
+    """``BUSY``, ``SERIAL``, ``WAITING`` or None (busyness unknown) by the runs' median busyness."""
     rss: float
     """Sum of squared deviations of the runs' log level-corrected means from their average."""
     explained: float
@@ -47,10 +47,8 @@ class Part:
     df: int
 
     @classmethod
-    def of(
-        cls, runs: Sequence[RunFigures], levels: Sequence[float], fitted: int, probe: bool = False
-    ) -> Part:
-        kind = BUSY if probe else busy_class(median_busy(runs))
+    def of(cls, runs: Sequence[RunFigures], levels: Sequence[float], fitted: int) -> Part:
+        kind = busy_class(median_busy(runs))
         if len(runs) <= fitted:
             return cls(kind, 0.0, 0.0, 0)
         y = np.log([r.throughput / lv for r, lv in zip(runs, levels, strict=True)])
@@ -63,7 +61,7 @@ class Spread:
     """The spread of one class's runs (module docstring): the total, and the within-run part."""
 
     kind: str | None
-    """The class (``BUSY``, ``WAITING``), or None for every run of the machine pooled."""
+    """The class (``BUSY``, ``SERIAL``, ``WAITING``), or None for every run pooled."""
     total_cv: float
     """Standard deviation of a run's log mean about its group's mean, within-run error included."""
     within_var: float
@@ -75,15 +73,17 @@ def session_parts(
     sessions: Sequence[Sequence[RunFigures]], lines: Sequence[DriftLine]
 ) -> tuple[list[Part], list[Part]]:
     """The groups of control sessions, each run corrected by its session's drift line (which
-    costs a degree of freedom where it corrects), and of the compute probes timed in them."""
+    costs a degree of freedom where it corrects), and of each class's probes timed in them (a
+    probe's run has its class's busyness: ``RunFigures.probe_run``)."""
     controls = [
         Part.of(s, [line.level(r.time_s)[0] for r in s], 2 if line.corrected else 1)
         for s, line in zip(sessions, lines, strict=True)
     ]
     probes = [
-        Part.of(p, [1.0] * len(p), 1, probe=True)
+        Part.of(p, [1.0] * len(p), 1)
         for s in sessions
-        if len(p := [r for c in s if (r := c.probe_run()) is not None]) > 1
+        for kind in PROBE_PREFIX
+        if len(p := [r for c in s if (r := c.probe_run(kind)) is not None]) > 1
     ]
     return controls, probes
 

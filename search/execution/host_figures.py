@@ -9,6 +9,13 @@ fp32 matrix product moved by 14.6% (CV, 5 fresh processes, interleaved) while a 
 ms moved by 0.9%. A control that waits therefore speaks for configurations that wait, not for
 those that compute. The busy figure says which a run is; the probe gives the control runs a
 yardstick for the configurations that compute.
+
+A second probe, small operations dispatched from Python on one thread, is the yardstick of runs
+that keep about one thread busy (``search.analysis.run_figures.SERIAL``): on that machine the
+interpreter slowed to 0.56x in episodes of a few seconds while matrix products slowed to 0.92x, so
+a Python-bound configuration moved by 12-16% between fresh processes where the matrix product
+moved by 6%. It is timed on the CPU alone: on CUDA the host spins on the device, every run reads as
+one busy thread, and the compute probe (on the GPU) stays every run's yardstick there.
 """
 
 from __future__ import annotations
@@ -26,11 +33,14 @@ from search.analysis.run_figures import stall_steps
 from search.measurement.protocol import Measurement, MeasureSettings, measure
 from search.measurement.timers import make_timer
 
-__all__ = ["PROBE_SHAPE", "HostBusy", "host_busy", "probe_metrics"]
+__all__ = ["PROBE_SHAPE", "SERIAL_PROBE_OPS", "HostBusy", "host_busy", "probe_metrics"]
 
 PROBE_SHAPE = {"cpu": (384, torch.float32), "cuda": (4096, torch.bfloat16)}
 """The probe's square matrix size and dtype by device type: a product of 1-2 ms on a 2-core CPU,
 about 0.2 ms on an H100 (bf16 tensor cores), so that each window holds many."""
+SERIAL_PROBE_OPS = 100
+"""Additions to a one-element tensor in one step of the serial probe: about 0.3 ms on the 2-core
+AMD EPYC, as short as a micro-batch of a Python-bound step."""
 
 
 @dataclass
@@ -85,17 +95,50 @@ def _demand_s() -> dict[str, float]:
 
 
 def probe_metrics(device: torch.device, settings: MeasureSettings) -> dict[str, float]:
-    """Time the compute probe (a fixed matrix product on ``device``) in this process: products
-    per second, its window CV and windows, as ``RunFigures`` reads them (``probe_*``)."""
-    measured = _measure_probe(device, settings)
+    """Time the probes in this process: the compute probe (a fixed matrix product on ``device``)
+    and, on the CPU, the serial probe; per probe its rate, window CV and windows, as
+    ``RunFigures`` reads them (``probe_*``, ``serial_probe_*``)."""
+    figures = _figures("probe", _measure_probe(device, settings))
+    if device.type == "cpu":
+        figures |= _figures("serial_probe", _measure_serial_probe(settings))
+    return figures
+
+
+def _figures(prefix: str, measured: Measurement) -> dict[str, float]:
     return {
-        "probe_throughput": measured.throughput,
-        "probe_cv": measured.throughput_cv,
-        "probe_n_windows": float(measured.n_windows),
-        "probe_n_steps": float(measured.n_steps),
-        "probe_stall_steps": float(stall_steps(measured.step_latencies_ms)),
-        "probe_step_ms": measured.latency_mean_ms,
+        f"{prefix}_throughput": measured.throughput,
+        f"{prefix}_cv": measured.throughput_cv,
+        f"{prefix}_n_windows": float(measured.n_windows),
+        f"{prefix}_n_steps": float(measured.n_steps),
+        f"{prefix}_stall_steps": float(stall_steps(measured.step_latencies_ms)),
+        f"{prefix}_step_ms": measured.latency_mean_ms,
     }
+
+
+def _probe_windows(settings: MeasureSettings) -> MeasureSettings:
+    """Five windows as long as a trial's: a run's window CV and stalls are judged against its
+    class's probe (``search.stability.judge``), so the probe's windows must be alike."""
+    return replace(
+        settings,
+        warmup_steps=3,
+        warmup_s=0.2,
+        min_windows=5,
+        max_windows=5,
+        max_time_s=0.2 + 5 * settings.window_s,
+        race=False,
+    )
+
+
+def _measure_serial_probe(settings: MeasureSettings) -> Measurement:
+    one = torch.ones(1)
+
+    def step() -> None:
+        x = one
+        for _ in range(SERIAL_PROBE_OPS):
+            x = x + 1e-6
+
+    timer = make_timer(torch.device("cpu"))
+    return measure(step, SERIAL_PROBE_OPS, _probe_windows(settings), timer)
 
 
 def _measure_probe(device: torch.device, settings: MeasureSettings) -> Measurement:
@@ -108,15 +151,4 @@ def _measure_probe(device: torch.device, settings: MeasureSettings) -> Measureme
     def step() -> None:
         torch.mm(a, b, out=out)
 
-    # Five windows as long as a trial's: a busy run's window CV and stalls are judged against
-    # the probe's (``search.stability.judge``), so its windows must be alike.
-    short = replace(
-        settings,
-        warmup_steps=3,
-        warmup_s=0.2,
-        min_windows=5,
-        max_windows=5,
-        max_time_s=0.2 + 5 * settings.window_s,
-        race=False,
-    )
-    return measure(step, 1, short, make_timer(device))
+    return measure(step, 1, _probe_windows(settings), make_timer(device))

@@ -18,7 +18,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from search.analysis.noise_floor import NoiseFloor
-from search.analysis.run_figures import BUSY, STALL_FACTOR, RunFigures, busy_class, median_busy
+from search.analysis.run_figures import (
+    BUSY,
+    PROBE_PREFIX,
+    STALL_FACTOR,
+    RunFigures,
+    busy_class,
+    median_busy,
+)
 from search.analysis.window_spread import window_df_scale
 from search.core.distributions import binom_sf_at_least, f_sf
 from search.core.records import with_requests
@@ -56,8 +63,8 @@ def judge(
     throttled: bool = False,
     replicates: Sequence[RunFigures] = (),
 ) -> Verdict:
-    """Judge one configuration against the control runs of its device and class (where it keeps
-    the host busy and the control waits, the compute probes timed in them).
+    """Judge one configuration against the control runs of its device and class (where it computes
+    and the control waits, its class's probes timed in them).
 
     Three one-sided tests, each at ``alpha / 3`` so that a configuration as steady as the control
     is called unstable with probability at most ``alpha`` (Bonferroni), and each also asks for an
@@ -99,15 +106,20 @@ def judge(
 
 
 def _of_its_class(run: RunFigures, near: Sequence[RunFigures]) -> Sequence[RunFigures]:
-    """What ``run`` is compared with: the control runs ``near``, or, where the run keeps
-    the host busy and the control waits, the compute probes timed in those runs. A host that
-    computes jitters more than one that sleeps (window CVs of 12-14% for matrix products against
-    1-5% for the waiting control, on a 2-core AMD EPYC): judged against a waiting control, every
-    run that computes there would be called unstable."""
-    if busy_class(run.busy) != BUSY or all(busy_class(c.busy) == BUSY for c in near):
+    """What ``run`` is compared with: the control runs ``near``, or, where the run computes and
+    the control is of another class, the probes of the run's class timed in those runs (the
+    compute probe's where its class's was not timed). A host that computes jitters more than one
+    that sleeps (window CVs of 12-14% for matrix products against 1-5% for the waiting control,
+    on a 2-core AMD EPYC): judged against a waiting control, every run that computes there would
+    be called unstable."""
+    name = busy_class(run.busy)
+    if name not in PROBE_PREFIX or all(busy_class(c.busy) == name for c in near):
         return near
-    probes = [p for c in near if (p := c.probe_run()) is not None]
-    return probes or near
+    for kind in dict.fromkeys((name, BUSY)):
+        probes = [p for c in near if (p := c.probe_run(kind)) is not None]
+        if probes:
+            return probes
+    return near
 
 
 @dataclass(frozen=True)

@@ -733,21 +733,21 @@ def test_the_two_processes_of_compiled_trials_teach_the_floor_their_class_s_spre
         second = {**first, "throughput": b}
         attrs = {
             "fingerprint": "fp",
-            "metrics": {**first, "host_busy": 1.0},
+            "metrics": {**first, "host_busy": 1.8},
             "measured_at": 1e9 + 10 * i,
             "second_process": {
                 "state": "complete",
                 "time_s": 1e9 + 10 * i + 5,
-                "metrics": {**second, "host_busy": 1.0},
+                "metrics": {**second, "host_busy": 1.8},
             },
         }
         study.add_trial(optuna.trial.create_trial(values=[1.0], user_attrs=attrs))
     assert len(trial_pairs(study, "fp")) == 12 and trial_pairs(study, "other") == []
     floor = noise_floor(study, "fp", llm_settings())
-    busy_cv, busy_df = floor.between_for(1.0)
+    busy_cv, busy_df = floor.between_for(1.8)
     assert busy_df >= 12 + 3 and 0.05 < busy_cv < 0.16, (busy_cv, busy_df)
     without = NoiseFloor.estimate(controls)
-    assert without.between_for(1.0)[0] < 0.03
+    assert without.between_for(1.8)[0] < 0.03
 
 
 def test_a_spread_the_runs_own_errors_explain_still_widens_an_interval_by_its_t():

@@ -17,7 +17,7 @@ import torch
 from tiny_overrides import TINY_GPT
 from trial_workloads import request
 
-from search.analysis.noise_floor import BUSY, WAITING, RunFigures, busy_class
+from search.analysis.noise_floor import BUSY, SERIAL, WAITING, RunFigures, busy_class
 from search.core.records import COMPLETE
 from search.execution.figures import trial_metrics
 from search.execution.host_figures import host_busy, probe_metrics
@@ -25,17 +25,39 @@ from search.execution.worker import run_trial
 from search.measurement.protocol import MeasureSettings
 
 
-def test_a_process_that_waits_reads_idle_and_one_that_computes_busy():
+def test_a_process_that_waits_reads_idle_one_in_python_serial_and_one_on_every_core_busy():
     with host_busy() as waiting:
         time.sleep(0.3)
-    a = torch.randn(256, 256)
-    with host_busy() as computing:
+    with host_busy() as serial:
         started = time.perf_counter()
+        one = torch.ones(1)
         while time.perf_counter() - started < 0.3:
-            a @ a
+            one = one + 1e-6
     assert waiting.value < 0.2 and busy_class(waiting.value) == WAITING
-    assert computing.value > 0.8 and busy_class(computing.value) == BUSY
+    assert 0.5 < serial.value < 1.3 and busy_class(serial.value) == SERIAL, serial.value
     assert busy_class(math.nan) is None
+    assert [busy_class(b) for b in (0.49, 0.5, 1.29, 1.3, 3.0)] == [
+        WAITING,
+        SERIAL,
+        SERIAL,
+        BUSY,
+        BUSY,
+    ]
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: every thread shares it")
+def test_matrix_products_on_two_threads_read_busy():
+    a = torch.randn(512, 512)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with host_busy() as computing:
+            started = time.perf_counter()
+            while time.perf_counter() - started < 0.5:
+                a @ a
+    finally:
+        torch.set_num_threads(threads)
+    assert busy_class(computing.value) == BUSY, computing.value
 
 
 def test_the_probe_times_a_matrix_product_with_an_interval():
@@ -43,8 +65,12 @@ def test_the_probe_times_a_matrix_product_with_an_interval():
     not a machine's: beside the suite on 2 cores the probe's two threads read 148% once, four
     windows slowed by the load against one that was not."""
     figures = probe_metrics(torch.device("cpu"), MeasureSettings())
-    assert figures["probe_throughput"] > 0 and figures["probe_n_windows"] >= 5
-    assert 0 <= figures["probe_cv"] < math.sqrt(figures["probe_n_windows"])
+    for probe in ("probe", "serial_probe"):
+        assert figures[f"{probe}_throughput"] > 0 and figures[f"{probe}_n_windows"] >= 5
+        assert 0 <= figures[f"{probe}_cv"] < math.sqrt(figures[f"{probe}_n_windows"])
+    # the serial probe counts additions, a step of 100 of them well under a window
+    assert figures["serial_probe_throughput"] > 100 * figures["probe_throughput"]
+    assert figures["serial_probe_n_steps"] > figures["probe_n_steps"]
 
 
 def test_every_run_reports_its_busyness_and_a_control_run_its_probe():
@@ -56,7 +82,11 @@ def test_every_run_reports_its_busyness_and_a_control_run_its_probe():
     run = RunFigures.of(trial_metrics(control, 0.95), time.time())
     probe = run.probe_run()
     assert run.busy > 0.5 and probe is not None and probe.throughput > 0
-    assert probe.busy == 1.0 and probe.probe == 0.0 and probe.n_windows >= 5
+    assert busy_class(probe.busy) == BUSY and probe.probe == 0.0 and probe.n_windows >= 5
+    serial = run.probe_run(SERIAL)
+    assert serial is not None and busy_class(serial.busy) == SERIAL and serial.serial_probe == 0.0
+    assert serial.throughput == control.telemetry["serial_probe_throughput"]
+    assert plain.telemetry.get("serial_probe_throughput") is None
 
 
 def test_a_probe_that_fails_leaves_the_control_run_complete_without_it(monkeypatch):
@@ -76,7 +106,7 @@ def test_a_probe_that_fails_leaves_the_control_run_complete_without_it(monkeypat
     not Path(f"/proc/self/task/{threading.get_native_id()}/schedstat").exists(),
     reason="the kernel keeps no schedstat",
 )
-def test_a_process_that_computes_beside_others_still_reads_busy():
+def test_a_process_that_computes_beside_others_still_reads_as_one_busy_thread():
     # Twice as many spinning processes as cores: a computing thread gets about a third of a core,
     # and by its time on a core alone read 0.46 beside the suite's other processes, taken for one
     # that waits.
@@ -95,5 +125,5 @@ def test_a_process_that_computes_beside_others_still_reads_busy():
     finally:
         for spinner in spinners:
             spinner.kill()
-    assert busy_class(computing.value) == BUSY, computing.value
+    assert busy_class(computing.value) == SERIAL, computing.value
     assert busy_class(waiting.value) == WAITING, waiting.value
