@@ -80,6 +80,11 @@ class DriftLine:
     """Its runs less two."""
 
     @classmethod
+    def none(cls) -> DriftLine:
+        """No line: nothing measured, nothing corrected."""
+        return cls(device="", start=0.0, end=0.0, t_ref=0.0, drift=0.0, p=1.0, corrected=False)
+
+    @classmethod
     def fit(cls, session: Sequence[ControlRun]) -> DriftLine:
         slope, slope_var, t_ref, p, corrected = _drift_line(session)
         start, end = session[0].time_s, session[-1].time_s

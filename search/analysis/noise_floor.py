@@ -60,6 +60,7 @@ from search.analysis.run_figures import (
     RunFigures,
     busy_class,
     median_busy,
+    serial_as_busy,
     stall_steps,
 )
 from search.analysis.run_spread import (
@@ -213,13 +214,7 @@ class NoiseFloor:
         controls = tuple(sorted(controls, key=lambda c: c.time_s))
         sessions = split_sessions(controls)
         lines = tuple(DriftLine.fit(s) for s in sessions)
-        last = (
-            lines[-1]
-            if lines
-            else DriftLine(
-                device="", start=0.0, end=0.0, t_ref=0.0, drift=0.0, p=1.0, corrected=False
-            )
-        )
+        last = lines[-1] if lines else DriftLine.none()
         floor = cls(
             controls=controls, between_cv=0.0, between_df=0, lines=lines, **_fields_of(last)
         )
@@ -233,6 +228,8 @@ class NoiseFloor:
         levels = session_levels(sessions, lambda r: floor.level(r.time_s, r.device)[0])
         for (same, _), s, line in zip(history, earlier, earlier_lines, strict=True):
             levels += session_levels([s], line.factor, probes_only=not same)
+        if not any(p.kind == SERIAL for p in probes):  # no serial probe timed: CUDA, older floors
+            parts, levels = serial_as_busy(parts), serial_as_busy(levels)
         session_cv, session_df = between_sessions(levels)
         return replace(
             floor,
@@ -248,9 +245,10 @@ class NoiseFloor:
 
     def class_of(self, busy: float) -> str | None:
         """The class whose spread a run as busy as ``busy`` takes: ``busy_class``'s, except that a
-        ``SERIAL`` run takes ``BUSY``'s until its own rests on ``MIN_BETWEEN_DF`` (on CUDA the
-        serial probe is not timed and, the host spinning on the device, every run reads as one
-        busy thread; a floor stored before the class has none)."""
+        ``SERIAL`` run takes ``BUSY``'s until its own rests on ``MIN_BETWEEN_DF``, and where no
+        serial probe was timed (on CUDA, where the host spins on the device and every run reads
+        as one busy thread; a floor stored before the class), ``estimate`` counts every ``SERIAL``
+        run as ``BUSY``, as before the class."""
         name = busy_class(busy)
         known = any(s.kind == SERIAL and s.df >= MIN_BETWEEN_DF for s in self.spreads)
         return BUSY if name == SERIAL and not known else name

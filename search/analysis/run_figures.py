@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -23,6 +23,7 @@ __all__ = [
     "busy_class",
     "median_busy",
     "micro_batch_metrics",
+    "serial_as_busy",
     "stall_steps",
 ]
 
@@ -216,3 +217,19 @@ def micro_batch_metrics(phases_ms: Mapping[str, Sequence[float]]) -> dict[str, f
         "stall_micro_batches": float(stall_steps(times_ms)),
         "micro_batch_time_s": float(np.sum(times_ms)) / 1000.0,
     }
+
+
+class _HasKind(Protocol):
+    @property
+    def kind(self) -> str | None: ...
+
+
+_Kinded = TypeVar("_Kinded", bound=_HasKind)
+
+
+def serial_as_busy(items: Sequence[_Kinded]) -> list[_Kinded]:
+    """``items`` (frozen dataclasses with a ``kind``: groups of runs, session levels) with
+    ``SERIAL`` read as ``BUSY``: where no serial probe was timed, one-thread runs keep the class
+    they had before it existed."""
+    # replace() needs a dataclass, which a Protocol cannot say
+    return [replace(x, kind=BUSY) if x.kind == SERIAL else x for x in items]  # type: ignore[type-var]

@@ -44,8 +44,9 @@ class TrialRequest:
     """Where the compiler keeps what it compiled (``compile`` on), so that a fresh process of the
     same device reuses it; None: the compiler's own default."""
     probe_compute: bool = False
-    """Whether to time the compute probe (a fixed matrix product) in the same process after the
-    measurement (``search.execution.host_figures``): the control runs do, for the noise floor."""
+    """Whether to time the probes (a fixed matrix product and, on the CPU, small operations from
+    Python) in the same process after the measurement (``search.execution.host_figures``): the
+    control runs do, for the noise floor."""
     race: Race | None = None
     """The front this configuration races against (``search.analysis.racing``): its measurement
     stops early, ``screened``, once it cannot reach it. None: measured to the full budget (repeat

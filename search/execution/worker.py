@@ -124,7 +124,7 @@ class _Measured:
     """What compiling took (``CompileStats.metrics``); empty when the step ran eagerly."""
     host: dict[str, float]
     """``host_busy`` (CPU-seconds per second while measuring) and, where the request asked, the
-    compute probe's figures (``search.execution.host_figures``)."""
+    probes' figures (``search.execution.host_figures``)."""
 
 
 def _measure(
@@ -166,8 +166,9 @@ def _measure(
 
 
 def _probed(device: torch.device, request: TrialRequest) -> dict[str, float]:
-    """The compute probe's figures; nothing when it fails: a control run that measured its
-    configuration keeps its figures, and the floor does without that run's probe."""
+    """The probes' figures (the compute probe's and, on the CPU, the serial probe's); nothing when
+    they fail: a control run that measured its configuration keeps its figures, and the floor
+    does without that run's probes."""
     try:
         return probe_metrics(device, request.measure)
     except Exception:

@@ -155,3 +155,30 @@ def test_other_studies_sessions_give_a_first_invocation_the_between_session_spre
     assert other.between_session_df == 5  # the probe's series alone
     alone = NoiseFloor.estimate(today)
     assert alone.between_session_df == 0 and first.spread_for(0.1).df > alone.spread_for(0.1).df
+
+
+def test_each_probe_is_a_series_of_its_class_and_a_serial_run_reads_the_serial_probes():
+    """Nights whose serial probe moved by 10% while the control and the compute probe stayed: a
+    run that keeps one thread busy takes the serial probe's spread between invocations, one on
+    every core the compute probe's."""
+    factors = (1.12, 0.9, 1.05, 0.92, 1.1)
+    sessions = [
+        [
+            replace(r, probe=800.0, probe_windows=5, serial_probe=3e5 * f, serial_probe_windows=5)
+            for r in _session(i, 1.0)
+        ]
+        for i, f in enumerate(factors)
+    ]
+    levels = session_levels(sessions, lambda r: 1.0)
+    assert {(lv.series, lv.kind) for lv in levels} == {
+        ("control", "waiting"),
+        ("probe", "busy"),
+        ("serial_probe", "serial"),
+    }
+    floor = NoiseFloor.estimate([r for s in sessions for r in s])
+    serial_cv, serial_df = floor.between_sessions_for(1.0)
+    busy_cv, busy_df = floor.between_sessions_for(1.7)
+    assert serial_df == busy_df == 4
+    assert serial_cv > 0.08 and busy_cv < 0.005, (serial_cv, busy_cv)
+    only_theirs = session_levels(sessions, lambda r: 1.0, probes_only=True)
+    assert {lv.series for lv in only_theirs} == {"probe", "serial_probe"}

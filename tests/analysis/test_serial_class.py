@@ -81,6 +81,18 @@ def test_without_serial_probes_a_serial_run_is_judged_as_a_busy_one():
         time_s=1e9 + 200, throughput=500.0, cv=0.2, n_windows=12, n_steps=50, stalls=0, busy=1.0
     )
     assert judge(jittery, floor, STABLE).reason.startswith("dispersion")
+    # re-validated candidates that keep one thread busy count for the busy class, as before
+    rng = np.random.default_rng(1)
+    groups = [
+        [
+            replace(jittery, cv=0.01, throughput=500.0 * np.exp(0.1 * rng.standard_normal()))
+            for _ in range(3)
+        ]
+        for _ in range(4)
+    ]
+    with_groups = NoiseFloor.estimate(controls, groups)
+    assert with_groups.between_for(1.7)[1] == floor.between_for(1.7)[1] + 8
+    assert with_groups.between_for(1.0) == with_groups.between_for(1.7)
 
 
 def test_a_serial_run_is_judged_against_the_serial_probes_windows():
