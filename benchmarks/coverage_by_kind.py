@@ -2,14 +2,14 @@
 
     python benchmarks/coverage_by_kind.py [--rounds 6] [--busy-core] [--bursts] [--pairs]
                                           [--revalidate K] [--json PATH]
-    python benchmarks/coverage_by_kind.py --rejudge RECORD [--history]
+    python benchmarks/coverage_by_kind.py --rejudge RECORD [--history] [--without-serial-probe]
 
 A ground truth of known kinds (``benchmarks/kinds.py``): steady (waits), overhead-bound (Python),
 compute-bound (real matrix products) and stalling (2% of micro-batches 10x), each at batch 8 and
 32 in micro-batches of 1 and at batch 32 in micro-batches of 8, measured on this machine in fresh
 worker processes with the tool's default measurement settings. Each round is one study's worth,
 scheduled as the tool schedules one: 2 control runs (the steady kind at batch 8, micro-batch 1,
-each timing the compute probe), every configuration once in a random order with a control run
+each timing the probes), every configuration once in a random order with a control run
 after the sixth, a control run at the end. Each run's interval spanning runs and its stability
 verdict come from its round's noise floor alone (``search.stability.judge.assess``).
 
@@ -19,7 +19,9 @@ over the square root of 5. Printed per kind: coverage at the nominal level with 
 Clopper-Pearson 95% interval, the median half-width against what the kind's between-process
 spread requires (the normal quantile times the spread of its runs), and how often a run was
 called unstable. ``--busy-core`` keeps one core spinning in another process throughout.
-``--rejudge`` judges the runs of a record again (it keeps every run, control runs included) and
+``--rejudge`` judges the runs of a record again (it keeps every run, control runs included;
+``--without-serial-probe`` leaves out the serial probe of each control run, so that the same runs
+are judged as they were before the serial class) and
 ``--history`` judges each round with the control runs of the rounds before it as the machine's
 history, each an invocation of another study (``search.storage.machine_runs``), as a study is judged
 on a machine that has run others (or itself, nightly) before.
@@ -108,6 +110,11 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="judge each round with the earlier rounds' control runs as the machine's history",
     )
+    parser.add_argument(
+        "--without-serial-probe",
+        action="store_true",
+        help="with --rejudge: leave out the control runs' serial probes, as judged before them",
+    )
     args = parser.parse_args(argv)
     settings = load_settings(compose_config(["+space=llm"]))
     configs = [
@@ -118,6 +125,11 @@ def main(argv: list[str]) -> int:
     started = time.time()
     if args.rejudge:
         runs = json.loads(args.rejudge.read_text())["runs"]
+        if args.without_serial_probe:
+            for run in runs:
+                run["metrics"] = {
+                    k: v for k, v in run["metrics"].items() if not k.startswith("serial_probe")
+                }
     else:
         neighbours = [
             *([_spin()] if args.busy_core else []),
@@ -134,6 +146,7 @@ def main(argv: list[str]) -> int:
     summary_revalidated = _by_kind(revalidated, settings.measure.confidence)
     measured = (
         f"the runs of {args.rejudge}"
+        + (" without their serial probes" if args.without_serial_probe else "")
         if args.rejudge
         else f"{args.rounds} rounds, {(time.time() - started) / 60:.1f} min, busy core: "
         f"{args.busy_core}"
