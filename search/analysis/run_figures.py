@@ -158,18 +158,8 @@ class RunFigures:
             stalls=int(metrics.get("stall_steps", 0)),
             step_s=float(metrics.get("latency_mean_ms", 0.0)) / 1000.0,
             busy=float(metrics.get("host_busy", math.nan)),
-            probe=float(metrics.get("probe_throughput", 0.0)),
-            probe_cv=float(metrics.get("probe_cv", 0.0)),
-            probe_windows=int(metrics.get("probe_n_windows", 0)),
-            probe_steps=int(metrics.get("probe_n_steps", 0)),
-            probe_stalls=int(metrics.get("probe_stall_steps", 0)),
-            probe_step_s=float(metrics.get("probe_step_ms", 0.0)) / 1000.0,
-            serial_probe=float(metrics.get("serial_probe_throughput", 0.0)),
-            serial_probe_cv=float(metrics.get("serial_probe_cv", 0.0)),
-            serial_probe_windows=int(metrics.get("serial_probe_n_windows", 0)),
-            serial_probe_steps=int(metrics.get("serial_probe_n_steps", 0)),
-            serial_probe_stalls=int(metrics.get("serial_probe_stall_steps", 0)),
-            serial_probe_step_s=float(metrics.get("serial_probe_step_ms", 0.0)) / 1000.0,
+            **_probe_fields(metrics, "probe"),
+            **_probe_fields(metrics, "serial_probe"),
             micro_batches=int(metrics.get("micro_batches_timed", 0)),
             micro_stalls=int(metrics.get("stall_micro_batches", 0)),
             micro_time_s=float(metrics.get("micro_batch_time_s", 0.0)),
@@ -183,6 +173,19 @@ class RunFigures:
     def from_dict(cls, d: Mapping[str, Any]) -> RunFigures:
         """The figures ``as_dict`` stored (JSON keeps their types); fields added since default."""
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+
+
+def _probe_fields(metrics: Mapping[str, float], prefix: str) -> dict[str, Any]:
+    """The ``RunFigures`` fields of the probe whose stored figures start with ``prefix``
+    (``search.execution.host_figures.probe_metrics``); zero where it was not timed."""
+    return {
+        prefix: float(metrics.get(f"{prefix}_throughput", 0.0)),
+        f"{prefix}_cv": float(metrics.get(f"{prefix}_cv", 0.0)),
+        f"{prefix}_windows": int(metrics.get(f"{prefix}_n_windows", 0)),
+        f"{prefix}_steps": int(metrics.get(f"{prefix}_n_steps", 0)),
+        f"{prefix}_stalls": int(metrics.get(f"{prefix}_stall_steps", 0)),
+        f"{prefix}_step_s": float(metrics.get(f"{prefix}_step_ms", 0.0)) / 1000.0,
+    }
 
 
 def busy_class(busy: float) -> str | None:

@@ -21,6 +21,7 @@ from search.analysis.noise_floor import NoiseFloor
 from search.analysis.run_figures import (
     BUSY,
     PROBE_PREFIX,
+    SERIAL,
     STALL_FACTOR,
     RunFigures,
     busy_class,
@@ -111,9 +112,16 @@ def _of_its_class(run: RunFigures, near: Sequence[RunFigures]) -> Sequence[RunFi
     compute probe's where its class's was not timed). A host that computes jitters more than one
     that sleeps (window CVs of 12-14% for matrix products against 1-5% for the waiting control,
     on a 2-core AMD EPYC): judged against a waiting control, every run that computes there would
-    be called unstable."""
-    name = busy_class(run.busy)
-    if name not in PROBE_PREFIX or all(busy_class(c.busy) == name for c in near):
+    be called unstable. Where no serial probe was timed (CUDA, runs stored before it), a run of
+    one busy thread is of the busy class, as the floor counts it (``NoiseFloor.estimate``)."""
+    serial_timed = any(c.probe_run(SERIAL) is not None for c in near)
+
+    def class_of(busy: float) -> str | None:
+        name = busy_class(busy)
+        return BUSY if name == SERIAL and not serial_timed else name
+
+    name = class_of(run.busy)
+    if name not in PROBE_PREFIX or all(class_of(c.busy) == name for c in near):
         return near
     for kind in dict.fromkeys((name, BUSY)):
         probes = [p for c in near if (p := c.probe_run(kind)) is not None]

@@ -113,3 +113,17 @@ def test_a_serial_run_is_judged_against_the_serial_probes_windows():
     assert judge(run, floor, STABLE).stable
     assert judge(replace(run, busy=1.7), floor, STABLE).reason.startswith("dispersion")
     assert judge(replace(run, cv=0.45), floor, STABLE).reason.startswith("dispersion")
+
+
+def test_on_cuda_every_computing_run_is_judged_against_the_control_runs_as_before():
+    """The host spins on the device: the control runs read as one busy thread, no serial probe is
+    timed, and a run of two busy threads is judged against the control runs, not the probe."""
+    controls = [
+        replace(c, busy=1.0, cv=0.12) for c in _controls(8, serial_spread=0.0, serial_cv=0.0)
+    ]
+    floor = NoiseFloor.estimate(controls)
+    run = RunFigures(
+        time_s=1e9 + 200, throughput=500.0, cv=0.13, n_windows=12, n_steps=200, stalls=0, busy=1.6
+    )
+    assert judge(run, floor, STABLE).stable
+    assert judge(replace(run, busy=1.0), floor, STABLE).stable
