@@ -19,7 +19,7 @@ window takes up what is not yet recorded (``--again`` measures them anew). The s
 - ``llama``: ``+space=llama``, capped (``study.timeout_s``);
 - ``llm_versus``, ``llama_versus``: ``benchmarks/versus_baseline.py``, the study's recommendation
   against the expert's hand baseline, eager and compiled, side by side in fresh processes (both
-  ratios);
+  ratios); ``llama_versus_eager``: the eager baseline alone, where a window has too little left;
 - ``pytest_gpu``: ``python -m pytest -m gpu``;
 - ``llm_serve``: a short serving study;
 - ``retune``: a re-tune of ``llm`` after a model change (one layer fewer), with its verdict;
@@ -76,7 +76,13 @@ def _search(*args: str) -> Callable[[Path], list[str]]:
     return lambda runs: [sys.executable, "-m", "search", *args, f"runs_dir={runs}"]
 
 
-def _versus(space: str, study: str, *overrides: str) -> Callable[[Path], list[str]]:
+def _versus(
+    space: str, study: str, *overrides: str, report: str = "", flags: tuple[str, ...] = ()
+) -> Callable[[Path], list[str]]:
+    """versus_baseline.py on ``study``'s recommendation; its report is ``<report>.json`` (the
+    step's name, which ``read_figures`` reads), by default ``<study>_versus.json``."""
+    report = report or f"{study.removesuffix('-cuda')}_versus"
+
     def argv(runs: Path) -> list[str]:
         return [
             sys.executable,
@@ -85,8 +91,9 @@ def _versus(space: str, study: str, *overrides: str) -> Callable[[Path], list[st
             str(runs / study / "best.yaml"),
             "--processes",
             "2",
+            *flags,
             "--json",
-            str(runs / f"{study.removesuffix('-cuda')}_versus.json"),
+            str(runs / f"{report}.json"),
             f"+space={space}",
             *overrides,
             f"runs_dir={runs}",
@@ -146,15 +153,24 @@ STEPS = (
     # the errors the fp8 and fused-kernel tolerances bound, measured (first: it needs no study)
     Step("fidelity_errors", 180, _fidelity_errors),
     Step("llm", 600, _search("+space=llm"), study="llm-cuda"),
+    # long enough for the order to reach the levers (compile, optimizer, fused kernels: the
+    # eighth trial, at 45-65 s a trial), ending within one device call
     Step(
         "llama",
-        330,
-        _search("+space=llama", "study.timeout_s=200", *SHORT_ENDING),
+        595,
+        _search("+space=llama", "study.timeout_s=380", *ONE_WINDOW),
         study="llama-cuda",
     ),
     # three configurations side by side, the compiled baseline's first run compiling cold
     Step("llm_versus", 300, _versus("llm", "llm-cuda"), needs="llm"),
     Step("llama_versus", 420, _versus("llama", "llama-cuda"), needs="llama"),
+    # the eager first guess alone, where a window has too little left for the compiled one
+    Step(
+        "llama_versus_eager",
+        240,
+        _versus("llama", "llama-cuda", report="llama_versus_eager", flags=("--no-compiled",)),
+        needs="llama",
+    ),
     Step("pytest_gpu", 240, lambda runs: [sys.executable, "-m", "pytest", "-q", "-m", "gpu"]),
     Step(
         "llm_serve",
@@ -327,7 +343,7 @@ def read_figures(step: Step, runs: Path, output: str) -> dict[str, Any]:
         best = runs / step.study / "best.yaml"
         if best.exists():
             figures["best"] = yaml.safe_load(best.read_text())
-    if step.name.endswith("_versus") or step.name == "fidelity_errors":
+    if "_versus" in step.name or step.name == "fidelity_errors":
         report = runs / f"{step.name}.json"
         if report.exists():
             figures["report"] = json.loads(report.read_text())

@@ -31,6 +31,7 @@ STEP_ORDER = (
     "llama",
     "llm_versus",
     "llama_versus",
+    "llama_versus_eager",
     "pytest_gpu",
     "llm_serve",
     "retune",
@@ -220,6 +221,7 @@ RENDER = {
     "llama_fp8": _study,
     "llm_versus": _versus,
     "llama_versus": _versus,
+    "llama_versus_eager": _versus,
     "llama_levers_versus": _versus,
 }
 
