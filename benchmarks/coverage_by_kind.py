@@ -27,7 +27,10 @@ history, each an invocation of another study (``search.storage.machine_runs``), 
 on a machine that has run others (or itself, nightly) before.
 ``--bursts`` copies memory in bursts in another process throughout. As a study does, a run that
 fails the stall test first (judged against its round's control runs so far) is followed by one
-more control run. ``--pairs`` measures each configuration in two fresh processes in a row, as a
+more control run, and one that fails the window-dispersion test by a second fresh process of it,
+the two judged together (``search.stability.judge``: unstable only where both are;
+``--without-confirmation`` judges a record's runs without those second processes).
+``--pairs`` measures each configuration in two fresh processes in a row, as a
 compiled trial is, and judges the mean of the two with a floor that also holds the other
 configurations' pairs. ``--revalidate K`` re-validates every configuration of a round as a study
 re-validates its candidates: K more fresh processes each, all in one random order after the
@@ -70,7 +73,7 @@ from search.execution.isolation import run_isolated  # noqa: E402
 from search.execution.trial import TrialRequest  # noqa: E402
 from search.measurement.host_load import cpu_mark, others_busy_cores  # noqa: E402
 from search.revalidation.pooling import Pooled  # noqa: E402
-from search.stability.judge import Yardstick, assess  # noqa: E402
+from search.stability.judge import DISPERSED, Yardstick, assess  # noqa: E402
 from search.stability.leave_one_out import judged_candidates  # noqa: E402
 
 KINDS = ("steady", "overhead", "compute", "stalling")
@@ -115,6 +118,11 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="with --rejudge: leave out the control runs' serial probes, as judged before them",
     )
+    parser.add_argument(
+        "--without-confirmation",
+        action="store_true",
+        help="with --rejudge: leave out the second processes of dispersed runs",
+    )
     args = parser.parse_args(argv)
     settings = load_settings(compose_config(["+space=llm"]))
     configs = [
@@ -125,6 +133,8 @@ def main(argv: list[str]) -> int:
     started = time.time()
     if args.rejudge:
         runs = json.loads(args.rejudge.read_text())["runs"]
+        if args.without_confirmation:
+            runs = [run for run in runs if not run.get("confirm")]
         if args.without_serial_probe:
             for run in runs:
                 run["metrics"] = {
@@ -147,6 +157,7 @@ def main(argv: list[str]) -> int:
     measured = (
         f"the runs of {args.rejudge}"
         + (" without their serial probes" if args.without_serial_probe else "")
+        + (" without the second processes of dispersed runs" if args.without_confirmation else "")
         if args.rejudge
         else f"{args.rounds} rounds, {(time.time() - started) / 60:.1f} min, busy core: "
         f"{args.busy_core}"
@@ -250,11 +261,8 @@ def _rounds(configs, settings, args, rng: random.Random) -> list[dict[str, Any]]
                 if got is None:
                     continue
                 out.append({**got, "round": r, "config": i, "second": second})
-                if i is not None and not second and _stalls_first(got, out, r, settings):
-                    # as the study driver does: a control run right after, to tell a burst
-                    follow_up = _run(CONTROL, settings, probe=True)
-                    if follow_up is not None:
-                        out.append({**follow_up, "round": r, "config": None, "second": False})
+                if i is not None and not second:
+                    out += _settled(got, out, r, (configs[i], i, not args.pairs), settings)
         for i in fresh:
             got = _run(configs[i], settings, again=True)
             if got is not None:
@@ -266,15 +274,34 @@ def _rounds(configs, settings, args, rng: random.Random) -> list[dict[str, Any]]
     return out
 
 
-def _stalls_first(got, out, round_: int, settings) -> bool:
-    """Whether ``got`` fails the stall test first, judged against its round's control runs so far
-    (``search.study.driver.StudyDriver._unstable_by_stalls``)."""
+def _settled(got, out, round_: int, which, settings) -> list[dict[str, Any]]:
+    """The runs a study adds after ``got`` to tell a burst on the machine from the configuration
+    (``search.study.driver.StudyDriver._settled``): a control run where it fails the stall test
+    first, then a second fresh process of it where it fails the dispersion test (``which``: the
+    configuration, its index, and whether to: not where it has a second process already), each
+    judged against its round's control runs so far."""
+    config, i, confirm = which
+    added: list[dict[str, Any]] = []
+    if _fails_first("stalls", got, out, round_, settings):
+        follow_up = _run(CONTROL, settings, probe=True)
+        if follow_up is not None:
+            added.append({**follow_up, "round": round_, "config": None, "second": False})
+    if confirm and _fails_first("dispersion", got, [*out, *added], round_, settings):
+        again = _run(config, settings)
+        if again is not None:
+            added.append({**again, "round": round_, "config": i, "second": False, "confirm": True})
+    return added
+
+
+def _fails_first(test: str, got, out, round_: int, settings) -> bool:
+    """Whether ``got`` fails ``test`` first (its verdict's reason starts so), judged against its
+    round's control runs so far."""
     controls = [_figures(x) for x in out if x["round"] == round_ and x["config"] is None]
     yardstick = Yardstick(
         NoiseFloor.estimate(controls), settings.stable, settings.measure.confidence
     )
     _, verdict = assess(got["metrics"], got["time_s"], yardstick)
-    return not verdict.stable and verdict.reason.startswith("stalls")
+    return not verdict.stable and verdict.reason.startswith(test)
 
 
 def _judged(runs, configs, settings, history: bool) -> list[dict[str, Any]]:
@@ -284,6 +311,7 @@ def _judged(runs, configs, settings, history: bool) -> list[dict[str, Any]]:
     floor holds its compiled trials'), and the long-run mean of the other rounds."""
     confidence, rows = settings.measure.confidence, []
     measured = _measured(runs)
+    confirmed = {(x["round"], x["config"]): x for x in runs if x.get("confirm")}
     for r in sorted({run["round"] for run in runs}):
         controls = _controls(runs, r)
         # with history, the earlier rounds are other invocations on this machine, as a study's
@@ -302,6 +330,8 @@ def _judged(runs, configs, settings, history: bool) -> list[dict[str, Any]]:
             ]
             floor = NoiseFloor.estimate(controls, pairs, earlier)
             extra = None if second is None else {"state": COMPLETE, **second}
+            if (r, i) in confirmed:
+                extra = {"state": COMPLETE, "why": DISPERSED, **confirmed[(r, i)]}
             spanned, verdict = assess(
                 first["metrics"],
                 first["time_s"],
@@ -314,7 +344,9 @@ def _judged(runs, configs, settings, history: bool) -> list[dict[str, Any]]:
                 {
                     "round": r,
                     "config": configs[i],
-                    "throughput": _mean((first, second)),
+                    "throughput": spanned["throughput"]
+                    if (r, i) in confirmed
+                    else _mean((first, second)),
                     "host_busy": first["metrics"].get("host_busy"),
                     "interval": [low, high],
                     "long_run_mean": truth,
@@ -379,7 +411,7 @@ def _measured(runs) -> dict[tuple[int, int], tuple[dict[str, Any], dict[str, Any
     """(round, configuration): its first run and its second (None where it had none)."""
     out: dict[tuple[int, int], list[dict[str, Any]]] = {}
     for x in runs:
-        if x["config"] is not None and not x.get("again"):
+        if x["config"] is not None and not x.get("again") and not x.get("confirm"):
             out.setdefault((x["round"], x["config"]), []).append(x)
     return {k: (v[0], v[1] if len(v) > 1 else None) for k, v in out.items()}
 

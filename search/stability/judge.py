@@ -34,7 +34,12 @@ from search.core.records import with_requests
 if TYPE_CHECKING:  # for the hints alone: judging reads the stable.* limits, nothing else of a run
     from search.config.settings import StableSettings
 
-__all__ = ["Verdict", "Yardstick", "assess", "assess_pooled", "judge"]
+__all__ = ["DISPERSED", "Verdict", "Yardstick", "assess", "assess_pooled", "judge"]
+
+DISPERSED = "dispersed"
+"""The ``why`` of a second process that measured a configuration again because its run failed the
+window-dispersion test (``search.stability.measured.again_if_dispersed``; ``_confirmed``). A
+compiled trial's second process has none."""
 
 
 @dataclass(frozen=True)
@@ -320,7 +325,10 @@ def _with_second(
     measured as the trial keeps it (``state``, ``failure``, ``time_s``, ``metrics``). Throughput is
     then the mean of the two with the interval of a mean of two runs (``assess_pooled``), with the
     warm compile time and the spread of the two; the verdict is unstable also where the two
-    disagree more than the machine's runs do, or where the second did not complete."""
+    disagree more than the machine's runs do, or where the second did not complete. A second
+    process that measured a dispersed run again is judged as ``_confirmed`` says."""
+    if second.get("why") == DISPERSED:
+        return _confirmed(metrics, verdict, first, second, yardstick)
     if second["state"] != "complete":
         why = f"the second fresh process: {second['state']}: {second['failure']}"
         return {**metrics, "compile_processes": 1.0}, Verdict(False, why)
@@ -333,3 +341,29 @@ def _with_second(
         "compile_between_process_cv": float(np.std(throughputs, ddof=1) / np.mean(throughputs)),
     }
     return pooled, verdict if not verdict.stable else together
+
+
+def _confirmed(
+    metrics: Mapping[str, float],
+    verdict: Verdict,
+    first: RunFigures,
+    second: Mapping[str, Any],
+    yardstick: Yardstick,
+) -> tuple[dict[str, float], Verdict]:
+    """A run measured again in a fresh process because it failed the window-dispersion test:
+    unstable only where the second run is unstable too. A burst on the machine seldom comes back
+    at the configuration's next run, its own jitter does: on the 2-core AMD EPYC the interpreter
+    slowed to 0.56x in episodes of 1-5 s, and a steady compute-bound configuration measured in one
+    failed the test. Where both completed, the mean of the two with the interval of a mean of two
+    runs (``assess_pooled``)."""
+    if second["state"] != "complete":
+        return dict(metrics), verdict
+    again = replace(RunFigures.of(second["metrics"], second["time_s"]), device=first.device)
+    pooled, _ = assess_pooled(metrics, [first, again], yardstick)
+    throttled = bool(second["metrics"].get("throttled", 0.0))
+    settled = judge(again, yardstick.floor, yardstick.settings, throttled=throttled)
+    if verdict.stable or settled.stable:
+        return pooled, Verdict(True)
+    return pooled, Verdict(
+        False, f"{verdict.reason}; again in a second fresh process: {settled.reason}"
+    )

@@ -1,7 +1,7 @@
 """A trial just measured, as a record: its figures judged against the noise floor now, and the
 figures Optuna ranks it on (a complete trial whose ranked figures are missing or not finite counts
 as failed). A compiled configuration is measured in a second fresh process too (``again``), and
-judged on both."""
+judged on both; so is one whose run failed the window-dispersion test (``again_if_dispersed``)."""
 
 from __future__ import annotations
 
@@ -17,12 +17,19 @@ from search.core.metrics import objective_values
 from search.core.records import COMPLETE, FAILED, SCREENED, TrialRecord
 from search.execution.figures import trial_metrics
 from search.execution.trial import TrialRequest, TrialResult
-from search.stability.judge import Yardstick, assess
+from search.stability.judge import DISPERSED, Yardstick, assess
 
 if TYPE_CHECKING:
     from search.config.settings import Settings
 
-__all__ = ["Judging", "MeasuredTrial", "again_if_compiled", "measured_record", "second_process"]
+__all__ = [
+    "Judging",
+    "MeasuredTrial",
+    "again_if_compiled",
+    "again_if_dispersed",
+    "measured_record",
+    "second_process",
+]
 
 
 @dataclass(frozen=True)
@@ -52,7 +59,8 @@ class MeasuredTrial:
     stderr_tail: str = ""
     """The end of the worker's stderr, redacted: kept with a failed trial."""
     second_process: Mapping[str, Any] | None = None
-    """What a compiled trial's second process measured (``second_process``)."""
+    """What the trial's second process measured (``second_process``): a compiled one's, or one
+    that measured a dispersed run again."""
 
 
 def again_if_compiled(
@@ -68,14 +76,37 @@ def again_if_compiled(
         return None
     if m is None or m.stop_reason == SCREENED:
         return None
-    return run(replace(request, race=None, seed=request.seed + 1, fidelity=False, count=False))
+    return run(_again(request))
 
 
-def second_process(again: TrialResult, confidence: float) -> dict[str, Any]:
-    """What a compiled trial's second process measured, as the trial keeps it (the attr
-    ``second_process``, from which ``assess`` judges the trial again when it is read)."""
+def again_if_dispersed(
+    request: TrialRequest, record: TrialRecord, run: Callable[[TrialRequest], TrialResult]
+) -> dict[str, Any] | None:
+    """What a second fresh process measured (``second_process``) where ``run`` measured the
+    configuration again because its run failed the window-dispersion test (the first test it
+    failed), so that a burst on the machine is told from its own jitter
+    (``search.stability.judge._confirmed``); None otherwise, and for a screened run (dominated:
+    not worth a second run)."""
+    if record.stable or record.state != COMPLETE or record.metrics.get("screened"):
+        return None
+    if not record.reason.startswith("dispersion"):
+        return None
+    return second_process(run(_again(request)), request.measure.confidence, DISPERSED)
+
+
+def _again(request: TrialRequest) -> TrialRequest:
+    """``request`` for a second fresh process: other batches, not raced, no fidelity check, not
+    counted as a trial of its own."""
+    return replace(request, race=None, seed=request.seed + 1, fidelity=False, count=False)
+
+
+def second_process(again: TrialResult, confidence: float, why: str = "") -> dict[str, Any]:
+    """What a trial's second process measured, as the trial keeps it (the attr
+    ``second_process``, from which ``assess`` judges the trial again when it is read); ``why``
+    is ``DISPERSED`` where it measured a dispersed run again, empty for a compiled trial's."""
     complete = again.state == COMPLETE and again.measurement is not None
     return {
+        **({"why": why} if why else {}),
         "state": COMPLETE if complete else again.state,
         "failure": redact(again.failure) if not complete else "",
         "time_s": time.time(),

@@ -22,6 +22,7 @@ import math
 import random
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -44,6 +45,7 @@ from search.stability.measured import (
     Judging,
     MeasuredTrial,
     again_if_compiled,
+    again_if_dispersed,
     measured_record,
     second_process,
 )
@@ -127,15 +129,12 @@ class StudyDriver:
         self.guards = guards(study, space, self.known)
         self.names, self.notes = optuna_names(study, space)
         """Each searched knob's Optuna parameter name; a note for each one renamed."""
-        # Offset the seed by the trials already stored, so a resumed study does not replay its
-        # start.
-        self._reseed(len(study.trials))
+        self._reseed(len(study.trials))  # offset: a resumed study does not replay its start
         self.started_s = time.monotonic()
         self.control, self.on_control = bench.control, callbacks.on_control
         self.warn = callbacks.warn or (lambda line: None)
         self.where = bench.where
-        """The device that measures, as figures name it
-        (``search.measurement.environment.device_label``)."""
+        """The device that measures (``search.measurement.environment.device_label``)."""
         objectives = [o.metric for o in space.objectives]
         self.judging = Judging(settings, objectives, self.floor, self.where)
         self.shared_cpu = False
@@ -323,21 +322,11 @@ class StudyDriver:
         again = again_if_compiled(request, result, run_isolated)
         second = second_process(again, request.measure.confidence) if again else None
         self.new_s += time.monotonic() - started
+        why = self._why(trial)
         judged = partial(
-            measured_record,
-            trial.number,
-            config,
-            result,
-            judging=self.judging,
-            why=self._why(trial),
-            second=second,
+            measured_record, trial.number, config, result, judging=self.judging, why=why
         )
-        measured = judged()
-        if self._unstable_by_stalls(measured):
-            # A burst on the machine stalls a control run right after it too (it raises the
-            # stall rate the trial is compared with); the trial's own stalls do not.
-            self.run_control()
-            measured = judged()
+        measured = self._settled(judged, second, request)
         frozen = self._store(trial, measured)
         if frozen is None:
             return False
@@ -351,11 +340,22 @@ class StudyDriver:
         self.progress(record, self.history())
         return True
 
-    def _unstable_by_stalls(self, measured: MeasuredTrial) -> bool:
-        """Whether ``measured`` was called unstable by its stalls (the first test it fails) and
-        a control run can tell them from the machine's."""
+    def _settled(
+        self, judged: Callable[..., MeasuredTrial], second: Any, request: TrialRequest
+    ) -> MeasuredTrial:
+        """The trial judged after what tells a burst on the machine from its own variability: a
+        control run right after a run that failed the stall test first (a burst stalls that run
+        too, the trial's own stalls do not), and the configuration measured again after one that
+        failed the dispersion test (a burst seldom comes back at its next run, its jitter does)."""
+        measured = judged(second=second)
         record = measured.record
-        return self.control is not None and not record.stable and record.reason.startswith("stalls")
+        if self.control is not None and not record.stable and record.reason.startswith("stalls"):
+            self.run_control()
+            measured = judged(second=second)
+        started = time.monotonic()
+        confirm = None if second else again_if_dispersed(request, measured.record, run_isolated)
+        self.new_s += time.monotonic() - started
+        return measured if confirm is None else judged(second=confirm)
 
     def _store(self, trial: Trial, measured: MeasuredTrial) -> FrozenTrial | None:
         """Keep ``measured`` on ``trial`` and tell it; None when another process had already
