@@ -115,12 +115,8 @@ def knobs_text(config: Mapping[str, Any], names: Sequence[str]) -> str:
 
 
 def throughput_text(metrics: Mapping[str, float], unit: str) -> str:
-    mean, low, high = (
-        metrics["throughput"],
-        metrics["throughput_ci_low"],
-        metrics["throughput_ci_high"],
-    )
-    return f"{si(mean)} {unit}/s [{si(low)}, {si(high)}]"
+    low, high = metrics["throughput_ci_low"], metrics["throughput_ci_high"]
+    return f"{si(metrics['throughput'])} {unit}/s [{si(low)}, {si(high)}]"
 
 
 def trial_line(
@@ -148,6 +144,7 @@ def trial_line(
             f"{m['n_windows']:.0f} windows, {m['n_steps']:.0f} steps) "
             f"cv {m['throughput_cv']:.1%}, {figures}, {verdict}"
             + (f", mfu {diagnosis.mfu:.1%} {diagnosis.regime}" if diagnosis is not None else "")
+            + _again_text(m)
             + _compiled_text(m)
         )
     else:
@@ -157,6 +154,12 @@ def trial_line(
         f"{head}{body} | front {progress.front_size} | {_clock(elapsed_s)} elapsed, "
         f"ETA {_clock(eta_s)}"
     )
+
+
+def _again_text(m: Mapping[str, float]) -> str:
+    """A run measured again for its window dispersion: the second process's window CV."""
+    cv = m.get("dispersed_again_cv")
+    return "" if cv is None else f", measured again for its dispersion: cv {cv:.1%} there"
 
 
 def _compiled_text(m: Mapping[str, float]) -> str:

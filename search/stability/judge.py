@@ -360,6 +360,7 @@ def _confirmed(
         return dict(metrics), verdict
     again = replace(RunFigures.of(second["metrics"], second["time_s"]), device=first.device)
     pooled, _ = assess_pooled(metrics, [first, again], yardstick)
+    pooled["dispersed_again_cv"] = again.cv
     throttled = bool(second["metrics"].get("throttled", 0.0))
     settled = judge(again, yardstick.floor, yardstick.settings, throttled=throttled)
     if verdict.stable or settled.stable:

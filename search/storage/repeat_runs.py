@@ -15,6 +15,7 @@ from optuna.trial import TrialState
 from search.analysis.noise_floor import NoiseFloor, RunFigures
 from search.core.records import COMPLETE
 from search.revalidation.pooling import Pooled, Run
+from search.stability.judge import DISPERSED
 from search.stability.leave_one_out import judged_candidates
 from search.storage.machine_runs import machine_sessions
 from search.storage.retried_writes import retried
@@ -86,11 +87,13 @@ def _judged(
 
 
 def trial_pairs(study: optuna.Study, fingerprint: str) -> list[tuple[RunFigures, RunFigures]]:
-    """The two fresh processes of each trial of ``fingerprint`` measured in two (a compiled one,
-    ``search.stability.measured.again_if_compiled``), both complete: groups of the floor's
+    """The two fresh processes of each compiled trial of ``fingerprint``
+    (``search.stability.measured.again_if_compiled``), both complete: groups of the floor's
     between-run variance as a re-validated candidate's runs are. They are the configurations' own
     spread between processes, where the control and its probe only stand in for it, and they cost
-    no run of their own. A trial that reused another's measurement is left out (the same pair)."""
+    no run of their own. A trial that reused another's measurement is left out (the same pair),
+    and so is one measured again for its window dispersion (``again_if_dispersed``): chosen for a
+    first run that a burst may have moved, its pair would overstate the spread."""
     pairs = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         attrs = trial.user_attrs
@@ -98,6 +101,8 @@ def trial_pairs(study: optuna.Study, fingerprint: str) -> list[tuple[RunFigures,
         if attrs.get("fingerprint") != fingerprint or "reused_from" in attrs:
             continue
         if not second or second.get("state") != COMPLETE or "measured_at" not in attrs:
+            continue
+        if second.get("why") == DISPERSED:
             continue
         device = str(attrs.get("measured_on", ""))
         first = RunFigures.of(attrs["metrics"], float(attrs["measured_at"]))

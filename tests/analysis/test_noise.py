@@ -719,6 +719,7 @@ def test_the_two_processes_of_compiled_trials_teach_the_floor_their_class_s_spre
     not by the probe alone."""
     import optuna
 
+    from search.stability.judge import DISPERSED
     from search.storage.repeat_runs import noise_floor, trial_pairs
 
     rng = np.random.default_rng(3)
@@ -743,6 +744,10 @@ def test_the_two_processes_of_compiled_trials_teach_the_floor_their_class_s_spre
         }
         study.add_trial(optuna.trial.create_trial(values=[1.0], user_attrs=attrs))
     assert len(trial_pairs(study, "fp")) == 12 and trial_pairs(study, "other") == []
+    # a trial measured again for its window dispersion: chosen for its first run, not a pair
+    dispersed = {**attrs, "second_process": {**attrs["second_process"], "why": DISPERSED}}
+    study.add_trial(optuna.trial.create_trial(values=[1.0], user_attrs=dispersed))
+    assert len(trial_pairs(study, "fp")) == 12
     floor = noise_floor(study, "fp", llm_settings())
     busy_cv, busy_df = floor.between_for(1.8)
     assert busy_df >= 12 + 3 and 0.05 < busy_cv < 0.16, (busy_cv, busy_df)

@@ -1,5 +1,5 @@
 """A trial just measured as a record: a compiled configuration is measured in a second fresh
-process too, and judged on both."""
+process too, and judged on both; so is one whose run failed the window-dispersion test."""
 
 from __future__ import annotations
 
@@ -12,7 +12,14 @@ from tiny_overrides import TINY_GPT
 from search.config.settings import MeasureSettings
 from search.core.records import COMPLETE, SCREENED
 from search.execution.trial import TrialRequest, TrialResult
-from search.stability.measured import Judging, again_if_compiled, measured_record, second_process
+from search.stability.judge import DISPERSED
+from search.stability.measured import (
+    Judging,
+    again_if_compiled,
+    again_if_dispersed,
+    measured_record,
+    second_process,
+)
 
 SETTINGS = llm_settings()
 CONFIG = {"batch_size": 8, "micro_batch_size": 8, "precision": "fp32", "compile": "default"}
@@ -124,4 +131,93 @@ def test_a_compiled_trial_read_back_from_the_study_is_judged_on_its_two_processe
         assert read.stable == measured.stable and read.reason == measured.reason
         assert read.metrics["throughput"] == pytest.approx(measured.metrics["throughput"])
         assert read.metrics["compile_time_warm_s"] == measured.metrics["compile_time_warm_s"]
+    assert judged[0][1].stable and not judged[1][1].stable
+
+
+def dispersed_record(first_cv: float, again: TrialResult | None, between_cv: float = 0.02):
+    """A trial whose first run had window CV ``first_cv`` against steady control runs (1%),
+    judged with ``again`` as the second process that measured it again for its dispersion."""
+    first = TrialResult(
+        state=COMPLETE, measurement=measurement(100.0, cv=first_cv), peak_memory_mb=100.0
+    )
+    second = None if again is None else second_process(again, 0.95, DISPERSED)
+    measured = measured_record(
+        3,
+        CONFIG,
+        first,
+        judging=Judging(SETTINGS, ["throughput"], lambda: floor(between_cv), ""),
+        why="",
+        second=second,
+    )
+    return measured
+
+
+def steady_run(throughput: float, cv: float) -> TrialResult:
+    return TrialResult(
+        state=COMPLETE, measurement=measurement(throughput, cv=cv), peak_memory_mb=100.0
+    )
+
+
+def test_only_a_run_that_failed_the_dispersion_test_first_is_measured_again():
+    asked: list[TrialRequest] = []
+
+    def run(r: TrialRequest) -> TrialResult:
+        asked.append(r)
+        return steady_run(104.0, 0.01)
+
+    steady = dispersed_record(0.01, None).record
+    dispersed = dispersed_record(0.30, None).record
+    assert steady.stable and not dispersed.stable
+    assert dispersed.reason.startswith("dispersion: window CV 30.0%")
+    assert again_if_dispersed(request("off"), steady, run) is None
+    stalled = replace(dispersed, reason="stalls: 10 of 100 steps over 2x the median step")
+    assert again_if_dispersed(request("off"), stalled, run) is None
+    screened = replace(dispersed, metrics={**dispersed.metrics, "screened": 1.0})
+    assert again_if_dispersed(request("off"), screened, run) is None
+    assert asked == []
+    second = again_if_dispersed(request("off"), dispersed, run)
+    assert second is not None and second["why"] == DISPERSED and second["state"] == COMPLETE
+    (again,) = asked
+    assert again.config == request("off").config and again.seed == 8
+    assert not again.fidelity and not again.count and again.race is None
+
+
+def test_a_dispersed_run_is_unstable_only_where_its_second_process_is_unstable_too():
+    """A burst on the machine: the second process is steady, the trial stable with the mean of
+    the two. The configuration's own jitter: the second is dispersed too, the trial unstable and
+    the reason says both."""
+    burst = dispersed_record(0.30, steady_run(104.0, 0.01)).record
+    assert burst.stable, burst.reason
+    assert burst.metrics["throughput"] == pytest.approx(102.0)
+    assert burst.metrics["dispersed_again_cv"] == pytest.approx(0.01)
+    from search.reporting.report import Columns, StudyProgress, trial_line
+
+    line = trial_line(burst, StudyProgress(1, 1, 1, 1.0), Columns(["batch_size"], 0.95, []))
+    assert "cv 30.0%" in line, line
+    assert "stable, measured again for its dispersion: cv 1.0% there" in line, line
+    assert "compile_processes" not in burst.metrics
+    own = dispersed_record(0.30, steady_run(104.0, 0.30)).record
+    assert not own.stable
+    assert own.reason.startswith("dispersion: window CV 30.0%")
+    assert "; again in a second fresh process: dispersion: window CV 30.0%" in own.reason
+    failed = TrialResult(state="failed", failure="crash: worker exited with code -11")
+    lost = dispersed_record(0.30, failed).record
+    assert not lost.stable and lost.reason.startswith("dispersion: ")
+    assert lost.metrics["throughput"] == pytest.approx(100.0)
+
+
+def test_a_dispersed_trial_read_back_from_the_study_is_judged_with_its_second_process(tmp_path):
+    import optuna
+
+    from search.storage.trial_store import record_of, store_measured
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db", direction="maximize")
+    judged = []
+    for again in (steady_run(104.0, 0.01), steady_run(104.0, 0.30)):
+        measured = dispersed_record(0.30, again)
+        frozen = store_measured(study.ask(), measured, fingerprint="f", memory_limit_mb=None)
+        judged.append((measured.record, record_of(frozen, floor(0.02), SETTINGS, {})))
+    for measured, read in judged:
+        assert read.stable == measured.stable and read.reason == measured.reason
+        assert read.metrics["throughput"] == pytest.approx(measured.metrics["throughput"])
     assert judged[0][1].stable and not judged[1][1].stable

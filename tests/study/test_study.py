@@ -561,6 +561,36 @@ def test_a_trial_that_stalls_is_judged_again_with_a_control_run_right_after_it(m
     assert burst or record.reason.startswith("stalls: 10 of 100 steps")
 
 
+@pytest.mark.parametrize("own_jitter", [True, False])
+def test_a_dispersed_trial_is_measured_again_and_unstable_only_if_that_run_is_too(
+    monkeypatch, own_jitter
+):
+    """A trial's windows vary by 30% against steady control runs. Measured again in a fresh
+    process: steady there (a burst on the machine), it is stable; dispersed again (its own
+    jitter), unstable."""
+    from factories import measurement
+
+    import search.study.driver
+    from search.execution.trial import TrialResult
+
+    ran: list[str] = []
+
+    def run(request):
+        ran.append("control" if request.probe_compute else "trial")
+        again = ran[-2:] == ["trial", "trial"]
+        cv = 0.30 if ran[-1] == "trial" and (own_jitter or not again) else 0.01
+        m = measurement(1000.0, cv=cv)
+        return TrialResult(state="complete", measurement=m, peak_memory_mb=10.0, unit="tokens")
+
+    monkeypatch.setattr(search.study.driver, "run_isolated", run)
+    config = {"batch_size": 4, "micro_batch_size": 1}
+    outcome = driver(new_study(), make_space(), cfg(n_trials=1), control=config).run()
+    assert ran[:4] == ["control", "control", "trial", "trial"]
+    record = outcome.records[0]
+    assert record.stable is not own_jitter, record.reason
+    assert not own_jitter or "again in a second fresh process: dispersion" in record.reason
+
+
 @pytest.mark.parametrize(
     ("figures", "extra", "told", "front"),
     [
