@@ -357,7 +357,8 @@ def _confirmed(
     failed the test. Where both completed, the mean of the two with the interval of a mean of two
     runs (``assess_pooled``)."""
     if second["state"] != "complete":
-        return dict(metrics), verdict
+        lost = f"; the second fresh process: {second['state']}: {second['failure']}"
+        return dict(metrics), verdict if verdict.stable else Verdict(False, verdict.reason + lost)
     again = replace(RunFigures.of(second["metrics"], second["time_s"]), device=first.device)
     pooled, _ = assess_pooled(metrics, [first, again], yardstick)
     pooled["dispersed_again_cv"] = again.cv

@@ -203,6 +203,9 @@ def test_a_dispersed_run_is_unstable_only_where_its_second_process_is_unstable_t
     failed = TrialResult(state="failed", failure="crash: worker exited with code -11")
     lost = dispersed_record(0.30, failed).record
     assert not lost.stable and lost.reason.startswith("dispersion: ")
+    assert lost.reason.endswith(
+        "; the second fresh process: failed: crash: worker exited with code -11"
+    )
     assert lost.metrics["throughput"] == pytest.approx(100.0)
 
 
