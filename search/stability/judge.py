@@ -330,8 +330,7 @@ def _with_second(
     if second.get("why") == DISPERSED:
         return _confirmed(metrics, verdict, first, second, yardstick)
     if second["state"] != "complete":
-        why = f"the second fresh process: {second['state']}: {second['failure']}"
-        return {**metrics, "compile_processes": 1.0}, Verdict(False, why)
+        return {**metrics, "compile_processes": 1.0}, Verdict(False, _lost(second))
     again = replace(RunFigures.of(second["metrics"], second["time_s"]), device=first.device)
     pooled, together = assess_pooled(metrics, [first, again], yardstick)
     throughputs = np.array([first.throughput, again.throughput])
@@ -357,8 +356,8 @@ def _confirmed(
     failed the test. Where both completed, the mean of the two with the interval of a mean of two
     runs (``assess_pooled``)."""
     if second["state"] != "complete":
-        lost = f"; the second fresh process: {second['state']}: {second['failure']}"
-        return dict(metrics), verdict if verdict.stable else Verdict(False, verdict.reason + lost)
+        lost = f"{verdict.reason}; {_lost(second)}"
+        return dict(metrics), verdict if verdict.stable else Verdict(False, lost)
     again = replace(RunFigures.of(second["metrics"], second["time_s"]), device=first.device)
     pooled, _ = assess_pooled(metrics, [first, again], yardstick)
     pooled["dispersed_again_cv"] = again.cv
@@ -369,3 +368,8 @@ def _confirmed(
     return pooled, Verdict(
         False, f"{verdict.reason}; again in a second fresh process: {settled.reason}"
     )
+
+
+def _lost(second: Mapping[str, Any]) -> str:
+    """Why a trial's second process measured nothing: its state and failure."""
+    return f"the second fresh process: {second['state']}: {second['failure']}"
