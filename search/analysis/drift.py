@@ -2,8 +2,19 @@
 
 The machine drifts over minutes (heat, clocks, a neighbour's load that comes and goes). The control
 runs of one session (an invocation, on one device) get a line each; when its slope is significant
-(``DRIFT_ALPHA``), ``search.analysis.noise_floor`` corrects the figures that device measured
-during the session to its average level and adds the line's own uncertainty to their intervals.
+(``DRIFT_ALPHA``) and the compute probe timed in the same processes moved the same way
+(``_probe_p``), ``search.analysis.noise_floor`` corrects the figures that device measured during
+the session to its average level and adds the line's own uncertainty to their intervals.
+
+Why the probe must agree: a control's level also wanders by itself, and a line through a few runs of
+a wander is often "significant". On a 2-core AMD EPYC, 12 of 64 rounds of about 2.5 minutes
+(``benchmarks/coverage_by_kind.py``, 7 control runs each) had a control line significant at 5%, four
+times what chance gives, and in only one of them did the probe move significantly with it; the
+configurations measured beside the others did not follow their lines either. Corrected by those
+lines, a configuration identical to the control was moved 3.5% off its own figure, and the intervals
+of the steady kind covered the long-run mean in 19 of 24 runs, against 22 uncorrected. A drift of
+the machine (a GPU warming to its clock limit, a neighbour's load that builds) moves both
+yardsticks.
 """
 
 from __future__ import annotations
@@ -24,6 +35,7 @@ __all__ = [
     "SESSION_GAP_S",
     "by_device",
     "split_sessions",
+    "verdict",
 ]
 
 DRIFT_ALPHA = 0.05
@@ -51,6 +63,10 @@ class ControlRun(Protocol):
     def device(self) -> str:
         """Which device measured it ('' where unknown)."""
 
+    @property
+    def probe(self) -> float:
+        """The compute probe timed in its process, products/s (0.0 where not timed)."""
+
 
 Run = TypeVar("Run", bound=ControlRun)
 
@@ -72,12 +88,17 @@ class DriftLine:
     p: float
     """Two-sided p-value of the slope (1.0 with fewer than 3 runs)."""
     corrected: bool
-    """Whether the slope is significant at ``DRIFT_ALPHA``: figures are then corrected."""
+    """Whether the slope is significant at ``DRIFT_ALPHA`` and the probe moved with it
+    (``probe_p``): figures are then corrected."""
     slope: float = 0.0
     """Fitted slope of log level per s (0.0 when not corrected)."""
     slope_var: float = 0.0
     df: int = 0
     """Its runs less two."""
+    probe_p: float = math.nan
+    """One-sided p-value of the compute probe's slope in the control's direction, over the same
+    runs (NaN where fewer than 3 of them timed the probe: the control's line alone decides, as it
+    did before the probe)."""
 
     @classmethod
     def none(cls) -> DriftLine:
@@ -86,7 +107,9 @@ class DriftLine:
 
     @classmethod
     def fit(cls, session: Sequence[ControlRun]) -> DriftLine:
-        slope, slope_var, t_ref, p, corrected = _drift_line(session)
+        slope, slope_var, t_ref, p, significant = _drift_line(session)
+        probe_p = _probe_p(session, slope)
+        corrected = significant and not probe_p >= DRIFT_ALPHA  # NaN: no probe to ask
         start, end = session[0].time_s, session[-1].time_s
         return cls(
             device=session[-1].device,
@@ -99,6 +122,7 @@ class DriftLine:
             slope=slope if corrected else 0.0,
             slope_var=slope_var if corrected else 0.0,
             df=max(len(session) - 2, 0),
+            probe_p=probe_p,
         )
 
     def factor(self, run: ControlRun) -> float:
@@ -140,6 +164,28 @@ def _drift_line(controls: Sequence[ControlRun]) -> tuple[float, float, float, fl
         return 0.0, 0.0, t_ref, 1.0, False
     fit = line_fit(t - t_ref, np.log([c.throughput for c in controls]))  # an exact line: p 0 or 1
     return fit.slope, fit.stderr**2, t_ref, fit.pvalue, fit.pvalue < DRIFT_ALPHA
+
+
+def _probe_p(controls: Sequence[ControlRun], slope: float) -> float:
+    """One-sided p-value of the probe's log level against time sloping as ``slope`` does, over the
+    ``controls`` that timed it (NaN where fewer than 3 did, or at one time)."""
+    timed = [c for c in controls if c.probe > 0]
+    t = np.array([c.time_s for c in timed])
+    if len(timed) < 3 or float(np.ptp(t)) == 0:
+        return math.nan
+    fit = line_fit(t - t.mean(), np.log([c.probe for c in timed]))
+    same_way = fit.slope * slope > 0
+    return fit.pvalue / 2 if same_way else 1 - fit.pvalue / 2
+
+
+def verdict(p: float, probe_p: float, corrected: bool) -> str:
+    """What became of a drift line, for the floor's line: corrected, or why not."""
+    probe = "" if math.isnan(probe_p) else f", the probe's p={probe_p:.2g}"
+    if corrected:
+        return f"(significant, p={p:.2g}{probe}: figures corrected to the average level)"
+    if p < DRIFT_ALPHA:
+        return f"(significant, p={p:.2g}, but the probe did not move with it{probe}: not corrected)"
+    return f"(not significant, p={p:.2g})"
 
 
 def by_device(controls: Sequence[ControlRun], lines: Sequence[DriftLine] = ()) -> list[str]:

@@ -15,11 +15,11 @@ it and at its end, and reads the machine from those runs and from the re-validat
   one each (less two for the control when its drift is fitted).
 - **drift** (``search.analysis.drift``): a straight line fitted to the control's log level against
   time, one per session (an invocation, on one device). When its slope is significant
-  (``DRIFT_ALPHA``), the figures its device measured during it are *corrected* to its average
-  level (divided by the fitted level at their time) and the line's own uncertainty is added to
-  their intervals; another device's figures are not (workers on several GPUs at once drift apart);
-  a slope that is not significant is reported but nothing is corrected, since a fitted line from a
-  few runs would add more noise than it removes.
+  (``DRIFT_ALPHA``) and the compute probe of the same runs moved with it, the figures its device
+  measured during it are *corrected* to its average level (divided by the fitted level at their
+  time) and the line's own uncertainty is added to their intervals; another device's figures are not
+  (workers on several GPUs at once drift apart); a slope that is not significant is reported but
+  nothing is corrected, since a fitted line from a few runs would add more noise than it removes.
 - **between-session variance** σ_s² (``search.analysis.between_sessions``): how far one
   invocation's level lands from the long-run level, from the control runs of the study's earlier
   invocations and of other studies on this machine (``estimate``'s history); until it rests on
@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from search.analysis.between_sessions import between_sessions, session_levels
-from search.analysis.drift import DriftLine, by_device, split_sessions
+from search.analysis.drift import DriftLine, by_device, split_sessions, verdict
 from search.analysis.run_figures import (
     BUSY,
     BUSY_CPU_S_PER_S,
@@ -122,6 +122,7 @@ _FIELD_OF = {
     "slope": "slope",
     "slope_var": "slope_var",
     "drift_df": "df",
+    "drift_probe_p": "probe_p",
 }
 """``NoiseFloor`` field: the ``DriftLine`` field it holds (the latest session's)."""
 
@@ -147,7 +148,7 @@ class NoiseFloor:
     """Two-sided p-value of the drift line's slope (1.0 with fewer than 3 control runs)."""
     corrected: bool
     """Whether figures are corrected for drift (the slope is significant at
-    ``search.analysis.drift.DRIFT_ALPHA``)."""
+    ``search.analysis.drift.DRIFT_ALPHA`` and the probe moved with it)."""
     slope: float = 0.0
     """Fitted slope of the control's log level, per s."""
     slope_var: float = 0.0
@@ -160,6 +161,8 @@ class NoiseFloor:
     """Its last control run."""
     drift_df: int = 0
     """Degrees of freedom of the drift line (its session's runs less two)."""
+    drift_probe_p: float = math.nan
+    """The probe's one-sided p-value of moving with the drift (``DriftLine.probe_p``)."""
     lines: tuple[DriftLine, ...] = ()
     """The drift line of every session, oldest last run first; the fields above are the last
     one's. Empty for a floor built by hand: the fields above then apply to every figure."""
@@ -414,11 +417,7 @@ class NoiseFloor:
         span = f"{span_s / 60:.0f} min" if span_s >= 120 else f"{span_s:.0f} s"
         drift = (
             f"drift {self.drift:+.1%} over {span} "
-            + (
-                f"(significant, p={self.drift_p:.2g}: figures corrected to the average level)"
-                if self.corrected
-                else f"(not significant, p={self.drift_p:.2g})"
-            )
+            + verdict(self.drift_p, self.drift_probe_p, self.corrected)
             if len(session) >= 3
             else "drift not known yet (needs 3 control runs)"
         )

@@ -207,6 +207,48 @@ def test_an_earlier_session_is_its_own_group_and_not_a_drift():
     assert floor.level(1e9 + 120)[0] == 1.0  # a figure from yesterday is left as measured
 
 
+def _drifting_controls(probe_levels) -> list[RunFigures]:
+    """Seven control runs a minute apart whose level falls by 1% a minute, each with the compute
+    probe at ``probe_levels`` (relative; 0.0: not timed)."""
+    wobble = (1.0, 1.002, 0.998, 1.0, 1.001, 0.999, 1.0)
+    return [
+        RunFigures(
+            time_s=1e9 + 60 * i,
+            throughput=1e4 * (1 - 0.01 * i) * w,
+            cv=0.01,
+            n_windows=10,
+            n_steps=50,
+            stalls=0,
+            probe=1e3 * p,
+        )
+        for i, (w, p) in enumerate(zip(wobble, probe_levels, strict=True))
+    ]
+
+
+@pytest.mark.parametrize(
+    ("probe_levels", "corrected"),
+    [
+        ((1.0, 0.99, 0.975, 0.97, 0.96, 0.95, 0.94), True),  # the machine slowed: both moved
+        ((1.0, 1.01, 0.99, 1.0, 1.01, 0.99, 1.0), False),  # the control wandered on its own
+        ((1.0, 1.01, 1.02, 1.03, 1.04, 1.05, 1.06), False),  # the probe moved the other way
+        ((0.0,) * 7, True),  # no probe timed: the control's line alone, as before the probe
+    ],
+)
+def test_a_drift_is_corrected_only_where_the_probe_moved_with_the_control(probe_levels, corrected):
+    """A control's level also wanders by itself (on a 2-core AMD EPYC, 12 of 64 rounds of 2.5
+    minutes had a significant line, and no probe moved with any): a line is corrected for only
+    where the compute probe, timed in the same processes, moved the same way."""
+    floor = NoiseFloor.estimate(_drifting_controls(probe_levels))
+    assert floor.drift_p < 0.001, "the control's line is significant in every case"
+    assert floor.corrected is corrected
+    assert (floor.level(1e9)[0] > 1.02) is corrected
+    if corrected:
+        assert "figures corrected to the average level" in floor.line()
+    else:
+        assert "but the probe did not move with it, the probe's p=" in floor.line()
+        assert "not corrected" in floor.line()
+
+
 def test_no_control_runs_means_within_run_intervals_and_says_so():
     floor = NoiseFloor.estimate([])
     metrics, _ = Machine(seed=5).run(1000.0)
