@@ -28,7 +28,9 @@ on a machine that has run others (or itself, nightly) before.
 ``--bursts`` copies memory in bursts in another process throughout. As a study does, a run that
 fails the stall test first (judged against its round's control runs so far) is followed by one
 more control run, and one that fails the window-dispersion test by a second fresh process of it,
-the two judged together (``search.stability.judge``: unstable only where both are;
+the two judged together; after the round's last control run, so is one that fails it against all
+of the round's control runs and has no second process yet, as the end of a study measures
+(``search.study.late_checks``) (``search.stability.judge``: unstable only where both are;
 ``--without-confirmation`` judges a record's runs without those second processes).
 ``--pairs`` measures each configuration in two fresh processes in a row, as a
 compiled trial is, and judges the mean of the two with a floor that also holds the other
@@ -270,6 +272,8 @@ def _rounds(configs, settings, args, rng: random.Random) -> list[dict[str, Any]]
         got = _run(CONTROL, settings, probe=True)
         if got is not None:
             out.append({**got, "round": r, "config": None, "second": False})
+        if not args.pairs:
+            out += _dispersed_at_the_end(out, r, configs, settings)
         print(f"  round {r + 1}/{args.rounds} done", flush=True)
     return out
 
@@ -290,6 +294,28 @@ def _settled(got, out, round_: int, which, settings) -> list[dict[str, Any]]:
         again = _run(config, settings)
         if again is not None:
             added.append({**again, "round": round_, "config": i, "second": False, "confirm": True})
+    return added
+
+
+def _dispersed_at_the_end(out, round_: int, configs, settings) -> list[dict[str, Any]]:
+    """A second fresh process of each run of the round that fails the dispersion test first
+    against all of the round's control runs and has none yet, as the end of a study measures
+    (``search.study.late_checks``)."""
+    again = {x["config"] for x in out if x["round"] == round_ and x.get("confirm")}
+    added: list[dict[str, Any]] = []
+    for x in out:
+        first = x["round"] == round_ and x["config"] is not None and not x.get("again")
+        if (
+            not first
+            or x["config"] in again
+            or not _fails_first("dispersion", x, out, round_, settings)
+        ):
+            continue
+        got = _run(configs[x["config"]], settings)
+        if got is not None:
+            added.append(
+                {**got, "round": round_, "config": x["config"], "second": False, "confirm": True}
+            )
     return added
 
 

@@ -32,6 +32,7 @@ from search.revalidation import candidates
 from search.revalidation.pooling import Pooled
 from search.storage.repeat_runs import judged_revalidations
 from search.study.driver import StudyDriver
+from search.study.late_checks import dispersed_at_the_end
 from search.study.outcome import StudyOutcome
 from search.tracking.tracker import Tracker
 
@@ -56,6 +57,7 @@ def finish(ctx: Context, driver: StudyDriver, outcome: StudyOutcome, tracker: Tr
     settings, space = ctx.settings, ctx.space
     revalidate_front(ctx, driver)
     driver.run_control()  # the end of the study: drift needs both ends
+    _dispersed_at_the_end(ctx, driver, outcome)
     floor = driver.floor()
     history = driver.history()
     found = _study_result(ctx, driver, floor, history)
@@ -100,6 +102,19 @@ def finish(ctx: Context, driver: StudyDriver, outcome: StudyOutcome, tracker: Tr
     description = _write_summary(ctx, tracker, study_dir, title, found, sections)
     _print_where(ctx, tracker, study_dir, outcome.study_name, floor)
     return Finished(front=front, best=best, floor=floor, unit=unit, description=description)
+
+
+def _dispersed_at_the_end(ctx: Context, driver: StudyDriver, outcome: StudyOutcome) -> None:
+    """Measure again the trials of this invocation that the final floor calls dispersed, and say
+    so (``search.study.late_checks``)."""
+    again = dispersed_at_the_end(driver, {r.number for r in outcome.records})
+    if again:
+        numbers = ", ".join(f"#{n}" for n in again)
+        ctx.out.print(
+            f"measured again in a fresh process, for their window dispersion against the final "
+            f"noise floor: trial(s) {numbers}",
+            markup=False,
+        )
 
 
 def _study_result(

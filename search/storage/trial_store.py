@@ -43,12 +43,15 @@ if TYPE_CHECKING:
 
 __all__ = [
     "OUTCOME_ATTRS",
+    "LATE_SECOND_PREFIX",
     "SYNCED_RUN_PREFIX",
     "named_constraints",
     "over_limit",
     "own_trials",
     "record_of",
     "record_synced_run",
+    "save_late_second",
+    "second_of",
     "set_aside",
     "set_constraints",
     "store_measured",
@@ -59,6 +62,9 @@ __all__ = [
 SYNCED_RUN_PREFIX = "mlflow_run:"
 """Study user attr ``mlflow_run:<trial number>``: the MLflow run of a trial (logged after it was
 told)."""
+LATE_SECOND_PREFIX = "second_process:"
+"""Study user attr ``second_process:<trial number>``: a trial's second fresh process measured at
+the end of its invocation, after it was told (``search.study.late_checks``)."""
 OUTCOME_ATTRS = ("config", "fingerprint", "state", "failure", "metrics", "unit", "measured_on")
 """What a repeated proposal copies from the trial whose outcome it is told again."""
 
@@ -218,7 +224,7 @@ def record_of(
             time_s,
             Yardstick(floor, settings.stable, settings.measure.confidence),
             str(attrs.get("measured_on", "")),
-            attrs.get("second_process"),  # a compiled trial: judged on its two processes
+            second_of(trial, synced),  # judged on its two processes where it has two
         )
         stable, reason = verdict.stable, verdict.reason
     return TrialRecord(
@@ -255,6 +261,24 @@ def study_history(
         for t in own_trials(study, fingerprint, space)
         if "reused_from" not in t.user_attrs
     ]
+
+
+def second_of(trial: FrozenTrial, synced: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """What ``trial``'s second fresh process measured, if it had one: measured with it (a compiled
+    trial, or a dispersed run measured again at once), or at the end of its invocation (kept in
+    the study, ``synced``: its user attrs)."""
+    return trial.user_attrs.get("second_process") or synced.get(
+        f"{LATE_SECOND_PREFIX}{trial.number}"
+    )
+
+
+def save_late_second(study: optuna.Study, number: int, second: Mapping[str, Any]) -> None:
+    """Keep in the study what trial ``number``'s second process measured after it was told (a told
+    trial cannot change)."""
+    retried(
+        lambda: study.set_user_attr(f"{LATE_SECOND_PREFIX}{number}", dict(second)),
+        f"store the second process of trial #{number} in the study",
+    )
 
 
 def record_synced_run(study: optuna.Study, number: int, run_id: str) -> bool:

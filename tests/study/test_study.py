@@ -591,6 +591,46 @@ def test_a_dispersed_trial_is_measured_again_and_unstable_only_if_that_run_is_to
     assert not own_jitter or "again in a second fresh process: dispersion" in record.reason
 
 
+@pytest.mark.parametrize("own_jitter", [True, False])
+def test_a_trial_the_final_floor_calls_dispersed_is_measured_again_at_the_end(
+    monkeypatch, own_jitter
+):
+    """A trial that passed the dispersion test when it ran (here: as if it had) and fails it against
+    the floor at the end is measured again then, once, in a fresh process kept in the study: steady
+    there, it is stable when judged again; dispersed again, unstable."""
+    from factories import measurement
+
+    import search.study.driver
+    import search.study.late_checks
+    from search.execution.trial import TrialResult
+    from search.study.late_checks import dispersed_at_the_end
+
+    def run(request):
+        cv = 0.30 if not request.probe_compute else 0.01
+        m = measurement(1000.0, cv=cv)
+        return TrialResult(state="complete", measurement=m, peak_memory_mb=10.0, unit="tokens")
+
+    again: list[int] = []
+
+    def run_again(request):
+        again.append(request.seed)
+        m = measurement(1000.0, cv=0.30 if own_jitter else 0.01)
+        return TrialResult(state="complete", measurement=m, peak_memory_mb=10.0, unit="tokens")
+
+    monkeypatch.setattr(search.study.driver, "run_isolated", run)
+    monkeypatch.setattr(search.study.driver, "again_if_dispersed", lambda *a: None)
+    monkeypatch.setattr(search.study.late_checks, "run_isolated", run_again)
+    config = {"batch_size": 4, "micro_batch_size": 1}
+    d = driver(new_study(), make_space(), cfg(n_trials=1), control=config)
+    (first,) = d.run().records
+    assert not first.stable and first.reason.startswith("dispersion"), first.reason
+    assert dispersed_at_the_end(d, {first.number}) == [first.number] and len(again) == 1
+    (record,) = d.history()
+    assert record.stable is not own_jitter, record.reason
+    assert "dispersed_again_cv" in record.metrics
+    assert dispersed_at_the_end(d, {first.number}) == [] and len(again) == 1, "once only"
+
+
 @pytest.mark.parametrize(
     ("figures", "extra", "told", "front"),
     [

@@ -1,0 +1,55 @@
+"""What the end of an invocation measures again: a trial that passed the window-dispersion test when
+it ran, against the control runs so far, and fails it against the final floor.
+
+Why: a run that fails the test when it runs is measured again at once, in a fresh process of its
+own, and is unstable only where that run is too (``search.stability.measured.again_if_dispersed``):
+a burst on the machine, or one of the interpreter's slow episodes, seldom comes back at the
+configuration's next run, while its own jitter does. The final floor knows more control runs, so
+a run can pass then and fail at the end, when the study judges every trial again. Without a second
+run there it would be judged on one run alone, by the rule the second run exists to soften: on the
+2-core AMD EPYC one of the two compute-bound false alarms of an idle record of 96 runs
+(``coverage_by_kind-2026-11-27-idle-confirmed.json``) came so. Each costs one trial's time, and
+only where the final floor changed the verdict.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection
+
+from search.execution.isolation import run_isolated
+from search.stability.measured import again_if_dispersed
+from search.storage.repeat_runs import study_revalidations
+from search.storage.trial_store import LATE_SECOND_PREFIX, save_late_second
+from search.study.driver import StudyDriver
+
+__all__ = ["dispersed_at_the_end"]
+
+
+def dispersed_at_the_end(driver: StudyDriver, numbers: Collection[int]) -> list[int]:
+    """Measure again, each in a fresh process, the trials among ``numbers`` (this invocation's)
+    that the floor as it stands now calls unstable for their window dispersion first and that have
+    no second process yet, nor re-validated figures (judged on their own fresh runs); keep what it
+    measured in the study (``save_late_second``), where judging the trial reads it. Returns the
+    numbers measured again."""
+    study = driver.study
+    has_second = set(study_revalidations(study, driver.fingerprint))
+    has_second |= {
+        t.number for t in study.get_trials(deepcopy=False) if t.user_attrs.get("second_process")
+    }
+    has_second |= {
+        int(key.removeprefix(LATE_SECOND_PREFIX))
+        for key in study.user_attrs
+        if key.startswith(LATE_SECOND_PREFIX)
+    }
+    again = []
+    for record in driver.history():
+        if record.number not in numbers or record.number in has_second:
+            continue
+        started = time.monotonic()
+        second = again_if_dispersed(driver.request(record.config), record, run_isolated)
+        driver.new_s += time.monotonic() - started
+        if second is not None:
+            save_late_second(study, record.number, second)
+            again.append(record.number)
+    return again
