@@ -222,7 +222,7 @@ def _log_final(
                 f"{name}{end}"
                 for name in ("throughput", "requests_per_s")
                 for end in ("", "_ci_low", "_ci_high")
-            ]
+            ] + ["dispersed_again_cv"]  # measured again at the end: known at step 1 only
             final = {k: record.metrics[k] for k in keys if k in record.metrics}
             tracker.log_metrics(record.run_id, final, step=1)
             tracker.set_tags(

@@ -231,7 +231,7 @@ class StudyDriver:
     def _stop_before_asking(self, repeats: int) -> str:
         timeout_s = self.settings.study.timeout_s
         if timeout_s is not None and self.elapsed_s() >= timeout_s:
-            return "timeout"
+            return f"study.timeout_s ({timeout_s:g} s)"
         return "exhausted" if repeats >= MAX_REPEATS else ""
 
     def _claim(self, trial: Trial) -> bool:
