@@ -533,6 +533,13 @@ def test_an_infinite_throughput_is_a_failed_trial_not_a_complete_one(monkeypatch
     assert study.trials[-1].state == TrialState.FAIL
 
 
+def _complete(m):
+    """A complete trial result of measurement ``m``, as a worker returns it."""
+    from search.execution.trial import TrialResult
+
+    return TrialResult(state="complete", measurement=m, peak_memory_mb=10.0, unit="tokens")
+
+
 @pytest.mark.parametrize("burst", [True, False])
 def test_a_trial_that_stalls_is_judged_again_with_a_control_run_right_after_it(monkeypatch, burst):
     """10% of a trial's steps stall 10x. A control run right after it that stalls as often (a
@@ -540,7 +547,6 @@ def test_a_trial_that_stalls_is_judged_again_with_a_control_run_right_after_it(m
     from factories import measurement
 
     import search.study.driver
-    from search.execution.trial import TrialResult
 
     steady, stalling = (10.0,) * 100, (10.0,) * 90 + (100.0,) * 10
     ran: list[str] = []
@@ -550,7 +556,7 @@ def test_a_trial_that_stalls_is_judged_again_with_a_control_run_right_after_it(m
         right_after = ran[-2:] == ["trial", "control"]
         stalls = ran[-1] == "trial" or (burst and right_after)
         m = measurement(1000.0, latencies=stalling if stalls else steady)
-        return TrialResult(state="complete", measurement=m, peak_memory_mb=10.0, unit="tokens")
+        return _complete(m)
 
     monkeypatch.setattr(search.study.driver, "run_isolated", run)
     config = {"batch_size": 4, "micro_batch_size": 1}
@@ -571,7 +577,6 @@ def test_a_dispersed_trial_is_measured_again_and_unstable_only_if_that_run_is_to
     from factories import measurement
 
     import search.study.driver
-    from search.execution.trial import TrialResult
 
     ran: list[str] = []
 
@@ -580,7 +585,7 @@ def test_a_dispersed_trial_is_measured_again_and_unstable_only_if_that_run_is_to
         again = ran[-2:] == ["trial", "trial"]
         cv = 0.30 if ran[-1] == "trial" and (own_jitter or not again) else 0.01
         m = measurement(1000.0, cv=cv)
-        return TrialResult(state="complete", measurement=m, peak_memory_mb=10.0, unit="tokens")
+        return _complete(m)
 
     monkeypatch.setattr(search.study.driver, "run_isolated", run)
     config = {"batch_size": 4, "micro_batch_size": 1}
@@ -602,20 +607,19 @@ def test_a_trial_the_final_floor_calls_dispersed_is_measured_again_at_the_end(
 
     import search.study.driver
     import search.study.late_checks
-    from search.execution.trial import TrialResult
     from search.study.late_checks import dispersed_at_the_end
 
     def run(request):
         cv = 0.30 if not request.probe_compute else 0.01
         m = measurement(1000.0, cv=cv)
-        return TrialResult(state="complete", measurement=m, peak_memory_mb=10.0, unit="tokens")
+        return _complete(m)
 
     again: list[int] = []
 
     def run_again(request):
         again.append(request.seed)
         m = measurement(1000.0, cv=0.30 if own_jitter else 0.01)
-        return TrialResult(state="complete", measurement=m, peak_memory_mb=10.0, unit="tokens")
+        return _complete(m)
 
     monkeypatch.setattr(search.study.driver, "run_isolated", run)
     monkeypatch.setattr(search.study.driver, "again_if_dispersed", lambda *a: None)
