@@ -20,7 +20,7 @@ from collections.abc import Collection
 from search.execution.isolation import run_isolated
 from search.stability.measured import again_if_dispersed
 from search.storage.repeat_runs import study_revalidations
-from search.storage.trial_store import LATE_SECOND_PREFIX, save_late_second
+from search.storage.trial_store import save_late_second, second_of
 from search.study.driver import StudyDriver
 
 __all__ = ["dispersed_at_the_end"]
@@ -33,14 +33,9 @@ def dispersed_at_the_end(driver: StudyDriver, numbers: Collection[int]) -> list[
     measured in the study (``save_late_second``), where judging the trial reads it. Returns the
     numbers measured again."""
     study = driver.study
-    has_second = set(study_revalidations(study, driver.fingerprint))
-    has_second |= {
-        t.number for t in study.get_trials(deepcopy=False) if t.user_attrs.get("second_process")
-    }
-    has_second |= {
-        int(key.removeprefix(LATE_SECOND_PREFIX))
-        for key in study.user_attrs
-        if key.startswith(LATE_SECOND_PREFIX)
+    attrs = study.user_attrs
+    has_second = set(study_revalidations(study, driver.fingerprint)) | {
+        t.number for t in study.get_trials(deepcopy=False) if second_of(t, attrs)
     }
     again = []
     for record in driver.history():
