@@ -1,0 +1,127 @@
+"""Coverage by kind over every record at once, each judged again by the code as it is now.
+
+    python benchmarks/coverage_pooled.py [RECORD ...] [--json PATH]
+
+One record of ``benchmarks/coverage_by_kind.py`` holds 24 runs of a kind: too few to tell 90%
+from 95% (a 95% interval that holds exactly still covers 21 of 24 or fewer in one record of 8),
+and its runs share their rounds, so one round whose level moved takes several with it. Pooling
+the records gives each kind about six times the runs, from half hours of other levels on the
+machine. Each record's runs are judged again here (``--rejudge``: measure nothing), as a first
+invocation and with the earlier rounds as history, at search time and, where the record
+re-validated, as re-validated means; then pooled by whether a core was kept busy (``busy-core``
+in the record's name). Printed per kind: covered of all, the Clopper-Pearson 95% interval, the
+median over runs of the half-width against what its record's kind spread requires, and runs
+called unstable.
+
+The records pooled by default are those of ``benchmarks/data/`` whose control runs all timed the
+serial probe (from ``coverage_by_kind-2026-11-27-*-serial-probe`` on), so that the code judges
+them with every figure it reads now: without it, a Python-bound run takes the compute probe's
+spread. The earlier ones also ran 6 rounds (one of them on another machine) or judge pairs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]
+
+from coverage import clopper_pearson  # noqa: E402
+from coverage_by_kind import KINDS, SHAPES, _judged, _revalidated, _spread  # noqa: E402
+
+from search.config.compose import compose_config, load_settings  # noqa: E402
+
+
+def _with_serial_probe(record: Path) -> bool:
+    runs = json.loads(record.read_text()).get("runs", [])
+    controls = [x for x in runs if x["config"] is None]
+    return bool(controls) and all("serial_probe_throughput" in x["metrics"] for x in controls)
+
+
+DEFAULT_RECORDS = [
+    p for p in sorted((HERE / "data").glob("coverage_by_kind-*.json")) if _with_serial_probe(p)
+]
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("records", nargs="*", type=Path, default=DEFAULT_RECORDS)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    settings = load_settings(compose_config(["+space=llm"]))
+    configs = [
+        {"kind": k, "batch_size": b, "micro_batch_size": m, "precision": "fp32"}
+        for k in KINDS
+        for b, m in SHAPES
+    ]
+    z = float(stats.norm.ppf(0.5 + settings.measure.confidence / 2))
+    tables: dict[str, dict[str, Any]] = {}
+    for history in (False, True):
+        rows: dict[str, list[dict[str, Any]]] = {}
+        for record in args.records:
+            runs = json.loads(record.read_text())["runs"]
+            load = "busy core" if "busy-core" in record.name else "idle"
+            judged = {
+                "search time": _judged(runs, configs, settings, history),
+                "re-validated": _revalidated(runs, configs, settings, history),
+            }
+            for when, mine in judged.items():
+                for row in _with_width(mine, z):
+                    rows.setdefault(f"{load}, {when}", []).append(row)
+        for column, mine in rows.items():
+            tables[f"{column}{', history' if history else ''}"] = _pooled(mine)
+    print(f"{len(args.records)} records: {', '.join(r.name for r in args.records)}")
+    for column, table in tables.items():
+        print(f"\n{column}:")
+        for kind, s in table.items():
+            print(
+                f"  {kind:9s} covered {s['covered']}/{s['n']} = {s['coverage']:.1%} "
+                f"[{s['ci_low']:.1%}, {s['ci_high']:.1%}]; half-width {s['width_ratio']:.2f}x "
+                f"what the spread requires (median); unstable {s['unstable']}"
+            )
+    if args.json:
+        args.json.write_text(json.dumps({"records": [r.name for r in args.records], **tables}))
+    return 0
+
+
+def _with_width(rows: list[dict[str, Any]], z: float) -> list[dict[str, Any]]:
+    """Each row with its half-width over what its kind's spread in its own record requires."""
+    out = []
+    for kind in KINDS:
+        mine = [r for r in rows if r["config"]["kind"] == kind]
+        spread = _spread(mine) if mine else 0.0
+        for r in mine:
+            half = float(np.log(r["interval"][1] / r["interval"][0]) / 2)
+            out.append({**r, "width_ratio": half / (z * spread) if spread else float("nan")})
+    return out
+
+
+def _pooled(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    table = {}
+    for kind in KINDS:
+        mine = [r for r in rows if r["config"]["kind"] == kind]
+        if not mine:
+            continue
+        covered = sum(r["covered"] for r in mine)
+        low, high = clopper_pearson(covered, len(mine))
+        table[kind] = {
+            "covered": covered,
+            "n": len(mine),
+            "coverage": covered / len(mine),
+            "ci_low": low,
+            "ci_high": high,
+            "width_ratio": float(np.nanmedian([r["width_ratio"] for r in mine])),
+            "unstable": sum(not r["stable"] for r in mine),
+        }
+    return table
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
