@@ -1,7 +1,7 @@
 """Do the tool's intervals cover the long-run mean for every kind of configuration, here?
 
     python benchmarks/coverage_by_kind.py [--rounds 6] [--busy-core] [--bursts] [--pairs]
-                                          [--revalidate K] [--json PATH]
+                                          [--revalidate K] [--probe-windows N] [--json PATH]
     python benchmarks/coverage_by_kind.py --rejudge RECORD [--history] [--without-serial-probe]
 
 A ground truth of known kinds (``benchmarks/kinds.py``): steady (waits), overhead-bound (Python),
@@ -32,7 +32,8 @@ the two judged together; after the round's last control run, so is one that fail
 of the round's control runs and has no second process yet, as the end of a study measures
 (``search.study.late_checks``) (``search.stability.judge``: unstable only where both are;
 ``--without-confirmation`` judges a record's runs without those second processes).
-``--pairs`` measures each configuration in two fresh processes in a row, as a
+``--probe-windows N`` times the compute probe for N windows in each control run (the tool
+times 5). ``--pairs`` measures each configuration in two fresh processes in a row, as a
 compiled trial is, and judges the mean of the two with a floor that also holds the other
 configurations' pairs. ``--revalidate K`` re-validates every configuration of a round as a study
 re-validates its candidates: K more fresh processes each, all in one random order after the
@@ -81,6 +82,8 @@ from search.stability.leave_one_out import judged_candidates  # noqa: E402
 KINDS = ("steady", "overhead", "compute", "stalling")
 SHAPES = ((8, 1), (32, 1), (32, 8))
 CONTROL = {"kind": "steady", "batch_size": 8, "micro_batch_size": 1, "precision": "fp32"}
+PROBE_WINDOWS = [TrialRequest.probe_windows]
+"""Windows of the compute probe in each control run (``--probe-windows``)."""
 
 
 def main(argv: list[str]) -> int:
@@ -125,7 +128,14 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="with --rejudge: leave out the second processes of dispersed runs",
     )
+    parser.add_argument(
+        "--probe-windows",
+        type=int,
+        default=TrialRequest.probe_windows,
+        help="windows of the compute probe in each control run (the tool's default: 5)",
+    )
     args = parser.parse_args(argv)
+    PROBE_WINDOWS[0] = args.probe_windows
     settings = load_settings(compose_config(["+space=llm"]))
     configs = [
         {"kind": k, "batch_size": b, "micro_batch_size": m, "precision": "fp32"}
@@ -233,6 +243,7 @@ def _run(
         fidelity=False,
         count=False,
         probe_compute=probe,
+        probe_windows=PROBE_WINDOWS[0],
     )
     mark = cpu_mark()
     result = run_isolated(request)

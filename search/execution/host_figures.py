@@ -94,11 +94,13 @@ def _demand_s() -> dict[str, float]:
     return demand
 
 
-def probe_metrics(device: torch.device, settings: MeasureSettings) -> dict[str, float]:
-    """Time the probes in this process: the compute probe (a fixed matrix product on ``device``)
-    and, on the CPU, the serial probe; per probe its rate, window CV and windows, as
-    ``RunFigures`` reads them (``probe_*``, ``serial_probe_*``)."""
-    figures = _figures("probe", _measure_probe(device, settings))
+def probe_metrics(
+    device: torch.device, settings: MeasureSettings, windows: int = 5
+) -> dict[str, float]:
+    """Time the probes in this process: the compute probe (a fixed matrix product on ``device``,
+    ``windows`` windows) and, on the CPU, the serial probe; per probe its rate, window CV and
+    windows, as ``RunFigures`` reads them (``probe_*``, ``serial_probe_*``)."""
+    figures = _figures("probe", _measure_probe(device, settings, windows))
     if device.type == "cpu":
         figures |= _figures("serial_probe", _measure_serial_probe(settings))
     return figures
@@ -115,16 +117,16 @@ def _figures(prefix: str, measured: Measurement) -> dict[str, float]:
     }
 
 
-def _probe_windows(settings: MeasureSettings) -> MeasureSettings:
-    """Five windows as long as a trial's: a run's window CV and stalls are judged against its
-    class's probe (``search.stability.judge``), so the probe's windows must be alike."""
+def _probe_windows(settings: MeasureSettings, windows: int = 5) -> MeasureSettings:
+    """``windows`` windows as long as a trial's: a run's window CV and stalls are judged against
+    its class's probe (``search.stability.judge``), so the probe's windows must be alike."""
     return replace(
         settings,
         warmup_steps=3,
         warmup_s=0.2,
-        min_windows=5,
-        max_windows=5,
-        max_time_s=0.2 + 5 * settings.window_s,
+        min_windows=windows,
+        max_windows=windows,
+        max_time_s=0.2 + windows * settings.window_s,
         race=False,
     )
 
@@ -141,7 +143,7 @@ def _measure_serial_probe(settings: MeasureSettings) -> Measurement:
     return measure(step, SERIAL_PROBE_OPS, _probe_windows(settings), timer)
 
 
-def _measure_probe(device: torch.device, settings: MeasureSettings) -> Measurement:
+def _measure_probe(device: torch.device, settings: MeasureSettings, windows: int) -> Measurement:
     size, dtype = PROBE_SHAPE.get(device.type, PROBE_SHAPE["cpu"])
     generator = torch.Generator(device="cpu").manual_seed(0)
     a = torch.randn(size, size, generator=generator, dtype=torch.float32).to(device, dtype)
@@ -151,4 +153,4 @@ def _measure_probe(device: torch.device, settings: MeasureSettings) -> Measureme
     def step() -> None:
         torch.mm(a, b, out=out)
 
-    return measure(step, 1, _probe_windows(settings), make_timer(device))
+    return measure(step, 1, _probe_windows(settings, windows), make_timer(device))

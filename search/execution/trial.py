@@ -47,6 +47,10 @@ class TrialRequest:
     """Whether to time the probes (a fixed matrix product and, on the CPU, small operations from
     Python) in the same process after the measurement (``search.execution.host_figures``): the
     control runs do, for the noise floor."""
+    probe_windows: int = 5
+    """Windows of the compute probe, each as long as a trial's (``measure.window_s``); the serial
+    probe takes 5. A longer probe averages over more of what moves a run beside other load
+    (``docs/method/noise-floor.md``); ``benchmarks/coverage_by_kind.py --probe-windows`` sets it."""
     race: Race | None = None
     """The front this configuration races against (``search.analysis.racing``): its measurement
     stops early, ``screened``, once it cannot reach it. None: measured to the full budget (repeat

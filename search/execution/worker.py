@@ -170,7 +170,7 @@ def _probed(device: torch.device, request: TrialRequest) -> dict[str, float]:
     they fail: a control run that measured its configuration keeps its figures, and the floor
     does without that run's probes."""
     try:
-        return probe_metrics(device, request.measure)
+        return probe_metrics(device, request.measure, request.probe_windows)
     except Exception:
         traceback.print_exc()  # into the worker's stderr
         return {}

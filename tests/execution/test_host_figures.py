@@ -75,16 +75,19 @@ def test_the_probe_times_a_matrix_product_with_an_interval():
 
 def test_every_run_reports_its_busyness_and_a_control_run_its_probe():
     plain = run_trial(request(TINY_GPT, micro_batch_size=2))
-    control = run_trial(replace(request(TINY_GPT, micro_batch_size=2), probe_compute=True))
+    control = run_trial(
+        replace(request(TINY_GPT, micro_batch_size=2), probe_compute=True, probe_windows=7)
+    )
     assert plain.state == control.state == COMPLETE
     assert plain.telemetry["host_busy"] > 0.5, "a CPU training step computes"
     assert "probe_throughput" not in plain.telemetry
     run = RunFigures.of(trial_metrics(control, 0.95), time.time())
     probe = run.probe_run()
     assert run.busy > 0.5 and probe is not None and probe.throughput > 0
-    assert busy_class(probe.busy) == BUSY and probe.probe == 0.0 and probe.n_windows >= 5
+    assert busy_class(probe.busy) == BUSY and probe.probe == 0.0 and probe.n_windows == 7
     serial = run.probe_run(SERIAL)
     assert serial is not None and busy_class(serial.busy) == SERIAL and serial.serial_probe == 0.0
+    assert serial.n_windows == 5, "the serial probe keeps its five windows"
     assert serial.throughput == control.telemetry["serial_probe_throughput"]
     assert plain.telemetry.get("serial_probe_throughput") is None
 
