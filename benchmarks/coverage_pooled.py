@@ -14,9 +14,10 @@ median over runs of the half-width against what its record's kind spread require
 called unstable.
 
 The records pooled by default are those of ``benchmarks/data/`` whose control runs all timed the
-serial probe (from ``coverage_by_kind-2026-11-27-*-serial-probe`` on), so that the code judges
-them with every figure it reads now: without it, a Python-bound run takes the compute probe's
-spread. The earlier ones also ran 6 rounds (one of them on another machine) or judge pairs.
+serial probe (from ``coverage_by_kind-2026-11-27-*-serial-probe`` on), and the compute probe for
+as many windows as the tool does, so that the code judges them with every figure it reads now:
+without the serial probe, a Python-bound run takes the compute probe's spread. The earlier ones
+also ran 6 rounds (one of them on another machine) or judge pairs.
 """
 
 from __future__ import annotations
@@ -37,16 +38,22 @@ from coverage import clopper_pearson  # noqa: E402
 from coverage_by_kind import KINDS, SHAPES, _judged, _revalidated, _spread  # noqa: E402
 
 from search.config.compose import compose_config, load_settings  # noqa: E402
+from search.execution.trial import TrialRequest  # noqa: E402
 
 
-def _with_serial_probe(record: Path) -> bool:
+def _as_the_tool_measures(record: Path) -> bool:
+    """Whether every control run of ``record`` timed the serial probe, and the compute probe for
+    as many windows as the tool does."""
     runs = json.loads(record.read_text()).get("runs", [])
-    controls = [x for x in runs if x["config"] is None]
-    return bool(controls) and all("serial_probe_throughput" in x["metrics"] for x in controls)
+    controls = [x["metrics"] for x in runs if x["config"] is None]
+    return bool(controls) and all(
+        "serial_probe_throughput" in m and m.get("probe_n_windows") == TrialRequest.probe_windows
+        for m in controls
+    )
 
 
 DEFAULT_RECORDS = [
-    p for p in sorted((HERE / "data").glob("coverage_by_kind-*.json")) if _with_serial_probe(p)
+    p for p in sorted((HERE / "data").glob("coverage_by_kind-*.json")) if _as_the_tool_measures(p)
 ]
 
 
