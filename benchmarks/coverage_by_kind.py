@@ -469,24 +469,34 @@ def _by_kind(rows, confidence: float) -> dict[str, dict[str, Any]]:
         mine = [r for r in rows if r["config"]["kind"] == kind]
         if not mine:
             continue
-        covered = sum(r["covered"] for r in mine)
-        low, high = clopper_pearson(covered, len(mine))
-        half = statistics.median(
-            float(np.log(r["interval"][1] / r["interval"][0]) / 2) for r in mine
-        )
+        half = statistics.median(half_width(r) for r in mine)
         spread = _spread(mine)
         summary[kind] = {
-            "covered": covered,
-            "n": len(mine),
-            "coverage": covered / len(mine),
-            "ci_low": low,
-            "ci_high": high,
+            **counted(mine),
             "half_width": half,
             "spread": spread,
             "width_ratio": half / (z * spread) if spread else float("nan"),
-            "unstable": sum(not r["stable"] for r in mine),
         }
     return summary
+
+
+def counted(rows) -> dict[str, Any]:
+    """How many of ``rows`` covered, with the Clopper-Pearson interval, and were unstable."""
+    covered = sum(r["covered"] for r in rows)
+    low, high = clopper_pearson(covered, len(rows))
+    return {
+        "covered": covered,
+        "n": len(rows),
+        "coverage": covered / len(rows),
+        "ci_low": low,
+        "ci_high": high,
+        "unstable": sum(not r["stable"] for r in rows),
+    }
+
+
+def half_width(row) -> float:
+    """A row's interval half-width, in log throughput."""
+    return float(np.log(row["interval"][1] / row["interval"][0]) / 2)
 
 
 def _spread(rows) -> float:

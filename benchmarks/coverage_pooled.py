@@ -34,8 +34,15 @@ from scipy import stats
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 
-from coverage import clopper_pearson  # noqa: E402
-from coverage_by_kind import KINDS, SHAPES, _judged, _revalidated, _spread  # noqa: E402
+from coverage_by_kind import (  # noqa: E402
+    KINDS,
+    SHAPES,
+    _judged,
+    _revalidated,
+    _spread,
+    counted,
+    half_width,
+)
 
 from search.config.compose import compose_config, load_settings  # noqa: E402
 from search.execution.trial import TrialRequest  # noqa: E402
@@ -105,8 +112,8 @@ def _with_width(rows: list[dict[str, Any]], z: float) -> list[dict[str, Any]]:
         mine = [r for r in rows if r["config"]["kind"] == kind]
         spread = _spread(mine) if mine else 0.0
         for r in mine:
-            half = float(np.log(r["interval"][1] / r["interval"][0]) / 2)
-            out.append({**r, "width_ratio": half / (z * spread) if spread else float("nan")})
+            ratio = half_width(r) / (z * spread) if spread else float("nan")
+            out.append({**r, "width_ratio": ratio})
     return out
 
 
@@ -116,16 +123,9 @@ def _pooled(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         mine = [r for r in rows if r["config"]["kind"] == kind]
         if not mine:
             continue
-        covered = sum(r["covered"] for r in mine)
-        low, high = clopper_pearson(covered, len(mine))
         table[kind] = {
-            "covered": covered,
-            "n": len(mine),
-            "coverage": covered / len(mine),
-            "ci_low": low,
-            "ci_high": high,
+            **counted(mine),
             "width_ratio": float(np.nanmedian([r["width_ratio"] for r in mine])),
-            "unstable": sum(not r["stable"] for r in mine),
         }
     return table
 
