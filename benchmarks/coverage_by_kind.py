@@ -32,14 +32,15 @@ the two judged together; after the round's last control run, so is one that fail
 of the round's control runs and has no second process yet, as the end of a study measures
 (``search.study.late_checks``) (``search.stability.judge``: unstable only where both are;
 ``--without-confirmation`` judges a record's runs without those second processes).
-``--probe-windows N`` times the compute probe for N windows in each control run (the tool
-times 5). ``--pairs`` measures each configuration in two fresh processes in a row, as a
-compiled trial is, and judges the mean of the two with a floor that also holds the other
+``--probe-windows N`` times the compute probe for N windows in each control run (the tool times 5);
+``--probe-head`` judges such a record again by the first 5 windows of each of those probes, the same
+processes as a 5-window probe. ``--pairs`` measures each configuration in two fresh processes in a
+row, as a compiled trial is, and judges the mean of the two with a floor that also holds the other
 configurations' pairs. ``--revalidate K`` re-validates every configuration of a round as a study
 re-validates its candidates: K more fresh processes each, all in one random order after the
-configurations and before the round's last control run, each with re-validation's time budget;
-their mean is judged as a re-validated candidate is (``search.stability.leave_one_out``: the
-other configurations' fresh runs in the floor, not its own) and printed as a second table.
+configurations and before the round's last control run, each with re-validation's time budget; their
+mean is judged as a re-validated candidate is (``search.stability.leave_one_out``: the other
+configurations' fresh runs in the floor, not its own) and printed as a second table.
 """
 
 from __future__ import annotations
@@ -129,6 +130,11 @@ def main(argv: list[str]) -> int:
         help="with --rejudge: leave out the second processes of dispersed runs",
     )
     parser.add_argument(
+        "--probe-head",
+        action="store_true",
+        help="with --rejudge: judge by the first 5 windows of each control run's longer probe",
+    )
+    parser.add_argument(
         "--probe-windows",
         type=int,
         default=TrialRequest.probe_windows,
@@ -147,6 +153,9 @@ def main(argv: list[str]) -> int:
         runs = json.loads(args.rejudge.read_text())["runs"]
         if args.without_confirmation:
             runs = [run for run in runs if not run.get("confirm")]
+        if args.probe_head:
+            for run in runs:
+                run["metrics"] |= _head_as_probe(run["metrics"])
         if args.without_serial_probe:
             for run in runs:
                 run["metrics"] = {
@@ -170,6 +179,7 @@ def main(argv: list[str]) -> int:
         f"the runs of {args.rejudge}"
         + (" without their serial probes" if args.without_serial_probe else "")
         + (" without the second processes of dispersed runs" if args.without_confirmation else "")
+        + (" by the first 5 windows of their probes" if args.probe_head else "")
         if args.rejudge
         else f"{args.rounds} rounds, {(time.time() - started) / 60:.1f} min, busy core: "
         f"{args.busy_core}"
@@ -189,6 +199,13 @@ def main(argv: list[str]) -> int:
         }
         args.json.write_text(json.dumps(record, indent=1))
     return 0
+
+
+def _head_as_probe(metrics: dict[str, Any]) -> dict[str, Any]:
+    """A control run's figures of the first windows of its compute probe (``probe_head_*``, timed
+    where the probe ran longer than the tool's 5 windows) in place of the whole probe's."""
+    head = "probe_head_"
+    return {f"probe_{k[len(head) :]}": v for k, v in metrics.items() if k.startswith(head)}
 
 
 def _print(summary) -> None:

@@ -31,6 +31,7 @@ import torch
 
 from search.analysis.run_figures import stall_steps
 from search.measurement.protocol import Measurement, MeasureSettings, measure
+from search.measurement.statistics import summarize
 from search.measurement.timers import make_timer
 
 __all__ = ["PROBE_SHAPE", "SERIAL_PROBE_OPS", "HostBusy", "host_busy", "probe_metrics"]
@@ -38,6 +39,10 @@ __all__ = ["PROBE_SHAPE", "SERIAL_PROBE_OPS", "HostBusy", "host_busy", "probe_me
 PROBE_SHAPE = {"cpu": (384, torch.float32), "cuda": (4096, torch.bfloat16)}
 """The probe's square matrix size and dtype by device type: a product of 1-2 ms on a 2-core CPU,
 about 0.2 ms on an H100 (bf16 tensor cores), so that each window holds many."""
+PROBE_HEAD_WINDOWS = 5
+"""A compute probe timed for more windows than this (``TrialRequest.probe_windows``) also reports
+its first this many as a probe of its own (``probe_head_*``): the same processes then say what
+the shorter probe would have read (``benchmarks/coverage_by_kind.py --probe-head``)."""
 SERIAL_PROBE_OPS = 100
 """Additions to a one-element tensor in one step of the serial probe: about 0.3 ms on the 2-core
 AMD EPYC, as short as a micro-batch of a Python-bound step."""
@@ -100,7 +105,10 @@ def probe_metrics(
     """Time the probes in this process: the compute probe (a fixed matrix product on ``device``,
     ``windows`` windows) and, on the CPU, the serial probe; per probe its rate, window CV and
     windows, as ``RunFigures`` reads them (``probe_*``, ``serial_probe_*``)."""
-    figures = _figures("probe", _measure_probe(device, settings, windows))
+    measured = _measure_probe(device, settings, windows)
+    figures = _figures("probe", measured)
+    if windows > PROBE_HEAD_WINDOWS:
+        figures |= _figures("probe_head", _head(measured, PROBE_HEAD_WINDOWS, settings.confidence))
     if device.type == "cpu":
         figures |= _figures("serial_probe", _measure_serial_probe(settings))
     return figures
@@ -115,6 +123,18 @@ def _figures(prefix: str, measured: Measurement) -> dict[str, float]:
         f"{prefix}_stall_steps": float(stall_steps(measured.step_latencies_ms)),
         f"{prefix}_step_ms": measured.latency_mean_ms,
     }
+
+
+def _head(measured: Measurement, windows: int, confidence: float) -> Measurement:
+    """The first ``windows`` windows of ``measured``, as if it had stopped there."""
+    throughputs = measured.window_throughputs[:windows]
+    steps_ms = measured.step_latencies_ms[: windows * measured.steps_per_window]
+    return replace(
+        measured,
+        summary=summarize(throughputs, steps_ms, confidence),
+        window_throughputs=throughputs,
+        step_latencies_ms=steps_ms,
+    )
 
 
 def _probe_windows(settings: MeasureSettings, windows: int = 5) -> MeasureSettings:

@@ -71,6 +71,7 @@ def test_the_probe_times_a_matrix_product_with_an_interval():
     # the serial probe counts additions, a step of 100 of them well under a window
     assert figures["serial_probe_throughput"] > 100 * figures["probe_throughput"]
     assert figures["serial_probe_n_steps"] > figures["probe_n_steps"]
+    assert not any(k.startswith("probe_head") for k in figures), "five windows are the head"
 
 
 def test_every_run_reports_its_busyness_and_a_control_run_its_probe():
@@ -89,6 +90,9 @@ def test_every_run_reports_its_busyness_and_a_control_run_its_probe():
     assert serial is not None and busy_class(serial.busy) == SERIAL and serial.serial_probe == 0.0
     assert serial.n_windows == 5, "the serial probe keeps its five windows"
     assert serial.throughput == control.telemetry["serial_probe_throughput"]
+    head = {k: v for k, v in control.telemetry.items() if k.startswith("probe_head_")}
+    assert head["probe_head_n_windows"] == 5, "a longer probe reports its first five windows too"
+    assert head["probe_head_n_steps"] == 5 / 7 * control.telemetry["probe_n_steps"]
     assert plain.telemetry.get("serial_probe_throughput") is None
 
 
