@@ -32,15 +32,16 @@ the two judged together; after the round's last control run, so is one that fail
 of the round's control runs and has no second process yet, as the end of a study measures
 (``search.study.late_checks``) (``search.stability.judge``: unstable only where both are;
 ``--without-confirmation`` judges a record's runs without those second processes).
-``--probe-windows N`` times the compute probe for N windows in each control run (the tool times 5);
-``--probe-head`` judges such a record again by the first 5 windows of each of those probes, the same
-processes as a 5-window probe. ``--pairs`` measures each configuration in two fresh processes in a
-row, as a compiled trial is, and judges the mean of the two with a floor that also holds the other
-configurations' pairs. ``--revalidate K`` re-validates every configuration of a round as a study
-re-validates its candidates: K more fresh processes each, all in one random order after the
-configurations and before the round's last control run, each with re-validation's time budget; their
-mean is judged as a re-validated candidate is (``search.stability.leave_one_out``: the other
-configurations' fresh runs in the floor, not its own) and printed as a second table.
+``--probe-windows N`` times the compute probe for N windows in each control run (by default a
+study's ``noise.probe_windows``: 15 on the CPU, 5 before); ``--probe-head`` judges such a record
+again by the first 5 windows of each of those probes, the same processes as a 5-window probe.
+``--pairs`` measures each configuration in two fresh processes in a row, as a compiled trial is, and
+judges the mean of the two with a floor that also holds the other configurations' pairs.
+``--revalidate K`` re-validates every configuration of a round as a study re-validates its
+candidates: K more fresh processes each, all in one random order after the configurations and before
+the round's last control run, each with re-validation's time budget; their mean is judged as a
+re-validated candidate is (``search.stability.leave_one_out``: the other configurations' fresh runs
+in the floor, not its own) and printed as a second table.
 """
 
 from __future__ import annotations
@@ -84,7 +85,8 @@ KINDS = ("steady", "overhead", "compute", "stalling")
 SHAPES = ((8, 1), (32, 1), (32, 8))
 CONTROL = {"kind": "steady", "batch_size": 8, "micro_batch_size": 1, "precision": "fp32"}
 PROBE_WINDOWS = [TrialRequest.probe_windows]
-"""Windows of the compute probe in each control run (``--probe-windows``)."""
+"""Windows of the compute probe in each control run (``--probe-windows``; by default a study's
+``noise.probe_windows``)."""
 
 
 def main(argv: list[str]) -> int:
@@ -137,12 +139,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--probe-windows",
         type=int,
-        default=TrialRequest.probe_windows,
-        help="windows of the compute probe in each control run (the tool's default: 5)",
+        help="windows of the compute probe in each control run (default: a study's, "
+        "noise.probe_windows)",
     )
     args = parser.parse_args(argv)
-    PROBE_WINDOWS[0] = args.probe_windows
     settings = load_settings(compose_config(["+space=llm"]))
+    PROBE_WINDOWS[0] = args.probe_windows or settings.noise.probe_windows
     configs = [
         {"kind": k, "batch_size": b, "micro_batch_size": m, "precision": "fp32"}
         for k in args.kinds

@@ -1,6 +1,6 @@
 """Coverage by kind over every record at once, each judged again by the code as it is now.
 
-    python benchmarks/coverage_pooled.py [RECORD ...] [--json PATH]
+    python benchmarks/coverage_pooled.py [RECORD ...] [--probe-windows N] [--json PATH]
 
 One record of ``benchmarks/coverage_by_kind.py`` holds 24 runs of a kind: too few to tell 90%
 from 95% (a 95% interval that holds exactly still covers 21 of 24 or fewer in one record of 8),
@@ -14,9 +14,10 @@ median over runs of the half-width against what its record's kind spread require
 called unstable.
 
 The records pooled by default are those of ``benchmarks/data/`` whose control runs all timed the
-serial probe (from ``coverage_by_kind-2026-11-27-*-serial-probe`` on), and the compute probe for
-as many windows as the tool does, so that the code judges them with every figure it reads now:
-without the serial probe, a Python-bound run takes the compute probe's spread. The earlier ones
+serial probe (from ``coverage_by_kind-2026-11-27-*-serial-probe`` on), and the compute probe for as
+many windows as a study does (``noise.probe_windows``: 15 on the CPU; ``--probe-windows 5`` pools
+the records from before, which timed 5), so that the code judges them with every figure it reads
+now: without the serial probe, a Python-bound run takes the compute probe's spread. The earlier ones
 also ran 6 rounds (one of them on another machine) or judge pairs.
 """
 
@@ -45,31 +46,43 @@ from coverage_by_kind import (  # noqa: E402
 )
 
 from search.config.compose import compose_config, load_settings  # noqa: E402
-from search.execution.trial import TrialRequest  # noqa: E402
 
 
-def _as_the_tool_measures(record: Path) -> bool:
+def measured_with(record: Path, probe_windows: int) -> bool:
     """Whether every control run of ``record`` timed the serial probe, and the compute probe for
-    as many windows as the tool does."""
+    ``probe_windows`` windows."""
     runs = json.loads(record.read_text()).get("runs", [])
     controls = [x["metrics"] for x in runs if x["config"] is None]
     return bool(controls) and all(
-        "serial_probe_throughput" in m and m.get("probe_n_windows") == TrialRequest.probe_windows
+        "serial_probe_throughput" in m and m.get("probe_n_windows") == probe_windows
         for m in controls
     )
 
 
-DEFAULT_RECORDS = [
-    p for p in sorted((HERE / "data").glob("coverage_by_kind-*.json")) if _as_the_tool_measures(p)
-]
+def records_measured_with(probe_windows: int) -> list[Path]:
+    """The records whose control runs timed the probes as a study with ``probe_windows`` does."""
+    return [
+        p
+        for p in sorted((HERE / "data").glob("coverage_by_kind-*.json"))
+        if measured_with(p, probe_windows)
+    ]
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("records", nargs="*", type=Path, default=DEFAULT_RECORDS)
+    parser.add_argument("records", nargs="*", type=Path)
+    parser.add_argument(
+        "--probe-windows",
+        type=int,
+        help="with no records: those whose compute probe ran this many windows "
+        "(default: a study's, noise.probe_windows)",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     settings = load_settings(compose_config(["+space=llm"]))
+    args.records = args.records or records_measured_with(
+        args.probe_windows or settings.noise.probe_windows
+    )
     configs = [
         {"kind": k, "batch_size": b, "micro_batch_size": m, "precision": "fp32"}
         for k in KINDS

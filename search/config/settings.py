@@ -191,12 +191,22 @@ class NoiseSettings:
     start_runs: int
     """Control runs at the start of every invocation (at least 2 for a between-run figure)."""
 
+    probe_windows: int = 5
+    """Windows of the compute probe timed in each control run (``measure.window_s`` each): the
+    probe speaks for the runs of its class, so it runs about as long as they do. On the 2-core
+    CPU, beside a busy core, 15 windows (7.5 s, a trial's 8-s budget) moved by 6.7% between
+    processes where their first 5 moved by 10.1% (``docs/method/noise-floor.md``)."""
+
     def __post_init__(self) -> None:
         _finite("noise.budget", self.budget)
         _require(0 <= self.budget < 1, f"noise.budget must lie in [0, 1), but got {self.budget!r}")
         _require(
             _is_int(self.start_runs) and self.start_runs >= 2,
             f"noise.start_runs must be an integer >= 2, but got {self.start_runs!r}",
+        )
+        _require(
+            _is_int(self.probe_windows) and self.probe_windows >= 2,
+            f"noise.probe_windows must be an integer >= 2, but got {self.probe_windows!r}",
         )
 
 

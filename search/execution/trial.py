@@ -50,7 +50,7 @@ class TrialRequest:
     probe_windows: int = 5
     """Windows of the compute probe, each as long as a trial's (``measure.window_s``); the serial
     probe takes 5. A longer probe averages over more of what moves a run beside other load
-    (``docs/method/noise-floor.md``); ``benchmarks/coverage_by_kind.py --probe-windows`` sets it."""
+    (``docs/method/noise-floor.md``): a study's control runs take ``noise.probe_windows``."""
     race: Race | None = None
     """The front this configuration races against (``search.analysis.racing``): its measurement
     stops early, ``screened``, once it cannot reach it. None: measured to the full budget (repeat

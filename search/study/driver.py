@@ -62,7 +62,7 @@ from search.storage.trial_store import (
 )
 from search.strategy.guided import HANDED_OVER, WHY, GuidedSampler, seen_of
 from search.strategy.samplers import GUIDED, SAMPLERS, optuna_names, suggest
-from search.study.driver_inputs import Bench, DriverCallbacks
+from search.study.driver_inputs import Bench, DriverCallbacks, control_run, repeat_run
 from search.study.guards import KnownOutcomes, Proposal, Ruling, guards
 from search.study.outcome import StudyOutcome
 
@@ -86,15 +86,6 @@ QUEUE_SETTLE_S = 0.5
 same trial and writing its owner."""
 MIN_TRIALS_FOR_FAILURE_RATE = 5
 """Measured trials in this invocation before ``study.max_failure_rate`` is applied."""
-
-
-def repeat_run(request: TrialRequest, settings: Settings) -> TrialRequest:
-    """A fresh run of a configuration measured before (the control, re-validation, confirmation,
-    a re-tune's re-measurement): no fidelity check or work count (search time did both, and they
-    only cost time), and at most ``revalidate.max_time_s`` of warm-up and windows."""
-    budget_s = min(request.measure.max_time_s, settings.revalidate.max_time_s)
-    measure = replace(request.measure, max_time_s=budget_s)
-    return replace(request, measure=measure, fidelity=False, count=False)
 
 
 class StudyDriver:
@@ -156,7 +147,7 @@ class StudyDriver:
         if self.control is None:
             return None
         started, mark = time.monotonic(), cpu_mark()
-        request = replace(repeat_run(self.request(self.control), self.settings), probe_compute=True)
+        request = control_run(self.request(self.control), self.settings)
         result = run_isolated(request)
         self.control_s += time.monotonic() - started
         self.control_runs += 1

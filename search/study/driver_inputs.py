@@ -5,14 +5,33 @@ prints and warns as the study goes on (``search.commands.callbacks`` makes them)
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from search.analysis.noise_floor import NoiseFloor
 from search.core.records import TrialRecord
 from search.execution.trial import TrialRequest, TrialResult
 
-__all__ = ["Bench", "DriverCallbacks"]
+if TYPE_CHECKING:
+    from search.config.settings import Settings
+
+__all__ = ["Bench", "DriverCallbacks", "control_run", "repeat_run"]
+
+
+def repeat_run(request: TrialRequest, settings: Settings) -> TrialRequest:
+    """A fresh run of a configuration measured before (the control, re-validation, confirmation,
+    a re-tune's re-measurement): no fidelity check or work count (search time did both, and they
+    only cost time), and at most ``revalidate.max_time_s`` of warm-up and windows."""
+    budget_s = min(request.measure.max_time_s, settings.revalidate.max_time_s)
+    measure = replace(request.measure, max_time_s=budget_s)
+    return replace(request, measure=measure, fidelity=False, count=False)
+
+
+def control_run(request: TrialRequest, settings: Settings) -> TrialRequest:
+    """A control run: a repeat run of the control that also times the probes, the compute probe
+    for ``noise.probe_windows`` windows."""
+    windows = settings.noise.probe_windows
+    return replace(repeat_run(request, settings), probe_compute=True, probe_windows=windows)
 
 
 @dataclass(frozen=True)

@@ -126,6 +126,7 @@ OUT_OF_RANGE = [
     ("stable.excess_cv=-0.1", "stable.excess_cv must be a fraction >= 0"),
     ("noise.budget=1", "noise.budget must lie in [0, 1), but got 1"),
     ("noise.start_runs=1", "noise.start_runs must be an integer >= 2, but got 1"),
+    ("noise.probe_windows=1", "noise.probe_windows must be an integer >= 2, but got 1"),
 ]
 
 

@@ -457,6 +457,18 @@ def test_a_proposal_gives_way_even_to_a_later_numbered_trial_of_the_same_configu
     assert outcome.in_flight >= 1 and {"batch_size": 4, "micro_batch_size": 1} not in measured
 
 
+def test_a_control_run_times_the_probe_for_as_many_windows_as_the_noise_settings_say():
+    from search.study.driver_inputs import control_run
+
+    space = make_space()
+    request = TrialRequest(workload=space.workload, config={}, device="cpu", seed=0, measure=QUICK)
+    assert cfg().noise.probe_windows == 15, "on the CPU the probe runs about as long as a trial"
+    settings = cfg(extra=["noise.probe_windows=7", "revalidate.max_time_s=0.25"])
+    run = control_run(request, settings)
+    assert run.probe_compute and run.probe_windows == 7
+    assert run.measure.max_time_s == 0.25 and not run.fidelity and not run.count, "a repeat run"
+
+
 def test_the_control_is_measured_at_the_start_and_kept_in_the_study(monkeypatch):
     from dataclasses import replace
     from pathlib import Path
