@@ -145,11 +145,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     settings = load_settings(compose_config(["+space=llm"]))
     PROBE_WINDOWS[0] = args.probe_windows or settings.noise.probe_windows
-    configs = [
-        {"kind": k, "batch_size": b, "micro_batch_size": m, "precision": "fp32"}
-        for k in args.kinds
-        for b, m in SHAPES
-    ]
+    configs = configurations(args.kinds)
     started = time.time()
     if args.rejudge:
         runs = json.loads(args.rejudge.read_text())["runs"]
@@ -201,6 +197,15 @@ def main(argv: list[str]) -> int:
         }
         args.json.write_text(json.dumps(record, indent=1))
     return 0
+
+
+def configurations(kinds) -> list[dict[str, Any]]:
+    """The ground truth's configurations of ``kinds``: each at every shape of ``SHAPES``, fp32."""
+    return [
+        {"kind": k, "batch_size": b, "micro_batch_size": m, "precision": "fp32"}
+        for k in kinds
+        for b, m in SHAPES
+    ]
 
 
 def _head_as_probe(metrics: dict[str, Any]) -> dict[str, Any]:

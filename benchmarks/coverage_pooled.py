@@ -37,10 +37,10 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 from coverage_by_kind import (  # noqa: E402
     KINDS,
-    SHAPES,
     _judged,
     _revalidated,
     _spread,
+    configurations,
     counted,
     half_width,
 )
@@ -83,27 +83,10 @@ def main(argv: list[str]) -> int:
     args.records = args.records or records_measured_with(
         args.probe_windows or settings.noise.probe_windows
     )
-    configs = [
-        {"kind": k, "batch_size": b, "micro_batch_size": m, "precision": "fp32"}
-        for k in KINDS
-        for b, m in SHAPES
-    ]
-    z = float(stats.norm.ppf(0.5 + settings.measure.confidence / 2))
     tables: dict[str, dict[str, Any]] = {}
     for history in (False, True):
-        rows: dict[str, list[dict[str, Any]]] = {}
-        for record in args.records:
-            runs = json.loads(record.read_text())["runs"]
-            load = "busy core" if "busy-core" in record.name else "idle"
-            judged = {
-                "search time": _judged(runs, configs, settings, history),
-                "re-validated": _revalidated(runs, configs, settings, history),
-            }
-            for when, mine in judged.items():
-                for row in _with_width(mine, z):
-                    rows.setdefault(f"{load}, {when}", []).append(row)
-        for column, mine in rows.items():
-            tables[f"{column}{', history' if history else ''}"] = _pooled(mine)
+        for column, table in judged_tables(args.records, history).items():
+            tables[f"{column}{', history' if history else ''}"] = table
     print(f"{len(args.records)} records: {', '.join(r.name for r in args.records)}")
     for column, table in tables.items():
         print(f"\n{column}:")
@@ -116,6 +99,24 @@ def main(argv: list[str]) -> int:
     if args.json:
         args.json.write_text(json.dumps({"records": [r.name for r in args.records], **tables}))
     return 0
+
+
+def judged_tables(records: list[Path], history: bool) -> dict[str, dict[str, Any]]:
+    """Coverage and median width ratio of ``records`` judged again, by column (load, when) and
+    kind; with ``history``, each round with the earlier rounds' control runs as history."""
+    settings = load_settings(compose_config(["+space=llm"]))
+    configs = configurations(KINDS)
+    z = float(stats.norm.ppf(0.5 + settings.measure.confidence / 2))
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        runs = json.loads(record.read_text())["runs"]
+        load = "busy core" if "busy-core" in record.name else "idle"
+        for when, mine in (
+            ("search time", _judged(runs, configs, settings, history)),
+            ("re-validated", _revalidated(runs, configs, settings, history)),
+        ):
+            rows.setdefault(f"{load}, {when}", []).extend(_with_width(mine, z))
+    return {column: _pooled(mine) for column, mine in rows.items()}
 
 
 def _with_width(rows: list[dict[str, Any]], z: float) -> list[dict[str, Any]]:

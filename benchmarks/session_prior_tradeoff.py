@@ -25,16 +25,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from scipy import stats
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from coverage_by_kind import KINDS, SHAPES, _judged, _revalidated  # noqa: E402
-from coverage_pooled import _pooled, _with_width, records_measured_with  # noqa: E402
+from coverage_by_kind import KINDS  # noqa: E402
+from coverage_pooled import judged_tables, records_measured_with  # noqa: E402
 
 from search.analysis.noise_floor import SESSION_PRIOR, NoiseFloor  # noqa: E402
-from search.config.compose import compose_config, load_settings  # noqa: E402
 
 PROBE_WINDOWS_BEFORE = 5
 """The records judged by default: those whose compute probe ran 5 windows (8 records, 4 idle and 4
@@ -59,25 +56,10 @@ def session_prior(prior: float) -> Iterator[None]:
 
 
 def judged(records: list[Path], prior: float) -> dict[str, dict[str, Any]]:
-    """Coverage and median width ratio by column (load, when) and kind, at ``prior``."""
-    settings = load_settings(compose_config(["+space=llm"]))
-    configs = [
-        {"kind": k, "batch_size": b, "micro_batch_size": m, "precision": "fp32"}
-        for k in KINDS
-        for b, m in SHAPES
-    ]
-    z = float(stats.norm.ppf(0.5 + settings.measure.confidence / 2))
-    rows: dict[str, list[dict[str, Any]]] = {}
+    """Coverage and median width ratio by column (load, when) and kind, at ``prior``, as a first
+    invocation."""
     with session_prior(prior):
-        for record in records:
-            runs = json.loads(record.read_text())["runs"]
-            load = "busy core" if "busy-core" in record.name else "idle"
-            for when, mine in (
-                ("search time", _judged(runs, configs, settings, False)),
-                ("re-validated", _revalidated(runs, configs, settings, False)),
-            ):
-                rows.setdefault(f"{load}, {when}", []).extend(_with_width(mine, z))
-    return {column: _pooled(mine) for column, mine in rows.items()}
+        return judged_tables(records, history=False)
 
 
 def draw(tables: dict[float, dict[str, dict[str, Any]]], png: Path) -> None:
