@@ -3,6 +3,7 @@
     python benchmarks/coverage_by_kind.py [--rounds 6] [--busy-core] [--bursts] [--pairs]
                                           [--revalidate K] [--probe-windows N] [--json PATH]
     python benchmarks/coverage_by_kind.py --rejudge RECORD [--history] [--without-serial-probe]
+                                          [--first-runs]
 
 A ground truth of known kinds (``benchmarks/kinds.py``): steady (waits), overhead-bound (Python),
 compute-bound (real matrix products) and stalling (2% of micro-batches 10x), each at batch 8 and
@@ -36,7 +37,9 @@ of the round's control runs and has no second process yet, as the end of a study
 study's ``noise.probe_windows``: 15 on the CPU, 5 before); ``--probe-head`` judges such a record
 again by the first 5 windows of each of those probes, the same processes as a 5-window probe.
 ``--pairs`` measures each configuration in two fresh processes in a row, as a compiled trial is, and
-judges the mean of the two with a floor that also holds the other configurations' pairs.
+judges the mean of the two with a floor that also holds the other configurations' pairs;
+``--rejudge R --first-runs`` judges such a record's first runs alone, as single runs (the same
+processes, the same half hour).
 ``--revalidate K`` re-validates every configuration of a round as a study re-validates its
 candidates: K more fresh processes each, all in one random order after the configurations and before
 the round's last control run, each with re-validation's time budget; their mean is judged as a
@@ -137,6 +140,11 @@ def main(argv: list[str]) -> int:
         help="with --rejudge: judge by the first 5 windows of each control run's longer probe",
     )
     parser.add_argument(
+        "--first-runs",
+        action="store_true",
+        help="with --rejudge: judge a --pairs record's first runs alone, as single runs",
+    )
+    parser.add_argument(
         "--probe-windows",
         type=int,
         help="windows of the compute probe in each control run (default: a study's, "
@@ -148,17 +156,7 @@ def main(argv: list[str]) -> int:
     configs = configurations(args.kinds)
     started = time.time()
     if args.rejudge:
-        runs = json.loads(args.rejudge.read_text())["runs"]
-        if args.without_confirmation:
-            runs = [run for run in runs if not run.get("confirm")]
-        if args.probe_head:
-            for run in runs:
-                run["metrics"] |= _head_as_probe(run["metrics"])
-        if args.without_serial_probe:
-            for run in runs:
-                run["metrics"] = {
-                    k: v for k, v in run["metrics"].items() if not k.startswith("serial_probe")
-                }
+        runs = _rejudged(args)
     else:
         neighbours = [
             *([_spin()] if args.busy_core else []),
@@ -178,6 +176,7 @@ def main(argv: list[str]) -> int:
         + (" without their serial probes" if args.without_serial_probe else "")
         + (" without the second processes of dispersed runs" if args.without_confirmation else "")
         + (" by the first 5 windows of their probes" if args.probe_head else "")
+        + (", the first of each pair alone" if args.first_runs else "")
         if args.rejudge
         else f"{args.rounds} rounds, {(time.time() - started) / 60:.1f} min, busy core: "
         f"{args.busy_core}"
@@ -197,6 +196,24 @@ def main(argv: list[str]) -> int:
         }
         args.json.write_text(json.dumps(record, indent=1))
     return 0
+
+
+def _rejudged(args) -> list[dict[str, Any]]:
+    """The runs of the record ``args.rejudge``, less what the flags leave out."""
+    runs = json.loads(args.rejudge.read_text())["runs"]
+    if args.without_confirmation:
+        runs = [run for run in runs if not run.get("confirm")]
+    if args.first_runs:  # the same processes as the pairs, judged as a study judges one run
+        runs = [run for run in runs if not run.get("second")]
+    if args.probe_head:
+        for run in runs:
+            run["metrics"] |= _head_as_probe(run["metrics"])
+    if args.without_serial_probe:
+        for run in runs:
+            run["metrics"] = {
+                k: v for k, v in run["metrics"].items() if not k.startswith("serial_probe")
+            }
+    return runs
 
 
 def configurations(kinds) -> list[dict[str, Any]]:

@@ -18,7 +18,8 @@ serial probe (from ``coverage_by_kind-2026-11-27-*-serial-probe`` on), and the c
 many windows as a study does (``noise.probe_windows``: 15 on the CPU; ``--probe-windows 5`` pools
 the records from before, which timed 5), so that the code judges them with every figure it reads
 now: without the serial probe, a Python-bound run takes the compute probe's spread. The earlier ones
-also ran 6 rounds (one of them on another machine) or judge pairs.
+also ran 6 rounds (one of them on another machine). Records of ``--pairs`` are left out: they
+judge a mean of two processes, as a compiled trial is judged.
 """
 
 from __future__ import annotations
@@ -50,12 +51,17 @@ from search.config.compose import compose_config, load_settings  # noqa: E402
 
 def measured_with(record: Path, probe_windows: int) -> bool:
     """Whether every control run of ``record`` timed the serial probe, and the compute probe for
-    ``probe_windows`` windows."""
+    ``probe_windows`` windows, and its configurations were measured once each, as a study measures
+    an eager trial (not ``--pairs``)."""
     runs = json.loads(record.read_text()).get("runs", [])
     controls = [x["metrics"] for x in runs if x["config"] is None]
-    return bool(controls) and all(
-        "serial_probe_throughput" in m and m.get("probe_n_windows") == probe_windows
-        for m in controls
+    return (
+        bool(controls)
+        and not any(x.get("second") for x in runs)
+        and all(
+            "serial_probe_throughput" in m and m.get("probe_n_windows") == probe_windows
+            for m in controls
+        )
     )
 
 
