@@ -53,6 +53,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -158,6 +159,9 @@ def main(argv: list[str]) -> int:
     if args.rejudge:
         runs = _rejudged(args)
     else:
+        # A stopped benchmark must not leave its neighbours spinning: SIGTERM (``kill``) runs
+        # the ``finally`` below as Ctrl-C does.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         neighbours = [
             *([_spin()] if args.busy_core else []),
             *([_bursts()] if args.bursts else []),
