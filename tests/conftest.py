@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +23,20 @@ from search.tracking.connection import NETWORK_LIMITS
 # here, before the workers start, so that they and every process the tests start inherit it.
 sys.dont_write_bytecode = False
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In a parallel run, measure this machine's peak before pytest-xdist starts its workers, so
+    that it is measured as idle as the machine is (``tests/invoke.py``, ``MACHINE_PEAK_ENV``); the
+    workers inherit where it is. A run in one process measures it when a test first needs it."""
+    if hasattr(config, "workerinput") or not config.getoption("numprocesses", None):
+        return
+    from invoke import MACHINE_PEAK_ENV, measure_machine_peak
+
+    path = Path(tempfile.gettempdir()) / f"search-tests-peaks-{os.getuid()}-{os.getpid()}.json"
+    measure_machine_peak(path)
+    os.environ[MACHINE_PEAK_ENV] = str(path)
+    config.add_cleanup(lambda: path.unlink(missing_ok=True))
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """Judging measurements: the machine's noise floor and its drift (``noise_floor``, ``drift``,
 ``between_sessions``), what one run keeps (``run_figures``), the Pareto front and the SLO
-(``pareto``), racing (``racing``), the regime (``diagnosis``). Whether a measurement is stable
+(``pareto``), racing (``racing``), the regime (``diagnosis``, against the device's peak of
+``search.measurement.peak``). Whether a measurement is stable
 against that floor is ``search.stability``.
 
 Exported: what the packages above use. Every module here is light (no Optuna, no MLflow, no
@@ -9,12 +10,9 @@ all."""
 
 from search.analysis.diagnosis import (
     Diagnosis,
-    Peak,
     count_work,
-    device_peak,
     diagnose,
     doubling,
-    table_peak,
     work_metrics,
 )
 from search.analysis.noise_floor import MIN_BETWEEN_DF, NoiseFloor, by_device
@@ -38,7 +36,6 @@ __all__ = [
     "STALL_FACTOR",
     "Diagnosis",
     "NoiseFloor",
-    "Peak",
     "Race",
     "RunFigures",
     "Samples",
@@ -48,7 +45,6 @@ __all__ = [
     "check_slo",
     "constraint_values",
     "count_work",
-    "device_peak",
     "diagnose",
     "doubling",
     "meets_slo",
@@ -58,6 +54,5 @@ __all__ = [
     "pareto_mask",
     "race_against",
     "stall_steps",
-    "table_peak",
     "work_metrics",
 ]

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import optuna
 
-from search.analysis.diagnosis import PEAKS_FILE, Diagnosis, peak_beaten
+from search.analysis.diagnosis import Diagnosis
 from search.analysis.noise_floor import NoiseFloor
 from search.commands.context import Context, sync_command
 from search.config.compose import redact
 from search.core.records import COMPLETE, TrialRecord
 from search.execution.trial import TrialResult
 from search.measurement.environment import device_label
+from search.measurement.peak import PEAKS_FILE, Beaten, measure_beaten
 from search.reporting.report import Columns, StudyProgress, knobs_text, si, trial_line
 from search.revalidation import candidates
 from search.storage.liveness import Heartbeat, Liveness, Recovery
@@ -104,17 +105,19 @@ def _trial_printer(
     columns = Columns.of(ctx.space, ctx.settings.measure.confidence)
     started = time.monotonic()
     measured = itertools.count(1)
+    measured_again = False  # the peak, within this invocation: at most once
 
     def progress(record: TrialRecord, history: list[TrialRecord]) -> None:
+        nonlocal measured_again
         front = candidates.stable_front(history, ctx.space)
         diagnosis = ctx.diagnosis(record, history)
+        if diagnosis is not None and diagnosis.mfu is None:  # at or above the peak
+            beaten = _beat_the_peak(ctx, record, diagnosis, not measured_again)
+            measured_again |= beaten is not None and beaten.measured_again
+            diagnosis = ctx.diagnosis(record, history)  # against the peak now kept
         if diagnosis is not None and record.run_id:  # with the study's batch-doubling pairs
             tracker.log_metrics(record.run_id, diagnosis.metrics())
-            tracker.set_tags(
-                record.run_id, {"regime": diagnosis.regime, "regime_why": diagnosis.why}
-            )
-        if diagnosis is not None and diagnosis.mfu > 1:
-            _beat_the_peak(ctx, record, diagnosis)
+            tracker.set_tags(record.run_id, _regime_tags(diagnosis))
         ctx.out.print(
             trial_line(
                 record,
@@ -152,15 +155,46 @@ def _control_printer(ctx: Context) -> Callable[[TrialResult, NoiseFloor], None]:
     return on_control
 
 
-def _beat_the_peak(ctx: Context, record: TrialRecord, diagnosis: Diagnosis) -> None:
-    """A trial above the kept peak: the peak was measured low (beside other work, say), so it is
-    marked to be measured again at the next invocation, and the run says so once."""
+def _regime_tags(diagnosis: Diagnosis) -> dict[str, str]:
+    """A trial's regime tags, and why its MFU is not reported where it is not."""
+    withheld = {"mfu_withheld": "the trial did at least the peak measured on this machine"}
+    return {"regime": diagnosis.regime, "regime_why": diagnosis.why} | (
+        withheld if diagnosis.mfu is None else {}
+    )
+
+
+def _beat_the_peak(
+    ctx: Context, record: TrialRecord, diagnosis: Diagnosis, again: bool
+) -> Beaten | None:
+    """A trial at or above the kept peak: the peak was measured low (beside other work, say). It
+    is measured again now where ``again`` (once an invocation), the diagnoses take the peak now
+    kept from this trial on, and the run says so."""
     precision = str(record.config.get("precision", "fp32"))
     cache = Path(ctx.settings.runs_dir) / PEAKS_FILE
-    if peak_beaten(cache, ctx.env.get("device_name", ""), precision, diagnosis.achieved_flops):
+    said = f"trial #{record.number} did {si(diagnosis.achieved_flops)}FLOP/s in {precision}"
+    if again:
         ctx.out.print(
-            f"note: trial #{record.number} did {si(diagnosis.achieved_flops)}FLOP/s in "
-            f"{precision}, above the peak kept in {cache} (MFU {diagnosis.mfu:.0%}): the peak "
-            "is measured again at the next invocation",
-            markup=False,
+            f"peak: {said}, above the peak kept in {cache}; measuring it again", markup=False
         )
+    beaten = measure_beaten(
+        ctx.device,
+        ctx.env.get("device_name", ""),
+        cache,
+        (precision, diagnosis.achieved_flops),
+        again,
+    )
+    if beaten is None:  # a datasheet's peak: the work is counted high
+        return None
+    ctx.peaks.append(beaten.peak)
+    now = f"{precision} {si(beaten.peak.flops_per_s[precision])}FLOP/s"
+    ctx.out.print(
+        f"peak: {now} ({beaten.peak.source})"
+        + (
+            f"; {said}, more than it: its MFU is not reported, and the peak is measured "
+            "again at the next invocation"
+            if beaten.still
+            else ""
+        ),
+        markup=False,
+    )
+    return beaten

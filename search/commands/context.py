@@ -19,11 +19,12 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from search.analysis.diagnosis import Diagnosis, Peak, diagnose, doubling
+from search.analysis.diagnosis import Diagnosis, diagnose, doubling
 from search.config.compose import redact
 from search.config.settings import Settings
 from search.core.records import COMPLETE, TrialRecord
 from search.execution.trial import TrialRequest
+from search.measurement.peak import Peak
 from search.space.search_space import SearchSpace
 from search.study.driver import StudyDriver, repeat_run
 
@@ -123,11 +124,18 @@ class Context:
     control: Mapping[str, Any] | None
     """The control configuration (``search.config.prepare.control_config``); None: no control
     runs."""
-    peak: Peak | None = None
+    peaks: list[Peak] = field(default_factory=list)
     """The device's peak FLOP/s and bandwidth, for the regime diagnosis
-    (``search.analysis.diagnosis``)."""
+    (``search.analysis.diagnosis``): as the invocation started, then each time a trial beat it
+    and it was measured again or raised (``search.commands.callbacks``); the last is the one
+    every diagnosis takes."""
     spent: Spent = field(default_factory=Spent)
     """Where this invocation's time went."""
+
+    @property
+    def peak(self) -> Peak | None:
+        """The peak every diagnosis takes now: the last of ``peaks``."""
+        return self.peaks[-1] if self.peaks else None
 
     def diagnosis(
         self, record: TrialRecord, history: Sequence[TrialRecord] = ()

@@ -331,7 +331,7 @@ def _regime_lines(
     if best is not None and best.number in diagnoses:
         d = diagnoses[best.number]
         lines.append(
-            f"  the recommendation #{best.number} is {d.regime}: {d.why}; MFU {d.mfu:.1%} "
+            f"  the recommendation #{best.number} is {d.regime}: {d.why}; MFU {d.mfu_text()} "
             f"({si(d.achieved_flops)}FLOP/s)" + (f" of a peak {peak_source}" if peak_source else "")
         )
     return lines

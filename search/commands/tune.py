@@ -26,7 +26,6 @@ import yaml
 from omegaconf import DictConfig
 from rich.console import Console
 
-from search.analysis.diagnosis import PEAKS_FILE, Peak, device_peak
 from search.commands.callbacks import study_driver
 from search.commands.conclusion import conclude_tuning
 from search.commands.context import Context, Spent, command_line
@@ -46,6 +45,7 @@ from search.execution.isolation import start_worker_server, wait_for_worker_serv
 from search.measurement.energy import energy_unavailable_reason
 from search.measurement.environment import contention, environment
 from search.measurement.host_load import CpuMark, cpu_mark
+from search.measurement.peak import PEAKS_FILE, Peak, device_peak
 from search.reporting.report import console, si
 from search.retune.comparison import MIN_RUNS
 from search.retune.tuned import Tuned, baseline
@@ -153,7 +153,7 @@ def _invocation(checked: _Checked, opened: _Opened, base: Tuned | None) -> int:
         fingerprint=fingerprint(checked.space, env),
         out=out,
         control=checked.control,
-        peak=peak,
+        peaks=[peak],
         spent=checked.spent,
     )
     cfg = for_logging(checked.cfg_node)  # as written, for the parent run's params and config.yaml

@@ -143,7 +143,7 @@ def trial_line(
             f"{throughput_text(m, record.unit)} ({columns.confidence:.0%} CI, "
             f"{m['n_windows']:.0f} windows, {m['n_steps']:.0f} steps) "
             f"cv {m['throughput_cv']:.1%}, {figures}, {verdict}"
-            + (f", mfu {diagnosis.mfu:.1%} {diagnosis.regime}" if diagnosis is not None else "")
+            + (f", mfu {diagnosis.mfu_text()} {diagnosis.regime}" if diagnosis is not None else "")
             + _again_text(m)
             + _compiled_text(m)
         )
@@ -311,7 +311,7 @@ def pareto_table(
 def _diagnosis_cells(diagnosis: Diagnosis | None) -> tuple[str, str]:
     if diagnosis is None:
         return "-", "-"
-    return f"{diagnosis.mfu:.1%}", diagnosis.regime
+    return diagnosis.mfu_text(why=False), diagnosis.regime
 
 
 DESCRIPTION_CHARS = 8000

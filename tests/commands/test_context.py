@@ -76,17 +76,18 @@ def test_the_peak_line_says_measuring_only_where_it_measures(tmp_path, monkeypat
     import torch
     from rich.console import Console
 
-    from search.analysis.diagnosis import Peak
     from search.commands import tune
+    from search.measurement.peak import Peak
     from search.space.parse import parse_space
 
     measured, waited = [], []
+    rates = iter([1e9, 2e9, 2.5e9])
 
     def measure(device, precisions, budget_s=0.5):
         measured.append(precisions)
-        return Peak({p: 1e9 for p in precisions}, 5e9, "measured (stand-in)")
+        return Peak(dict.fromkeys(precisions, next(rates)), 5e9, "measured (stand-in)")
 
-    monkeypatch.setattr("search.analysis.diagnosis.measure_peak", measure)
+    monkeypatch.setattr("search.measurement.peak.measure_peak", measure)
     monkeypatch.setattr("search.measurement.host_load.others_busy_cores", lambda since: 0.1)
     monkeypatch.setattr(tune, "wait_for_worker_server", lambda: waited.append(True))
     space = parse_space(
@@ -109,7 +110,7 @@ def test_the_peak_line_says_measuring_only_where_it_measures(tmp_path, monkeypat
     assert "peak: measuring" not in again and "peak: fp32 1GFLOP/s" in again
     assert len(measured) == 1 and waited == [True], "a kept peak: nothing measured or waited for"
 
-    # a trial above it (MFU 150%): said once, and the next invocation measures the peak again
+    # a trial above it (MFU 150%): measured again at once, and the diagnoses take the new peak
     from types import SimpleNamespace
 
     from search.commands.callbacks import _beat_the_peak
@@ -117,11 +118,29 @@ def test_the_peak_line_says_measuring_only_where_it_measures(tmp_path, monkeypat
     text = StringIO()
     ctx = SimpleNamespace(
         settings=SimpleNamespace(runs_dir=str(tmp_path)),
+        device=torch.device("cpu"),
         env={"device_name": "a cpu"},
-        out=Console(file=text, width=300),
+        out=Console(file=text, width=1000),
+        peaks=[],
     )
     trial = SimpleNamespace(number=7, config={"precision": "fp32"})
-    _beat_the_peak(ctx, trial, SimpleNamespace(achieved_flops=1.5e9, mfu=1.5))
-    assert "note: trial #7 did 1.5GFLOP/s in fp32, above the peak kept in" in text.getvalue()
-    assert "(MFU 150%): the peak is measured again at the next invocation" in text.getvalue()
-    assert "peak: measuring" in said() and len(measured) == 2
+    beaten = _beat_the_peak(ctx, trial, SimpleNamespace(achieved_flops=1.5e9), True)
+    assert beaten.measured_again and len(measured) == 2 and ctx.peaks == [beaten.peak]
+    assert (
+        "peak: trial #7 did 1.5GFLOP/s in fp32, above the peak kept in" in text.getvalue()
+        and "; measuring it again" in text.getvalue()
+    )
+    assert "peak: fp32 2GFLOP/s (" in text.getvalue() and "not reported" not in text.getvalue()
+    assert "peak: measuring" not in said(), "measured idle just now: kept"
+    # above that too, not measured again within the invocation: it sets the peak till the next
+    ctx.out = Console(file=(text := StringIO()), width=1000)
+    beaten = _beat_the_peak(ctx, trial, SimpleNamespace(achieved_flops=3e9), False)
+    assert beaten.still and len(measured) == 2 and ctx.peaks[-1].flops_per_s["fp32"] == 3e9
+    assert "measuring it again" not in text.getvalue()
+    assert (
+        "peak: fp32 3GFLOP/s (" in text.getvalue()
+        and "; trial #7 did 3GFLOP/s in fp32, more than it: its MFU is not reported, and the "
+        "peak is measured again at the next invocation"
+        in text.getvalue()
+    )
+    assert "peak: measuring" in said() and len(measured) == 3

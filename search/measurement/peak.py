@@ -1,0 +1,335 @@
+"""The device's peaks: the dense FLOP/s of each precision and the memory bandwidth that MFU and
+the regime diagnosis (``search.analysis.diagnosis``) are taken against.
+
+A known GPU's come from its datasheet (``GPU_PEAKS``); any other device's are measured with a
+large square matrix product and a large copy, and kept in the runs directory (``PEAKS_FILE``) by
+device, torch version and thread count. A peak is a maximum, so a measurement taken beside other
+work reads low and every utilisation taken against it reads high: each kept figure is the best of
+every measurement, one taken under load is measured again at the next invocation, and one that a
+trial beats is measured again at once, within the invocation (``measure_beaten``), so that no
+trial after it reports a utilisation above 100%.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from search.measurement.host_load import Busyness, busyness, cpu_mark
+
+__all__ = [
+    "AUTOCAST_PRECISIONS",
+    "Beaten",
+    "GPU_PEAKS",
+    "PEAKS_FILE",
+    "Peak",
+    "device_peak",
+    "measure_beaten",
+    "measure_peak",
+    "table_peak",
+]
+
+PEAKS_FILE = "peaks.json"
+"""Where a runs directory keeps the peaks measured on its machines (``device_peak``)."""
+
+
+@dataclass(frozen=True)
+class Peak:
+    """A device's peak dense FLOP/s per precision and its memory bandwidth."""
+
+    flops_per_s: Mapping[str, float]
+    """By precision (fp32 is plain fp32 arithmetic, tf32/bf16/fp16 the tensor cores), FLOP/s."""
+    bytes_per_s: float
+    source: str
+    """Where the figures come from: a datasheet, or 'measured on this machine ...'."""
+
+
+_T = 1e12
+# Dense (not 2:4 sparse) peaks from NVIDIA's datasheets, by a pattern of the device name (whole
+# words: "A10G" is not an A10, "L40" not an L4), most specific first. H100: "NVIDIA H100 Tensor
+# Core GPU" datasheet (SXM5 / PCIe / NVL); H200: "NVIDIA H200 Tensor Core GPU" datasheet (SXM;
+# NVL); A100: "NVIDIA A100 Tensor Core GPU" datasheet; L4, L40S, A10: their product datasheets.
+# Sparse figures there are halved here. fp8 (Ada, Hopper): the FP8 Tensor Core line, for both
+# fp8 precisions (torchao runs the converted matrix products at it; the rest of the step is bf16).
+_H100 = {"fp32": 66.9e12, "tf32": 494.7 * _T, "bf16": 989.4 * _T, "fp16": 989.4 * _T}
+_H100.update({"fp8-tensorwise": 1978.9 * _T, "fp8-rowwise": 1978.9 * _T})
+_NVL = {"fp32": 60e12, "tf32": 417.5 * _T, "bf16": 835.5 * _T, "fp16": 835.5 * _T}
+_NVL.update({"fp8-tensorwise": 1670.5 * _T, "fp8-rowwise": 1670.5 * _T})
+_A100 = {"fp32": 19.5e12, "tf32": 156 * _T, "bf16": 312 * _T, "fp16": 312 * _T}
+GPU_PEAKS: tuple[tuple[str, dict[str, float], float, str], ...] = (
+    (
+        r"\bH100\b.*\bPCIe\b",
+        {"fp32": 51.2e12, "tf32": 378 * _T, "bf16": 756 * _T, "fp16": 756 * _T}
+        | {"fp8-tensorwise": 1513 * _T, "fp8-rowwise": 1513 * _T},
+        2.0e12,
+        "NVIDIA H100 datasheet (PCIe)",
+    ),
+    (r"\bH100 NVL\b", _NVL, 3.9e12, "NVIDIA H100 datasheet (NVL)"),
+    (r"\bH100\b", _H100, 3.35e12, "NVIDIA H100 datasheet (SXM5)"),
+    (r"\bH200 NVL\b", _NVL, 4.8e12, "NVIDIA H200 datasheet (NVL)"),
+    (r"\bH200\b", _H100, 4.8e12, "NVIDIA H200 datasheet (SXM)"),
+    (r"\bA100-SXM4-80GB\b", _A100, 2.039e12, "NVIDIA A100 datasheet (SXM 80GB)"),
+    (r"\bA100 80GB PCIe\b", _A100, 1.935e12, "NVIDIA A100 datasheet (PCIe 80GB)"),
+    (r"\bA100\b", _A100, 1.555e12, "NVIDIA A100 datasheet (40GB)"),
+    (
+        r"\bL40S\b",
+        {"fp32": 91.6e12, "tf32": 183 * _T, "bf16": 362 * _T, "fp16": 362 * _T}
+        | {"fp8-tensorwise": 733 * _T, "fp8-rowwise": 733 * _T},
+        864e9,
+        "NVIDIA L40S datasheet",
+    ),
+    (
+        r"\bL4\b",
+        {"fp32": 30.3e12, "tf32": 60 * _T, "bf16": 121 * _T, "fp16": 121 * _T}
+        | {"fp8-tensorwise": 242.5 * _T, "fp8-rowwise": 242.5 * _T},
+        300e9,
+        "NVIDIA L4 datasheet",
+    ),
+    (
+        r"\bA10\b",
+        {"fp32": 31.2e12, "tf32": 62.5 * _T, "bf16": 125 * _T, "fp16": 125 * _T},
+        600e9,
+        "NVIDIA A10 datasheet",
+    ),
+)
+
+
+def table_peak(device_name: str) -> Peak | None:
+    """The datasheet peak of a known GPU (by its name), else None."""
+    for pattern, flops, bandwidth, source in GPU_PEAKS:
+        if re.search(pattern, device_name):
+            return Peak(flops, bandwidth, source)
+    return None
+
+
+_DTYPES = {
+    "fp32": torch.float32,
+    "tf32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+}
+
+
+def _best_rate(run, amount: float, device: torch.device, budget_s: float) -> float:
+    """The best of a few timed rounds of ``run()``, each doing ``amount`` units: units/s."""
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    run()
+    sync()
+    best, deadline = 0.0, time.perf_counter() + budget_s
+    while True:
+        start = time.perf_counter()
+        run()
+        sync()
+        best = max(best, amount / (time.perf_counter() - start))
+        if time.perf_counter() > deadline:
+            return best
+
+
+SMALLEST_PEAK_N = 256
+"""The smallest square product the peak is measured on (``_matmul_rate``)."""
+
+
+def _matmul_rate(device: torch.device, n: int, precision: str, budget_s: float) -> float:
+    """The best rate of an ``n`` x ``n`` product in ``precision``, or of a smaller one where a
+    product of ``n`` would take more than a quarter of ``budget_s``: a CPU without bf16
+    instructions runs a bf16 product of 1024 at 1.3 GFLOP/s, 1.6 s each, and the rounds of the
+    budget then took 5 s of every first run; such a rate is as low at 256 (compute-bound either
+    way), and autocast's rule lifts it to fp32's (``measure_peak``)."""
+    torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
+    small = torch.randn(SMALLEST_PEAK_N, SMALLEST_PEAK_N, device=device).to(_DTYPES[precision])
+    rate = _best_rate(lambda: small @ small, 2.0 * SMALLEST_PEAK_N**3, device, 0.0)
+    size = n if 2.0 * n**3 / rate <= budget_s / 4 else SMALLEST_PEAK_N
+    a = torch.randn(size, size, device=device).to(_DTYPES[precision])
+    return _best_rate(lambda: a @ a, 2.0 * size**3, device, budget_s)
+
+
+def _copy_rate(device: torch.device, elements: int, budget_s: float) -> float:
+    src, dst = torch.ones(elements, device=device), torch.empty(elements, device=device)
+    return _best_rate(lambda: dst.copy_(src), 2.0 * 4 * elements, device, budget_s)
+
+
+AUTOCAST_PRECISIONS = {"bf16", "fp16"}
+"""The precisions that run under autocast (some operators stay in fp32)."""
+
+
+def measure_peak(device: torch.device, precisions: list[str], budget_s: float = 0.5) -> Peak:
+    """This machine's peak FLOP/s per precision (a large square matrix product) and bandwidth (a
+    large copy), the best of ``budget_s`` of rounds each."""
+    n = 4096 if device.type == "cuda" else 1024
+    previous = torch.get_float32_matmul_precision()
+    try:
+        flops = {p: _matmul_rate(device, n, p, budget_s) for p in {*precisions, "fp32"}}
+    finally:
+        torch.set_float32_matmul_precision(previous)
+    # Autocast runs each operator in the low precision or in fp32, so a mixed-precision step can
+    # reach the faster of the two: on a CPU without bf16 instructions a bf16 matrix product ran at
+    # 1.3 GFLOP/s against fp32's 130, and a bf16 GPT step did 3.3 GFLOP/s, 250% "of its peak".
+    for precision in AUTOCAST_PRECISIONS & flops.keys():
+        flops[precision] = max(flops[precision], flops["fp32"])
+    elements = (1 << 28) if device.type == "cuda" else (1 << 24)  # 1 GiB, 64 MiB of fp32
+    bandwidth = _copy_rate(device, elements, budget_s)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # this is the study's process: its trials need the memory
+    return Peak(
+        flops,
+        bandwidth,
+        f"measured on this machine ({n}x{n} matmul, {elements * 4 >> 20} MiB copy)",
+    )
+
+
+def device_peak(
+    device: torch.device,
+    device_name: str,
+    precisions: list[str],
+    cache: Path,
+    before_measuring: Callable[[], None] = lambda: None,
+) -> tuple[Peak, bool]:
+    """The device's peak for ``precisions``: the datasheet's for a known GPU; else measured and
+    kept in ``cache`` (a JSON file, by device, torch version and thread count), with
+    ``before_measuring`` called first (to quiet what would share the device). Returns the peak and
+    whether it was measured just now.
+
+    A peak measured on a busy machine reads low and inflates every later MFU (a first run beside
+    other work read 107 GFLOP/s where the idle machine reads 433). So a peak measured under load is
+    measured again at the next invocation, until one measurement was taken idle, and each figure
+    kept is the best of every measurement (a peak is a maximum: load only lowers it). fp8's peak
+    is not measured (a matrix product in fp8 needs scales, not a cast): on a GPU not in the table
+    its MFU is not reported."""
+    known = table_peak(device_name) if device.type == "cuda" else None
+    if known is not None:
+        return known, False
+    precisions = [p for p in precisions if p in _DTYPES]
+    key = _peak_key(device_name)
+    stored = _read_peaks(cache)
+    entry = stored.get(key) if isinstance(stored.get(key), dict) else None
+    have = (entry or {}).get("flops_per_s", {})
+    if entry and all(p in have for p in precisions) and not entry.get("under_load", False):
+        return _stored_peak(entry), False
+    before_measuring()
+    mark = cpu_mark()
+    measured = measure_peak(
+        device, precisions if entry else [p for p in precisions if p not in have]
+    )
+    stored[key] = _with_measurement(entry or {}, measured, busyness(mark))
+    _write_peaks(cache, stored)
+    return _stored_peak(stored[key]), True
+
+
+def _with_measurement(entry: Mapping[str, Any], measured: Peak, cpu: Busyness) -> dict[str, Any]:
+    """``entry`` (what ``cache`` kept, or nothing) with ``measured`` taken in: the best of each
+    figure, one measurement more, and under load until one was taken idle (``cpu``: how busy
+    other processes kept the machine during the measurement)."""
+    have = entry.get("flops_per_s", {})
+    best = {p: max(v, have.get(p, 0.0)) for p, v in {**have, **measured.flops_per_s}.items()}
+    return {
+        "flops_per_s": best,
+        "bytes_per_s": max(measured.bytes_per_s, entry.get("bytes_per_s", 0.0)),
+        "method": measured.source,
+        "measurements": entry.get("measurements", 0) + 1,
+        "under_load": cpu.busy() and entry.get("under_load", True),
+        "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "others_busy_cores" if cpu.by_others else "load_1min": round(cpu.cores_busy, 2),
+        "cores": os.cpu_count() or 1,
+    }
+
+
+def _peak_key(device_name: str) -> str:
+    return f"{device_name} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+
+
+@dataclass(frozen=True)
+class Beaten:
+    """What ``measure_beaten`` made of a trial above the kept peak."""
+
+    peak: Peak
+    """The peak now kept: the best of every measurement, or the trial's figure where that is
+    more."""
+    measured_again: bool
+    """Whether the peak was measured again for it (at most once an invocation)."""
+    still: bool
+    """Whether the trial did more than every measurement: the peak is then its figure, and it is
+    measured again at the next invocation."""
+
+
+def measure_beaten(
+    device: torch.device, device_name: str, cache: Path, beaten: tuple[str, float], again: bool
+) -> Beaten | None:
+    """A trial did ``beaten`` = (precision, FLOP/s), more than the peak kept in ``cache``: the peak
+    was measured low (beside other work: inside a parallel test suite it read fp32 2.8 and bf16
+    8.4 GFLOP/s, 35-50x below the idle machine's). Where ``again``, measure it now (between
+    trials the device is the study's, about 2 s on a CPU) and keep the best; where the trial still
+    beats it (its work counted high, or the load goes on), the peak becomes the trial's figure and
+    is measured again at the next invocation. None where no peak of that precision is kept (a
+    datasheet's is not) or the trial is below it."""
+    precision, achieved_flops = beaten
+    stored = _read_peaks(cache)
+    key = _peak_key(device_name)
+    entry = stored.get(key)
+    if not isinstance(entry, dict):
+        return None
+    kept = entry.get("flops_per_s", {}).get(precision)
+    if kept is None or achieved_flops <= kept:
+        return None
+    if again:
+        mark = cpu_mark()
+        measured = measure_peak(device, [p for p in entry["flops_per_s"] if p in _DTYPES])
+        entry = _with_measurement(entry, measured, busyness(mark))
+    still = achieved_flops > entry["flops_per_s"][precision]
+    if still:
+        entry["flops_per_s"][precision] = achieved_flops
+        entry.update(under_load=True, beaten_by_flops_per_s={precision: achieved_flops})
+    stored[key] = entry
+    _write_peaks(cache, stored)
+    return Beaten(_stored_peak(entry), again, still)
+
+
+def _stored_peak(entry: Mapping[str, Any]) -> Peak:
+    """A cached measurement as a ``Peak`` whose source says how and when it was measured."""
+    method = entry.get("method") or entry.get("source", "measured on this machine")
+    count = entry.get("measurements", 1)
+    state = (
+        f"under load ({_load_said(entry)}), measured again next time"
+        if entry.get("under_load")
+        else "idle"
+    )
+    when = f"the last {entry['measured_at']}, {state}" if "measured_at" in entry else state
+    return Peak(
+        entry["flops_per_s"],
+        entry["bytes_per_s"],
+        f"{method}, the best of {count} measurement(s), {when}",
+    )
+
+
+def _load_said(entry: Mapping[str, Any]) -> str:
+    """How busy the machine was when the peak was measured: by other processes, or by the load
+    average that runs directories of earlier versions kept."""
+    if "others_busy_cores" in entry:
+        return (
+            f"other processes kept {entry['others_busy_cores']:.1f} of {entry['cores']} cores busy"
+        )
+    return f"1-minute load average {entry.get('load_1min', 0.0):.1f} on {entry['cores']} cores"
+
+
+def _read_peaks(cache: Path) -> dict[str, Any]:
+    try:
+        stored = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        return {}
+    return stored if isinstance(stored, dict) else {}
+
+
+def _write_peaks(cache: Path, stored: Mapping[str, Any]) -> None:
+    with contextlib.suppress(OSError):
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(stored, indent=1, sort_keys=True))
+        tmp.replace(cache)
