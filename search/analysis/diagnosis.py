@@ -155,6 +155,15 @@ class Diagnosis:
             return f"{self.mfu:.1%}"
         return "n/a (at or above the peak)" if why else "n/a"
 
+    def tags(self) -> dict[str, str]:
+        """The regime, why, and why there is no MFU where there is none ("-" where there is)."""
+        withheld = "the trial did at least the peak measured on this machine"
+        return {
+            "regime": self.regime,
+            "regime_why": self.why,
+            "mfu_withheld": withheld if self.mfu is None else "-",
+        }
+
     def metrics(self) -> dict[str, float]:
         return {
             "achieved_flops": self.achieved_flops,

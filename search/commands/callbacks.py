@@ -117,7 +117,7 @@ def _trial_printer(
             diagnosis = ctx.diagnosis(record, history)  # against the peak now kept
         if diagnosis is not None and record.run_id:  # with the study's batch-doubling pairs
             tracker.log_metrics(record.run_id, diagnosis.metrics())
-            tracker.set_tags(record.run_id, _regime_tags(diagnosis))
+            tracker.set_tags(record.run_id, diagnosis.tags())
         ctx.out.print(
             trial_line(
                 record,
@@ -153,14 +153,6 @@ def _control_printer(ctx: Context) -> Callable[[TrialResult, NoiseFloor], None]:
             ctx.out.print(floor.line(), markup=False)
 
     return on_control
-
-
-def _regime_tags(diagnosis: Diagnosis) -> dict[str, str]:
-    """A trial's regime tags, and why its MFU is not reported where it is not."""
-    withheld = {"mfu_withheld": "the trial did at least the peak measured on this machine"}
-    return {"regime": diagnosis.regime, "regime_why": diagnosis.why} | (
-        withheld if diagnosis.mfu is None else {}
-    )
 
 
 def _beat_the_peak(

@@ -235,9 +235,7 @@ def _log_final(
         diagnosis = diagnoses.get(record.number)
         if record.run_id and diagnosis is not None:
             tracker.log_metrics(record.run_id, diagnosis.metrics(), step=1)
-            tracker.set_tags(
-                record.run_id, {"regime": diagnosis.regime, "regime_why": diagnosis.why}
-            )
+            tracker.set_tags(record.run_id, diagnosis.tags())
 
 
 def _noise_lines(driver: StudyDriver, floor: NoiseFloor, confidence: float) -> list[str]:

@@ -441,7 +441,11 @@ def _figures(window_steps_ms: list[list[float]], items: int = 64) -> RunFigures:
 def test_steady_real_steps_are_stable_while_another_process_loads_a_core():
     """Real matrix products timed on this CPU while a background process spins on one core: a
     configuration (128x128) against two control runs (96x96, shorter steps), all three measured
-    at once, step by step in turn. 5 repetitions, all stable."""
+    at once, step by step in turn. 5 repetitions, all stable as a study judges them: a run that
+    fails the window-dispersion test is measured again, and is unstable only where that run is
+    too (``search.stability.judge._confirmed``). Judged on its first run alone, a CI run once
+    called one repetition dispersed (window CV 11.1% against the controls' 4.5%), while the 100
+    repetitions run right after were all stable."""
     load = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one core is taken: a step on two threads would wait for it
@@ -449,7 +453,12 @@ def test_steady_real_steps_are_stable_while_another_process_loads_a_core():
         time.sleep(0.3)
         for _ in range(5):
             *controls, run = _interleaved_runs((96, 96, 128))
-            verdict = judge(run, NoiseFloor.estimate(controls), STABLE)
+            floor = NoiseFloor.estimate(controls)
+            verdict = judge(run, floor, STABLE)
+            if not verdict.stable and verdict.reason.startswith("dispersion"):
+                *_, again = _interleaved_runs((96, 96, 128))
+                settled = judge(again, floor, STABLE)
+                verdict = settled if settled.stable else verdict
             assert verdict.stable, verdict
     finally:
         torch.set_num_threads(threads)
