@@ -261,12 +261,18 @@ class Beaten:
 
 
 def measure_beaten(
-    device: torch.device, device_name: str, cache: Path, beaten: tuple[str, float], again: bool
+    device: torch.device,
+    device_name: str,
+    cache: Path,
+    beaten: tuple[str, float],
+    again: bool,
+    before_measuring: Callable[[], None] = lambda: None,
 ) -> Beaten | None:
     """A trial did ``beaten`` = (precision, FLOP/s), more than the peak kept in ``cache``: the peak
     was measured low (beside other work: inside a parallel test suite it read fp32 2.8 and bf16
     8.4 GFLOP/s, 35-50x below the idle machine's). Where ``again``, measure it now (between
-    trials the device is the study's, about 2 s on a CPU) and keep the best; where the trial still
+    trials the device is the study's, about 2 s on a CPU; ``before_measuring`` called first) and
+    keep the best; where the trial still
     beats it (its work counted high, or the load goes on), the peak becomes the trial's figure and
     is measured again at the next invocation. None where no peak of that precision is kept (a
     datasheet's is not) or the trial is below it."""
@@ -280,6 +286,7 @@ def measure_beaten(
     if kept is None or achieved_flops <= kept:
         return None
     if again:
+        before_measuring()
         mark = cpu_mark()
         measured = measure_peak(device, [p for p in entry["flops_per_s"] if p in _DTYPES])
         entry = _with_measurement(entry, measured, busyness(mark))

@@ -144,3 +144,7 @@ def test_the_peak_line_says_measuring_only_where_it_measures(tmp_path, monkeypat
         in text.getvalue()
     )
     assert "peak: measuring" in said() and len(measured) == 3
+    # a datasheet's peak is not kept: nothing measured, raised or said
+    ctx.out, ctx.env = Console(file=(text := StringIO())), {"device_name": "NVIDIA H100"}
+    assert _beat_the_peak(ctx, trial, SimpleNamespace(achieved_flops=2e15), True) is None
+    assert text.getvalue() == "" and len(measured) == 3 and len(ctx.peaks) == 2

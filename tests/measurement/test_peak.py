@@ -95,7 +95,9 @@ def test_a_trial_above_the_kept_peak_has_it_measured_again_at_once(tmp_path, mon
     _measuring(monkeypatch, [100e9, 130e9], 0.0)
     cache = tmp_path / "peaks.json"
     device_peak(CPU, "some cpu", ["fp32", "bf16"], cache)
-    beaten = measure_beaten(CPU, "some cpu", cache, ("fp32", 120e9), again=True)
+    said = []
+    beaten = measure_beaten(CPU, "some cpu", cache, ("fp32", 120e9), True, lambda: said.append(1))
+    assert said == [1], "told before it measures"
     assert beaten is not None and beaten.measured_again and not beaten.still
     assert beaten.peak.flops_per_s == {"fp32": 130e9, "bf16": 130e9}, "every precision measured"
     assert "best of 2 measurement(s)" in beaten.peak.source and beaten.peak.source.endswith("idle")
@@ -131,7 +133,11 @@ def test_a_trial_below_the_peak_or_without_a_kept_one_changes_nothing(tmp_path, 
     cache = tmp_path / "peaks.json"
     device_peak(CPU, "some cpu", ["fp32"], cache)
     before = cache.read_text()
-    assert measure_beaten(CPU, "some cpu", cache, ("fp32", 90e9), True) is None, "below it"
+    said = []
+    assert (
+        measure_beaten(CPU, "some cpu", cache, ("fp32", 90e9), True, lambda: said.append(1)) is None
+    )
+    assert said == [], "nothing measured, nothing said"
     assert measure_beaten(CPU, "other cpu", cache, ("fp32", 900e9), True) is None, "no device"
     assert measure_beaten(CPU, "some cpu", cache, ("bf16", 900e9), True) is None, "none kept"
     assert measure_beaten(CPU, "some cpu", tmp_path / "none.json", ("fp32", 9e12), True) is None
