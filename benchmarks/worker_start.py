@@ -54,9 +54,8 @@ def main() -> None:
         context = multiprocessing.get_context(method)
         if method == "forkserver":
             context.set_forkserver_preload(["search.execution._fork_server"])
-            print(
-                f"forkserver: the server's own start (once per study process): {_start_once(context):.2f} s"
-            )
+            server_s = _start_once(context)
+            print(f"forkserver: the server's own start (once per study process): {server_s:.2f} s")
         times = [_start_once(context) for _ in range(args.starts)]
         print(
             f"{method}: median {statistics.median(times):.3f} s per worker "

@@ -2,10 +2,10 @@
 
 Every key comes from the typed settings: ``search/config/settings.py`` (one dataclass per section
 of ``conf/config.yaml``) and ``search/measurement/protocol.py`` (``MeasureSettings``, the
-``measure`` section), each field followed by a docstring. The defaults and their inline comments come from
-``conf/config.yaml``. The Python is read with ``ast``, never imported (no torch needed); a key the
-YAML and the dataclasses do not agree on fails the build. The hand-written prose around the tables
-is ``guide/options-template.md``: the tables replace its marker line.
+``measure`` section), each field followed by a docstring. The defaults and their inline comments
+come from ``conf/config.yaml``. The Python is read with ``ast``, never imported (no torch
+needed); a key the YAML and the dataclasses do not agree on fails the build. The hand-written
+prose around the tables is ``guide/options-template.md``: the tables replace its marker line.
 
 Run it alone to print the page: ``python docs/gen_options.py``.
 """
@@ -194,9 +194,10 @@ def page() -> str:
     out = [
         "## Every key",
         "",
-        "Generated from the settings' docstrings (`search/config/settings.py`, and `search/measurement/protocol.py`"
-        " for `measure`) and the defaults and comments of `conf/config.yaml`, so it always says"
-        " what the code says. A default written `A (CPU) / B (CUDA)` is `${by_device:A,B}` in"
+        "Generated from the settings' docstrings (`search/config/settings.py`, and "
+        "`search/measurement/protocol.py` for `measure`) and the defaults and comments of "
+        "`conf/config.yaml`, so it always says what the code says. A default written "
+        "`A (CPU) / B (CUDA)` is `${by_device:A,B}` in"
         " the file: A under the CPU preset, B under the CUDA preset. `<runs_dir>` stands for the"
         " value of `runs_dir`, `<space>` for the space's name and `<device type>` for `cpu` or"
         " `cuda`.",
