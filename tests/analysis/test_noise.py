@@ -85,7 +85,7 @@ def _coverage_by_kind(
         machine = Machine(between_cv=0.02, busy_between_cv=0.10, drift=0.0, seed=seed)
         rng = np.random.default_rng(seed + 1000)
 
-        def control():
+        def control(machine=machine):
             return machine.run(CONTROL, gap_s=10, busy=0.01, probe=probe)[1]
 
         controls = [control(), control()]
@@ -145,7 +145,9 @@ def test_a_candidate_whose_processes_disagree_widens_its_own_interval():
     machine = Machine(between_cv=0.01, drift=0.0, seed=8)
     floor = NoiseFloor.estimate([machine.run(CONTROL, gap_s=5)[1] for _ in range(6)])
     agree = [machine.run(CONTROL, gap_s=5)[1] for _ in range(3)]
-    apart = [replace(r, throughput=r.throughput * f) for r, f in zip(agree, (0.9, 1.0, 1.1))]
+    apart = [
+        replace(r, throughput=r.throughput * f) for r, f in zip(agree, (0.9, 1.0, 1.1), strict=True)
+    ]
     _, low, high = floor.pooled(agree, 0.95)
     _, wide_low, wide_high = floor.pooled(apart, 0.95)
     assert wide_high / wide_low > 1.5 * (high / low - 1) + 1

@@ -385,9 +385,8 @@ def test_a_failed_open_removes_only_what_this_process_created(tmp_path, capsys, 
 
 
 def test_a_study_name_with_a_quote_runs(tmp_path):
-    from tiny_overrides import TINY
-
     from invoke import search
+    from tiny_overrides import TINY
 
     argv = ["+space=llm", *TINY, "study.n_trials=1", 'study.name="it\'s"', "noise.budget=0"]
     assert "study: it's in" in search(*argv, runs_dir=tmp_path / "runs").stdout

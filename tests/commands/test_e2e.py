@@ -358,7 +358,7 @@ def test_ctrl_c_marks_the_trial_failed_and_the_parent_killed(runs_dir):
         *WHOLE_BUDGET,
         f"runs_dir={runs_dir}",
     ]
-    # A new session, so that the signal goes to the study and its worker as a terminal's Ctrl-C would.
+    # A new session: the signal goes to the study and its worker as a terminal's Ctrl-C would.
     # SIGINT back to its default: a shell starts background jobs (a CI runner, say) with it ignored.
     proc = subprocess.Popen(
         [sys.executable, "-m", "search", *args],
@@ -528,8 +528,8 @@ def test_kill_9_loses_no_completed_trial_and_the_same_command_recovers(runs_dir,
 
     result = search(*args, "study.n_trials=1", runs_dir=runs_dir)
     assert (
-        f"recovered: trial #{stale_trials[0]} was left running (its process (pid {proc.pid}) is gone)"
-        in result.stdout
+        f"recovered: trial #{stale_trials[0]} was left running "
+        f"(its process (pid {proc.pid}) is gone)" in result.stdout
     )
     assert "MLflow run" in result.stdout and "ended KILLED" in result.stdout
     assert _running(runs_dir, "killed", "killed") == ([], [])
@@ -574,7 +574,7 @@ def test_two_processes_on_one_study_share_it_without_losing_or_repeating_a_resul
         for _ in range(2)
     ]
     outs = [p.communicate(timeout=600) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, out + err
     study = optuna.load_study(study_name="shared", storage=f"sqlite:///{runs_dir}/optuna.db")
     configs = [json.dumps(t.user_attrs["config"], sort_keys=True) for t in measured(study)]

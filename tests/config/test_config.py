@@ -109,7 +109,8 @@ def test_builtin_space_resolves_completely(composed):
 
 
 def test_builtin_space_by_device_values_follow_the_preset(composed):
-    """Every ``${by_device:A,B}`` in the space file gives A under preset=cpu and B under preset=cuda."""
+    """Every ``${by_device:A,B}`` in the space file gives A under preset=cpu and B under
+    preset=cuda."""
     name, preset, _, resolved = composed
     raw = yaml.safe_load((REPO / "spaces" / f"{name}.yaml").read_text())
     checked = 0

@@ -260,7 +260,7 @@ def _dataclasses_of(cls: type) -> list[type]:
 def test_every_field_has_a_docstring(cls):
     (node,) = ast.parse(textwrap.dedent(inspect.getsource(cls))).body
     documented = set()
-    for statement, following in zip(node.body, node.body[1:] + [None]):
+    for statement, following in zip(node.body, node.body[1:] + [None], strict=True):
         if isinstance(statement, ast.AnnAssign):
             literal = isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
             doc = following.value.value if literal else None

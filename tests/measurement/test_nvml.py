@@ -69,7 +69,8 @@ class FakeDevice:
 
 
 class FakeNvml:
-    """Shaped like pynvml: the functions GpuMonitor and search.measurement call, errors and constants."""
+    """Shaped like pynvml: the functions GpuMonitor and search.measurement call, errors and
+    constants."""
 
     NVMLError = NVMLError
     NVMLError_NotSupported = NVMLError_NotSupported

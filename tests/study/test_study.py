@@ -473,10 +473,9 @@ def test_the_control_is_measured_at_the_start_and_kept_in_the_study(monkeypatch)
     from dataclasses import replace
     from pathlib import Path
 
+    import search.study.driver
     from search.storage.machine_runs import MACHINE_RUNS, machine_sessions
     from search.storage.repeat_runs import study_controls
-
-    import search.study.driver
 
     # what other processes did meanwhile decides whether the session is history (machine_runs);
     # here nothing, whatever runs beside the test
