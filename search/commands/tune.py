@@ -190,6 +190,7 @@ def _run_study(
         for note in driver.notes:
             out.print(f"note: {note}", markup=False)
         outcome = driver.run()
+        _peak_again(ctx)
         if remeasured:
             adopt_remeasured(ctx, driver, remeasured)
         finished = finish(ctx, driver, outcome, tracker)
@@ -236,16 +237,23 @@ def _set_aside(ctx: Context, study: optuna.Study) -> None:
 
 
 def _peak(
-    out: Console, device: torch.device, device_name: str, space: SearchSpace, runs_dir: Path
+    out: Console,
+    device: torch.device,
+    device_name: str,
+    space: SearchSpace,
+    runs_dir: Path,
+    why: str = "once; kept in {cache}",
 ) -> Peak:
-    """The device's peaks for the precisions the space searches, said in one line."""
+    """The device's peaks for the precisions the space searches, said in one line; ``why`` it is
+    measured, where it is."""
     param = space.params.get("precision")
     precisions = [str(p) for p in (param.values() if param is not None else None) or ["fp32"]]
     cache = runs_dir / PEAKS_FILE
 
     def before_measuring() -> None:  # only where it measures: a kept peak is not measured again
         out.print(
-            f"peak: measuring this machine's peak FLOP/s and bandwidth (once; kept in {cache})"
+            f"peak: measuring this machine's peak FLOP/s and bandwidth ({why.format(cache=cache)})",
+            markup=False,
         )
         # once the fork server's imports are done: beside them it read half the idle peak
         wait_for_worker_server()
@@ -256,6 +264,17 @@ def _peak(
     )
     out.print(f"peak: {flops}, {si(peak.bytes_per_s)}B/s ({peak.source})", markup=False)
     return peak
+
+
+def _peak_again(ctx: Context) -> None:
+    """A peak measured under load (or raised by a trial) is measured again once the trials are
+    done, before the summary: the summary, the files and the runs' final metrics then take the
+    best of every measurement (``device_peak``), not the one taken beside other work."""
+    if ctx.peak is None or not ctx.peak.under_load:
+        return
+    runs_dir = Path(ctx.settings.runs_dir)
+    why = "again, before the summary: measured under load, or beaten by a trial"
+    ctx.peaks.append(_peak(ctx.out, ctx.device, ctx.env["device_name"], ctx.space, runs_dir, why))
 
 
 def _start_parent(

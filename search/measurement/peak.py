@@ -5,9 +5,9 @@ A known GPU's come from its datasheet (``GPU_PEAKS``); any other device's are me
 large square matrix product and a large copy, and kept in the runs directory (``PEAKS_FILE``) by
 device, torch version and thread count. A peak is a maximum, so a measurement taken beside other
 work reads low and every utilisation taken against it reads high: each kept figure is the best of
-every measurement, one taken under load is measured again at the next invocation, and one that a
-trial beats is measured again at once, within the invocation (``measure_beaten``), so that no
-trial after it reports a utilisation above 100%.
+every measurement, one taken under load is measured again before the invocation's summary and at
+the next invocation, and one that a trial beats is measured again at once, within the invocation
+(``measure_beaten``), so that no trial after it reports a utilisation above 100%.
 """
 
 from __future__ import annotations
@@ -51,6 +51,10 @@ class Peak:
     bytes_per_s: float
     source: str
     """Where the figures come from: a datasheet, or 'measured on this machine ...'."""
+    under_load: bool = False
+    """Measured while other processes kept the machine busy, or raised to a trial's figure: it is
+    measured again at the end of the invocation and at the next one, until a measurement is taken
+    idle."""
 
 
 _T = 1e12
@@ -313,6 +317,7 @@ def _stored_peak(entry: Mapping[str, Any]) -> Peak:
         entry["flops_per_s"],
         entry["bytes_per_s"],
         f"{method}, the best of {count} measurement(s), {when}",
+        bool(entry.get("under_load")),
     )
 
 

@@ -148,3 +148,54 @@ def test_the_peak_line_says_measuring_only_where_it_measures(tmp_path, monkeypat
     ctx.out, ctx.env = Console(file=(text := StringIO())), {"device_name": "NVIDIA H100"}
     assert _beat_the_peak(ctx, trial, SimpleNamespace(achieved_flops=2e15), True) is None
     assert text.getvalue() == "" and len(measured) == 3 and len(ctx.peaks) == 2
+
+
+def test_a_peak_measured_under_load_is_measured_again_before_the_summary(tmp_path, monkeypatch):
+    """The summary, the files and the runs' final metrics take a peak measured again once the
+    trials are done where the one in use was measured under load (or raised by a trial); a peak
+    measured idle, or a datasheet's, is not measured again."""
+    from io import StringIO
+    from types import SimpleNamespace
+
+    import torch
+    from rich.console import Console
+
+    from search.commands import tune
+    from search.measurement.peak import Peak, device_peak
+
+    busy, rates = iter([3.0, 0.0]), iter([1e9, 4e9])
+    monkeypatch.setattr("search.measurement.host_load.others_busy_cores", lambda since: next(busy))
+    monkeypatch.setattr(
+        "search.measurement.peak.measure_peak",
+        lambda device, precisions, budget_s=0.5: Peak(
+            dict.fromkeys(precisions, next(rates)), 5e9, "measured (stand-in)"
+        ),
+    )
+    monkeypatch.setattr(tune, "wait_for_worker_server", lambda: None)
+    cpu = torch.device("cpu")
+    first, _ = device_peak(cpu, "a cpu", ["fp32"], tmp_path / "peaks.json")  # beside other work
+    assert first.under_load and first.flops_per_s["fp32"] == 1e9
+    text = StringIO()
+    ctx = SimpleNamespace(
+        settings=SimpleNamespace(runs_dir=str(tmp_path)),
+        device=cpu,
+        env={"device_name": "a cpu"},
+        space=SimpleNamespace(params={}),
+        out=Console(file=text, width=1000),
+        peaks=[first],
+        peak=None,
+    )
+    ctx.peak = first
+    tune._peak_again(ctx)
+    assert len(ctx.peaks) == 2 and ctx.peaks[-1].flops_per_s["fp32"] == 4e9
+    assert not ctx.peaks[-1].under_load and ctx.peaks[-1].source.endswith("idle")
+    assert (
+        "peak: measuring this machine's peak FLOP/s and bandwidth (again, before the summary"
+        in (text.getvalue())
+    )
+    ctx.peak = ctx.peaks[-1]
+    tune._peak_again(ctx)
+    assert len(ctx.peaks) == 2, "measured idle: not again"
+    ctx.peak = Peak({"bf16": 989e12}, 3.35e12, "NVIDIA H100 datasheet (SXM5)")
+    tune._peak_again(ctx)
+    assert len(ctx.peaks) == 2, "a datasheet's peak: never measured"
