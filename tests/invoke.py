@@ -15,11 +15,12 @@ A runs directory that has no MLflow store yet gets a copy of an empty one alread
 (``seed_tracking_store``): MLflow creates a new sqlite store by running every schema migration
 since its first release, several seconds of CPU per store, which the suite would otherwise pay
 in each of its fresh runs directories. The copy is exactly what MLflow would create there.
-It gets this machine's peak too (``seed_peak``): measured once for every test process by the
-tool's own ``device_peak``. The suite keeps the machine busy, so the tool, which measures a peak
-taken under load again at its next invocation, would otherwise measure it at every invocation:
-1.5 s of both cores each, about 60 times. The tests of the peak itself
-(``tests/analysis/test_diagnosis.py``, ``tests/commands/test_context.py``) measure it.
+It gets this machine's peak too (``seed_peak``): measured once for every test run by the tool's
+own ``device_peak`` (before pytest-xdist starts its workers: ``tests/conftest.py``) and kept as
+measured idle. The suite keeps the machine busy, so the tool, which measures a peak taken under
+load again before its summary and at its next invocation, would otherwise measure it twice in
+every invocation: 1.5 s of both cores each, about 60 times. The tests of the peak itself
+(``tests/measurement/test_peak.py``, ``tests/commands/test_context.py``) measure it.
 Commands expected to refuse their input (exit 2) get no copy: they must leave the runs directory
 as it was, and the tests check that.
 """

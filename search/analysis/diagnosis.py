@@ -1,4 +1,4 @@
-"""Why a configuration is fast or slow: the work of one step, the device's peaks, a regime.
+"""Why a configuration is fast or slow: the work of one step and a regime against the device's peak.
 
 ``count_work`` counts, once per trial and outside the timed windows, the FLOPs of one step (torch's
 ``FlopCounterMode``: matrix products, convolutions, attention) and the bytes its operators read
@@ -21,6 +21,7 @@ counted: it is the work the configuration chose to do.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -157,7 +158,9 @@ class Diagnosis:
 
     def tags(self) -> dict[str, str]:
         """The regime, why, and why there is no MFU where there is none ("-" where there is)."""
-        withheld = "the trial did at least the peak measured on this machine"
+        withheld = (
+            "the trial did at least the peak FLOP/s: the peak read low, or its work is counted high"
+        )
         return {
             "regime": self.regime,
             "regime_why": self.why,
@@ -165,9 +168,11 @@ class Diagnosis:
         }
 
     def metrics(self) -> dict[str, float]:
+        """The figures a trial's run logs; ``mfu`` NaN where there is none, so that a figure
+        logged earlier (against a lower peak, or before the pooled throughput) does not stand."""
         return {
             "achieved_flops": self.achieved_flops,
-            **({"mfu": self.mfu} if self.mfu is not None else {}),
+            "mfu": self.mfu if self.mfu is not None else math.nan,
             "bandwidth_util": self.bandwidth_util,
             "arithmetic_intensity": self.intensity,
             "ridge_intensity": self.ridge,

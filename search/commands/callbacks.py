@@ -158,31 +158,38 @@ def _control_printer(ctx: Context) -> Callable[[TrialResult, NoiseFloor], None]:
 def _beat_the_peak(
     ctx: Context, record: TrialRecord, diagnosis: Diagnosis, again: bool
 ) -> Beaten | None:
-    """A trial at or above the kept peak: the peak was measured low (beside other work, say). It
-    is measured again now where ``again`` (once an invocation), the diagnoses take the peak now
-    kept from this trial on, and the run says so."""
+    """A trial at or above the peak in use: the peak was measured low (beside other work, say).
+    It is measured again now where ``again`` (once an invocation), the diagnoses take the peak
+    now kept from this trial on, and the run says so. A measurement that fails (a GPU out of
+    memory, a peaks file edited by hand) is said in one line and the study goes on: the trial's
+    MFU is then not reported."""
     precision = str(record.config.get("precision", "fp32"))
     cache = Path(ctx.settings.runs_dir) / PEAKS_FILE
     said = f"trial #{record.number} did {si(diagnosis.achieved_flops)}FLOP/s in {precision}"
-    beaten = measure_beaten(
-        ctx.device,
-        ctx.env.get("device_name", ""),
-        cache,
-        (precision, diagnosis.achieved_flops),
-        again,
-        lambda: ctx.out.print(
-            f"peak: {said}, above the peak kept in {cache}; measuring it again", markup=False
-        ),
-    )
-    if beaten is None:  # a datasheet's peak: the work is counted high
+    try:
+        beaten = measure_beaten(
+            ctx.device,
+            ctx.env.get("device_name", ""),
+            cache,
+            (precision, diagnosis.achieved_flops),
+            again,
+            lambda: ctx.out.print(
+                f"peak: {said}, at or above the peak kept in {cache}; measuring it again",
+                markup=False,
+            ),
+        )
+    except (RuntimeError, LookupError, TypeError, ValueError) as e:
+        ctx.out.print(f"note: the peak could not be measured again ({e}); {said}", markup=False)
+        return None
+    if beaten is None:  # a datasheet's peak (the work is counted high), or none kept
         return None
     ctx.peaks.append(beaten.peak)
     now = f"{precision} {si(beaten.peak.flops_per_s[precision])}FLOP/s"
     ctx.out.print(
         f"peak: {now} ({beaten.peak.source})"
         + (
-            f"; {said}, more than it: its MFU is not reported, and the peak is measured "
-            "again at the next invocation"
+            f"; {said}, at least that: its MFU is not reported, and the peak is measured "
+            "again before the summary and at the next invocation"
             if beaten.still
             else ""
         ),

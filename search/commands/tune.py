@@ -269,12 +269,18 @@ def _peak(
 def _peak_again(ctx: Context) -> None:
     """A peak measured under load (or raised by a trial) is measured again once the trials are
     done, before the summary: the summary, the files and the runs' final metrics then take the
-    best of every measurement (``device_peak``), not the one taken beside other work."""
+    best of every measurement (``device_peak``), not the one taken beside other work. A
+    measurement that fails is said in one line, and the summary takes the peak in use."""
     if ctx.peak is None or not ctx.peak.under_load:
         return
     runs_dir = Path(ctx.settings.runs_dir)
-    why = "again, before the summary: measured under load, or beaten by a trial"
-    ctx.peaks.append(_peak(ctx.out, ctx.device, ctx.env["device_name"], ctx.space, runs_dir, why))
+    why = "again, before the summary: measured under load, or raised by a trial"
+    try:
+        peak = _peak(ctx.out, ctx.device, ctx.env["device_name"], ctx.space, runs_dir, why)
+    except (RuntimeError, LookupError, TypeError, ValueError) as e:
+        ctx.out.print(f"note: the peak could not be measured again ({e})", markup=False)
+        return
+    ctx.peaks.append(peak)
 
 
 def _start_parent(

@@ -252,7 +252,7 @@ def _peak_key(device_name: str) -> str:
 
 @dataclass(frozen=True)
 class Beaten:
-    """What ``measure_beaten`` made of a trial above the kept peak."""
+    """What ``measure_beaten`` made of a trial at or above the peak in use."""
 
     peak: Peak
     """The peak now kept: the best of every measurement, or the trial's figure where that is
@@ -260,8 +260,8 @@ class Beaten:
     measured_again: bool
     """Whether the peak was measured again for it (at most once an invocation)."""
     still: bool
-    """Whether the trial did more than every measurement: the peak is then its figure, and it is
-    measured again at the next invocation."""
+    """Whether the trial did at least every measurement: the peak is then its figure, to be
+    measured again before the invocation's summary and at the next invocation."""
 
 
 def measure_beaten(
@@ -272,33 +272,35 @@ def measure_beaten(
     again: bool,
     before_measuring: Callable[[], None] = lambda: None,
 ) -> Beaten | None:
-    """A trial did ``beaten`` = (precision, FLOP/s), more than the peak kept in ``cache``: the peak
-    was measured low (beside other work: inside a parallel test suite it read fp32 2.8 and bf16
-    8.4 GFLOP/s, 35-50x below the idle machine's). Where ``again``, measure it now (between
-    trials the device is the study's, about 2 s on a CPU; ``before_measuring`` called first) and
-    keep the best; where the trial still
-    beats it (its work counted high, or the load goes on), the peak becomes the trial's figure and
-    is measured again at the next invocation. None where no peak of that precision is kept (a
-    datasheet's is not) or the trial is below it."""
+    """A trial did ``beaten`` = (precision, FLOP/s), at least the peak in use: the peak was
+    measured low (beside other work: inside a parallel test suite it read fp32 2.8 and bf16
+    8.4 GFLOP/s, 35-50x below the idle machine's). Where ``cache`` keeps more than the trial did
+    (another process of the runs directory measured it since), that peak, measured no more.
+    Else, where ``again``, measure it now (between trials the device is the study's, about 2 s
+    on a CPU; ``before_measuring`` called first) and keep the best; where the trial still does at
+    least that (its work counted high, or the load goes on), the peak becomes the trial's figure,
+    to be measured again. None for a datasheet's peak (never measured or raised) and where no
+    peak of that precision is kept."""
     precision, achieved_flops = beaten
+    if device.type == "cuda" and table_peak(device_name) is not None:
+        return None
     stored = _read_peaks(cache)
-    key = _peak_key(device_name)
-    entry = stored.get(key)
-    if not isinstance(entry, dict):
+    entry = stored.get(_peak_key(device_name))
+    kept = entry.get("flops_per_s", {}).get(precision) if isinstance(entry, dict) else None
+    if entry is None or kept is None:
         return None
-    kept = entry.get("flops_per_s", {}).get(precision)
-    if kept is None or achieved_flops <= kept:
-        return None
+    if achieved_flops < kept:
+        return Beaten(_stored_peak(entry), False, False)
     if again:
         before_measuring()
         mark = cpu_mark()
         measured = measure_peak(device, [p for p in entry["flops_per_s"] if p in _DTYPES])
         entry = _with_measurement(entry, measured, busyness(mark))
-    still = achieved_flops > entry["flops_per_s"][precision]
+    still = achieved_flops >= entry["flops_per_s"][precision]
     if still:
         entry["flops_per_s"][precision] = achieved_flops
         entry.update(under_load=True, beaten_by_flops_per_s={precision: achieved_flops})
-    stored[key] = entry
+    stored[_peak_key(device_name)] = entry
     _write_peaks(cache, stored)
     return Beaten(_stored_peak(entry), again, still)
 
@@ -307,11 +309,11 @@ def _stored_peak(entry: Mapping[str, Any]) -> Peak:
     """A cached measurement as a ``Peak`` whose source says how and when it was measured."""
     method = entry.get("method") or entry.get("source", "measured on this machine")
     count = entry.get("measurements", 1)
-    state = (
-        f"under load ({_load_said(entry)}), measured again next time"
-        if entry.get("under_load")
-        else "idle"
-    )
+    state = "idle"
+    if entry.get("beaten_by_flops_per_s"):
+        state = "raised to a trial's figure, measured again next time"
+    elif entry.get("under_load"):
+        state = f"under load ({_load_said(entry)}), measured again next time"
     when = f"the last {entry['measured_at']}, {state}" if "measured_at" in entry else state
     return Peak(
         entry["flops_per_s"],

@@ -128,19 +128,42 @@ def test_a_trial_above_every_measurement_sets_the_peak_until_the_next_invocation
     assert "beaten_by_flops_per_s" not in entry
 
 
-def test_a_trial_below_the_peak_or_without_a_kept_one_changes_nothing(tmp_path, monkeypatch):
+def test_a_peak_kept_above_the_trial_is_taken_as_it_is(tmp_path, monkeypatch):
+    """Another process of the runs directory measured the peak since this one started: the trial
+    is below what is kept now, so that is the peak, nothing measured, written or said; with no
+    peak kept for the device or the precision, nothing at all."""
     _measuring(monkeypatch, [100e9], 0.0)  # a second measurement would raise StopIteration
     cache = tmp_path / "peaks.json"
     device_peak(CPU, "some cpu", ["fp32"], cache)
     before = cache.read_text()
     said = []
-    assert (
-        measure_beaten(CPU, "some cpu", cache, ("fp32", 90e9), True, lambda: said.append(1)) is None
-    )
-    assert said == [], "nothing measured, nothing said"
+    kept = measure_beaten(CPU, "some cpu", cache, ("fp32", 90e9), True, lambda: said.append(1))
+    assert kept is not None and kept.peak.flops_per_s["fp32"] == 100e9
+    assert not kept.measured_again and not kept.still and said == []
     assert measure_beaten(CPU, "other cpu", cache, ("fp32", 900e9), True) is None, "no device"
     assert measure_beaten(CPU, "some cpu", cache, ("bf16", 900e9), True) is None, "none kept"
     assert measure_beaten(CPU, "some cpu", tmp_path / "none.json", ("fp32", 9e12), True) is None
+    assert cache.read_text() == before
+
+
+def test_a_trial_exactly_at_the_peak_has_it_measured_again(tmp_path, monkeypatch):
+    _measuring(monkeypatch, [100e9, 100e9], 0.0)
+    cache = tmp_path / "peaks.json"
+    device_peak(CPU, "some cpu", ["fp32"], cache)
+    at = measure_beaten(CPU, "some cpu", cache, ("fp32", 100e9), True)
+    assert at is not None and at.measured_again and at.still, "no MFU at 100%: still at it"
+    assert "raised to a trial's figure, measured again next time" in at.peak.source
+
+
+def test_a_datasheet_peak_is_never_measured_or_raised(tmp_path, monkeypatch):
+    """Even where the runs directory keeps a measured peak under the GPU's name (from before the
+    GPU was in the table, say)."""
+    _measuring(monkeypatch, [1e12], 0.0)  # a second measurement would raise StopIteration
+    cache = tmp_path / "peaks.json"
+    device_peak(CPU, "NVIDIA H100 80GB HBM3", ["bf16"], cache)  # kept under that name
+    before = cache.read_text()
+    gpu = torch.device("cuda")  # never touched: the table answers first
+    assert measure_beaten(gpu, "NVIDIA H100 80GB HBM3", cache, ("bf16", 2e15), True) is None
     assert cache.read_text() == before
 
 
