@@ -17,7 +17,7 @@ from search.config.compose import redact
 from search.core.records import COMPLETE, TrialRecord
 from search.execution.trial import TrialResult
 from search.measurement.environment import device_label
-from search.measurement.peak import PEAKS_FILE, Beaten, measure_beaten
+from search.measurement.peak import MEASURE_FAILURES, PEAKS_FILE, Beaten, measure_beaten
 from search.reporting.report import Columns, StudyProgress, knobs_text, si, trial_line
 from search.revalidation import candidates
 from search.storage.liveness import Heartbeat, Liveness, Recovery
@@ -178,7 +178,7 @@ def _beat_the_peak(
                 markup=False,
             ),
         )
-    except (RuntimeError, LookupError, TypeError, ValueError) as e:
+    except MEASURE_FAILURES as e:
         ctx.out.print(f"note: the peak could not be measured again ({e}); {said}", markup=False)
         return None
     if beaten is None:  # a datasheet's peak (the work is counted high), or none kept

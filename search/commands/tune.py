@@ -45,7 +45,7 @@ from search.execution.isolation import start_worker_server, wait_for_worker_serv
 from search.measurement.energy import energy_unavailable_reason
 from search.measurement.environment import contention, environment
 from search.measurement.host_load import CpuMark, cpu_mark
-from search.measurement.peak import PEAKS_FILE, Peak, device_peak
+from search.measurement.peak import MEASURE_FAILURES, PEAKS_FILE, Peak, device_peak
 from search.reporting.report import console, si
 from search.retune.comparison import MIN_RUNS
 from search.retune.tuned import Tuned, baseline
@@ -242,19 +242,18 @@ def _peak(
     device_name: str,
     space: SearchSpace,
     runs_dir: Path,
-    why: str = "once; kept in {cache}",
+    why: str | None = None,
 ) -> Peak:
     """The device's peaks for the precisions the space searches, said in one line; ``why`` it is
-    measured, where it is."""
+    measured, where it is (by default: once, and kept in the runs directory)."""
     param = space.params.get("precision")
     precisions = [str(p) for p in (param.values() if param is not None else None) or ["fp32"]]
     cache = runs_dir / PEAKS_FILE
 
+    why = why or f"once; kept in {cache}"
+
     def before_measuring() -> None:  # only where it measures: a kept peak is not measured again
-        out.print(
-            f"peak: measuring this machine's peak FLOP/s and bandwidth ({why.format(cache=cache)})",
-            markup=False,
-        )
+        out.print(f"peak: measuring this machine's peak FLOP/s and bandwidth ({why})", markup=False)
         # once the fork server's imports are done: beside them it read half the idle peak
         wait_for_worker_server()
 
@@ -277,7 +276,7 @@ def _peak_again(ctx: Context) -> None:
     why = "again, before the summary: measured under load, or raised by a trial"
     try:
         peak = _peak(ctx.out, ctx.device, ctx.env["device_name"], ctx.space, runs_dir, why)
-    except (RuntimeError, LookupError, TypeError, ValueError) as e:
+    except MEASURE_FAILURES as e:
         ctx.out.print(f"note: the peak could not be measured again ({e})", markup=False)
         return
     ctx.peaks.append(peak)

@@ -24,12 +24,13 @@ from typing import Any
 
 import torch
 
-from search.measurement.host_load import Busyness, busyness, cpu_mark
+from search.measurement.host_load import busyness, cpu_mark
 
 __all__ = [
     "AUTOCAST_PRECISIONS",
     "Beaten",
     "GPU_PEAKS",
+    "MEASURE_FAILURES",
     "PEAKS_FILE",
     "Peak",
     "device_peak",
@@ -40,6 +41,10 @@ __all__ = [
 
 PEAKS_FILE = "peaks.json"
 """Where a runs directory keeps the peaks measured on its machines (``device_peak``)."""
+
+MEASURE_FAILURES = (RuntimeError, LookupError, TypeError, ValueError)
+"""What measuring the peak again may raise mid-study (a GPU out of memory for its buffers, a
+peaks file edited by hand): said in one line by the caller, and the study goes on."""
 
 
 @dataclass(frozen=True)
@@ -212,26 +217,37 @@ def device_peak(
     if known is not None:
         return known, False
     precisions = [p for p in precisions if p in _DTYPES]
-    key = _peak_key(device_name)
-    stored = _read_peaks(cache)
-    entry = stored.get(key) if isinstance(stored.get(key), dict) else None
+    stored, key, entry = _kept(cache, device_name)
     have = (entry or {}).get("flops_per_s", {})
     if entry and all(p in have for p in precisions) and not entry.get("under_load", False):
         return _stored_peak(entry), False
-    before_measuring()
-    mark = cpu_mark()
-    measured = measure_peak(
-        device, precisions if entry else [p for p in precisions if p not in have]
-    )
-    stored[key] = _with_measurement(entry or {}, measured, busyness(mark))
+    wanted = precisions if entry else [p for p in precisions if p not in have]
+    stored[key] = _measured_into(entry or {}, device, wanted, before_measuring)
     _write_peaks(cache, stored)
     return _stored_peak(stored[key]), True
 
 
-def _with_measurement(entry: Mapping[str, Any], measured: Peak, cpu: Busyness) -> dict[str, Any]:
-    """``entry`` (what ``cache`` kept, or nothing) with ``measured`` taken in: the best of each
-    figure, one measurement more, and under load until one was taken idle (``cpu``: how busy
-    other processes kept the machine during the measurement)."""
+def _kept(cache: Path, device_name: str) -> tuple[dict[str, Any], str, dict[str, Any] | None]:
+    """What ``cache`` keeps: every entry, this device's key, and its entry (None: none kept)."""
+    stored = _read_peaks(cache)
+    key = _peak_key(device_name)
+    entry = stored.get(key)
+    return stored, key, entry if isinstance(entry, dict) else None
+
+
+def _measured_into(
+    entry: Mapping[str, Any],
+    device: torch.device,
+    precisions: list[str],
+    before_measuring: Callable[[], None],
+) -> dict[str, Any]:
+    """``entry`` (what ``cache`` kept, or nothing) with a measurement of ``precisions`` taken now
+    (``before_measuring`` called first): the best of each figure, one measurement more, and under
+    load until one was taken idle (how busy other processes kept the machine meanwhile)."""
+    before_measuring()
+    mark = cpu_mark()
+    measured = measure_peak(device, precisions)
+    cpu = busyness(mark)
     have = entry.get("flops_per_s", {})
     best = {p: max(v, have.get(p, 0.0)) for p, v in {**have, **measured.flops_per_s}.items()}
     return {
@@ -284,23 +300,20 @@ def measure_beaten(
     precision, achieved_flops = beaten
     if device.type == "cuda" and table_peak(device_name) is not None:
         return None
-    stored = _read_peaks(cache)
-    entry = stored.get(_peak_key(device_name))
-    kept = entry.get("flops_per_s", {}).get(precision) if isinstance(entry, dict) else None
+    stored, key, entry = _kept(cache, device_name)
+    kept = entry.get("flops_per_s", {}).get(precision) if entry else None
     if entry is None or kept is None:
         return None
     if achieved_flops < kept:
         return Beaten(_stored_peak(entry), False, False)
     if again:
-        before_measuring()
-        mark = cpu_mark()
-        measured = measure_peak(device, [p for p in entry["flops_per_s"] if p in _DTYPES])
-        entry = _with_measurement(entry, measured, busyness(mark))
+        wanted = [p for p in entry["flops_per_s"] if p in _DTYPES]
+        entry = _measured_into(entry, device, wanted, before_measuring)
     still = achieved_flops >= entry["flops_per_s"][precision]
     if still:
         entry["flops_per_s"][precision] = achieved_flops
         entry.update(under_load=True, beaten_by_flops_per_s={precision: achieved_flops})
-    stored[_peak_key(device_name)] = entry
+    stored[key] = entry
     _write_peaks(cache, stored)
     return Beaten(_stored_peak(entry), again, still)
 
