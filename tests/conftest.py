@@ -28,9 +28,12 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 def pytest_configure(config: pytest.Config) -> None:
     """In a parallel run, measure this machine's peak before pytest-xdist starts its workers, so
     that it is measured as idle as the machine is (``tests/invoke.py``, ``MACHINE_PEAK_ENV``); the
-    workers inherit where it is. A run in one process measures it when a test first needs it."""
+    workers inherit where it is. A run in one process measures it when a test first needs it, and
+    ``--collect-only`` not at all."""
     if hasattr(config, "workerinput") or not config.getoption("numprocesses", None):
         return
+    if config.getoption("collectonly", False):
+        return  # nothing runs: no study needs a peak
     from invoke import MACHINE_PEAK_ENV, measure_machine_peak
 
     path = Path(tempfile.gettempdir()) / f"search-tests-peaks-{os.getuid()}-{os.getpid()}.json"

@@ -148,10 +148,17 @@ class Diagnosis:
     regime: str
     why: str
     """One line: the figures behind the regime."""
+    peak_under_load: bool = False
+    """The peak was measured beside other work (or raised to a trial's figure): it may read low,
+    so the MFU is an upper bound until it is measured again (``Peak.under_load``)."""
 
     def mfu_text(self, why: bool = True) -> str:
         """The MFU as the lines show it: a percentage, or that there is none (and, where ``why``,
         why)."""
+        if self.mfu is not None and self.peak_under_load:
+            return (
+                f"at most {self.mfu:.1%} (peak measured under load)" if why else f"<={self.mfu:.1%}"
+            )
         if self.mfu is not None:
             return f"{self.mfu:.1%}"
         return "n/a (at or above the peak)" if why else "n/a"
@@ -217,6 +224,7 @@ def diagnose(
         ridge=ridge,
         regime=regime,
         why=why,
+        peak_under_load=peak.under_load,
     )
 
 

@@ -328,8 +328,9 @@ def _regime_lines(
     ]
     if best is not None and best.number in diagnoses:
         d = diagnoses[best.number]
+        mfu = d.mfu_text(why=not d.peak_under_load)  # the peak's source says it was under load
         lines.append(
-            f"  the recommendation #{best.number} is {d.regime}: {d.why}; MFU {d.mfu_text()} "
+            f"  the recommendation #{best.number} is {d.regime}: {d.why}; MFU {mfu} "
             f"({si(d.achieved_flops)}FLOP/s)" + (f" of a peak {peak_source}" if peak_source else "")
         )
     return lines

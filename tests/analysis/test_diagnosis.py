@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -114,6 +115,19 @@ def test_a_trial_at_or_above_the_peak_has_no_mfu():
     assert at is not None and at.mfu is None, "exactly the peak: the peak is this trial's figure"
     below = diagnose(figures(50e3, 1e3, 1.2e6), "fp32", PEAK, None)
     assert below.mfu_text() == "60.0%" and below.metrics()["mfu"] == pytest.approx(0.6)
+
+
+def test_an_mfu_against_a_peak_measured_under_load_is_shown_as_an_upper_bound():
+    """A peak measured beside other work reads low, so an MFU taken against it reads high: the
+    lines say it is at most that, and the figure logged is the same (it is re-logged against the
+    peak measured again before the summary)."""
+    loaded = dataclasses.replace(PEAK, under_load=True)
+    d = diagnose(figures(50e3, 1e3, 1.2e6), "fp32", loaded, None)
+    assert d is not None and d.peak_under_load and d.mfu == pytest.approx(0.6)
+    assert d.mfu_text() == "at most 60.0% (peak measured under load)"
+    assert d.mfu_text(why=False) == "<=60.0%" and d.metrics()["mfu"] == pytest.approx(0.6)
+    idle = diagnose(figures(50e3, 1e3, 1.2e6), "fp32", PEAK, None)
+    assert idle is not None and not idle.peak_under_load and idle.mfu_text() == "60.0%"
 
 
 def record(number: int, batch: int, micro: int, throughput: float) -> TrialRecord:

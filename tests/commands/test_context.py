@@ -200,3 +200,25 @@ def test_a_peak_measured_under_load_is_measured_again_before_the_summary(tmp_pat
     ctx.peak = Peak({"bf16": 989e12}, 3.35e12, "NVIDIA H100 datasheet (SXM5)")
     tune._peak_again(ctx)
     assert len(ctx.peaks) == 2, "a datasheet's peak: never measured"
+
+
+def test_the_summary_gives_an_mfu_against_a_peak_under_load_as_an_upper_bound():
+    """The recommendation's MFU line: an upper bound where the peak was measured under load (its
+    source, printed after it, says so), the figure where it was idle, the reason where withheld."""
+    from search.analysis.diagnosis import diagnose
+    from search.commands.finish import _regime_lines
+    from search.core.records import COMPLETE, TrialRecord
+    from search.measurement.peak import Peak
+
+    best = TrialRecord(number=3, config={}, state=COMPLETE, metrics={}, stable=True)
+    figures = {"flops_per_item": 50e3, "bytes_per_item": 1e3}
+    loaded = Peak({"fp32": 100e9}, 10e9, source="test", under_load=True)
+    idle = Peak({"fp32": 100e9}, 10e9, source="test")
+
+    def line(peak: Peak, throughput: float) -> str:
+        d = diagnose({**figures, "throughput": throughput}, "fp32", peak, None)
+        return _regime_lines({3: d}, best, "measured under load")[-1]
+
+    assert "; MFU <=60.0% (60GFLOP/s) of a peak measured under load" in line(loaded, 1.2e6)
+    assert "; MFU 60.0% (60GFLOP/s)" in line(idle, 1.2e6)
+    assert "; MFU n/a (at or above the peak) (120GFLOP/s)" in line(idle, 2.4e6)
