@@ -216,6 +216,10 @@ def diagnose(
         why = f"{achieved / attainable:.0%} of the attainable {si(attainable)}FLOP/s ({where})"
     else:
         regime, why = roof, f"{where}, {achieved / attainable:.0%} of the attainable FLOP/s"
+        if roof == MEMORY and achieved > attainable:
+            # Above the bandwidth's roof: the bytes are eager execution's, and fused or compiled
+            # kernels move less (module docstring).
+            why += " (it moves fewer bytes than counted)"
     return Diagnosis(
         achieved_flops=achieved,
         mfu=achieved / peak_flops if achieved < peak_flops else None,

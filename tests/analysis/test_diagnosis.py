@@ -130,6 +130,16 @@ def test_an_mfu_against_a_peak_measured_under_load_is_shown_as_an_upper_bound():
     assert idle is not None and not idle.peak_under_load and idle.mfu_text() == "60.0%"
 
 
+def test_a_step_above_the_bandwidth_roof_is_said_to_move_fewer_bytes_than_counted():
+    """The bytes counted are eager execution's; a compiled step can do more than they allow."""
+    # 2 FLOP/B: attainable 20 GFLOP/s, 24 reached
+    above = diagnose(figures(2e3, 1e3, 12e6), "fp32", PEAK, None)
+    assert above is not None and above.regime == MEMORY and above.mfu == pytest.approx(0.24)
+    assert above.why.endswith("120% of the attainable FLOP/s (it moves fewer bytes than counted)")
+    below = diagnose(figures(2e3, 1e3, 6e6), "fp32", PEAK, None)
+    assert below is not None and below.why.endswith("60% of the attainable FLOP/s")
+
+
 def record(number: int, batch: int, micro: int, throughput: float) -> TrialRecord:
     config = {"batch_size": batch, "micro_batch_size": micro, "precision": "fp32"}
     return TrialRecord(
