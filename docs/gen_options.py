@@ -118,13 +118,14 @@ def escape_pipes(text: str) -> str:
 
 
 def link_docs(text: str) -> str:
-    """``docs/x/y.md`` named in a comment becomes a link from this page."""
+    """``docs/x/y.md`` named in a comment becomes a link from this page; a code span around it is
+    dropped (a link inside one would show as its raw text)."""
 
     def link(match: re.Match[str]) -> str:
-        target = posixpath.relpath(match.group(1), posixpath.dirname(PAGE))
-        return f"[{match.group(0)}]({target})"
+        target = posixpath.relpath(match.group(2), posixpath.dirname(PAGE))
+        return f"[{match.group(1)}]({target})"
 
-    return re.sub(r"docs/([\w/-]+\.md)", link, text)
+    return re.sub(r"`?(docs/([\w/-]+\.md))`?", link, text)
 
 
 BY_DEVICE = re.compile(r"^\$\{by_device:([^,}]*),([^}]*)\}$")

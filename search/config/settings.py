@@ -191,7 +191,7 @@ class NoiseSettings:
     start_runs: int
     """Control runs at the start of every invocation (at least 2 for a between-run figure)."""
 
-    probe_windows: int = 5
+    probe_windows: int
     """Windows of the compute probe timed in each control run (``measure.window_s`` each): the
     probe speaks for the runs of its class, so it runs about as long as they do. On the 2-core
     CPU, beside a busy core, 15 windows (7.5 s, a trial's 8-s budget) moved by 6.7% between
