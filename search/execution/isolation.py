@@ -357,6 +357,7 @@ def _worker(request: TrialRequest, send, stderr_fd: int) -> None:
     os.close(stderr_fd)
     sys.stderr = open(2, "w", buffering=1, closefd=False)
     faulthandler.enable()  # a segfault or abort leaves a Python traceback in that tail
+    _thread_lock_for_progress_bars()
     lock = threading.Lock()
     sent: list[bool] = []
 
@@ -370,6 +371,19 @@ def _worker(request: TrialRequest, send, stderr_fd: int) -> None:
 
     answer(run_trial(request, on_memory_exceeded=lambda result: answer(result, then_exit=True)))
     send.close()
+
+
+def _thread_lock_for_progress_bars() -> None:
+    """Give tqdm a thread lock before torch's compiler draws its progress bars. tqdm builds a
+    multiprocessing lock for them otherwise: a named semaphore registered with the study's
+    resource tracker, which a worker killed or ended by ``os._exit`` never unregisters, so a run
+    that compiled ended with "resource_tracker: There appear to be 32 leaked semaphore objects to
+    clean up at shutdown" (the default ``llm`` run on the CPU). A worker's bars are its own."""
+    try:
+        from tqdm import tqdm
+    except ImportError:  # torch draws no bars without it
+        return
+    tqdm.set_lock(threading.RLock())
 
 
 def _exit_text(exitcode: int | None) -> str:

@@ -301,3 +301,40 @@ def test_the_worker_server_started_early_is_ready_with_torch_once_waited_for():
     assert pid is not None
     maps = Path(f"/proc/{pid}/maps").read_text()
     assert "libtorch" in maps, "the server has imported torch"
+
+
+_DRAW_A_BAR = """
+import multiprocessing, os, sys
+from multiprocessing import resource_tracker
+multiprocessing.set_start_method("forkserver")  # a worker's default, as the fork server set it
+registered = []
+resource_tracker.register = lambda name, kind: registered.append(kind)
+if sys.argv[1] == "thread-lock":
+    from search.execution.isolation import _thread_lock_for_progress_bars
+    _thread_lock_for_progress_bars()
+from tqdm import tqdm
+with open(os.devnull, "w") as nowhere:
+    for _ in tqdm(range(3), file=nowhere):
+        pass
+print(registered)
+"""
+
+
+@pytest.mark.parametrize(
+    ("lock", "semaphores"), [("tqdm's", "['semaphore']"), ("thread-lock", "[]")]
+)
+def test_a_worker_s_progress_bars_take_no_semaphore_the_study_would_count_as_leaked(
+    lock, semaphores
+):
+    """torch's compiler draws tqdm bars in the worker; tqdm's default lock is a multiprocessing
+    one, a named semaphore that a killed worker never unregisters, so the study's resource
+    tracker warned of dozens leaked at the end of a run that compiled. The worker gives tqdm a
+    thread lock first (a fresh interpreter each: tqdm builds its lock once)."""
+    drawn = subprocess.run(
+        [sys.executable, "-c", _DRAW_A_BAR, lock],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert drawn.stdout.strip() == semaphores
