@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from search.core.metrics import MAXIMIZE, METRICS
+from search.core.metrics import MAXIMIZE, METRICS, MINIMIZE
 
 __all__ = ["check_slo", "constraint_values", "meets_slo", "pareto_mask", "recommend"]
 
@@ -76,3 +76,9 @@ def check_slo(slo: Mapping[str, Any]) -> None:
             raise ValueError(f"slo.{metric}: unknown metric; known: {', '.join(METRICS)}")
         if not isinstance(limit, (int, float)) or isinstance(limit, bool):
             raise ValueError(f"slo.{metric} must be a number, but got {limit!r}")
+        if METRICS[metric].direction == MINIMIZE and limit <= 0:
+            # No measured latency, memory or energy is 0 or less: no configuration could meet it.
+            raise ValueError(
+                f"slo.{metric} must be > 0 ({METRICS[metric].unit}), or no configuration can "
+                f"meet it, but got {limit!r}"
+            )

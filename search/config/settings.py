@@ -74,6 +74,12 @@ class StudySettings:
 
     def __post_init__(self) -> None:
         _require(
+            bool(self.name.strip()) and _plain_name(self.name),
+            "study.name must be a non-empty name without / or \\ and not . or .. (it names the "
+            f"study's folder in runs_dir), but got {self.name!r}",
+        )
+        _require(bool(self.storage.strip()), "study.storage must be a storage URL, not empty")
+        _require(
             not ("'" in self.name and '"' in self.name),
             f"study.name must not hold both ' and \" (MLflow cannot search for it), "
             f"but got {self.name!r}",
@@ -321,6 +327,10 @@ class TrackingSettings:
     experiment: str
     """MLflow experiment name that holds the study's runs."""
 
+    def __post_init__(self) -> None:
+        _require(bool(self.uri.strip()), "tracking.uri must be an MLflow tracking URI, not empty")
+        _require(bool(self.experiment.strip()), "tracking.experiment must not be empty")
+
 
 @dataclass(kw_only=True)
 class Settings:
@@ -374,6 +384,10 @@ class Settings:
 
     def __post_init__(self) -> None:
         _require(
+            bool(self.runs_dir.strip()),
+            "runs_dir must be a directory (everything a run writes goes there), not empty",
+        )
+        _require(
             self.preset in PRESETS,
             f"preset must be one of {', '.join(PRESETS)}, but got {self.preset!r}",
         )
@@ -399,6 +413,11 @@ class Settings:
         check_slo(self.slo)
         for metric, limit in self.slo.items():
             _finite(f"slo.{metric}", limit)
+
+
+def _plain_name(name: str) -> bool:
+    """A name that is one folder in a directory: no separator, not . or .."""
+    return "/" not in name and "\\" not in name and name.strip() not in {".", ".."}
 
 
 def _is_int(value: Any) -> bool:

@@ -123,6 +123,26 @@ BAD_INPUT = {
         "the keys under study are",
     ),
     "slo without a plus": (["+space=llm", "slo.latency_p95_ms=200"], "+slo.latency_p95_ms=VALUE"),
+    "an slo no configuration can meet": (
+        ["+space=llm", "+slo.latency_p95_ms=-1"],
+        "slo.latency_p95_ms must be > 0 (ms), or no configuration can meet it",
+    ),
+    "an empty runs_dir (the stores would go to /)": (
+        ["+space=llm", "runs_dir="],
+        "runs_dir must be a directory",
+    ),
+    "an empty study name (its files would go to runs_dir itself)": (
+        ["+space=llm", "study.name="],
+        "study.name must be a non-empty name without / or",
+    ),
+    "a study name that leaves runs_dir": (
+        ["+space=llm", "study.name=../elsewhere"],
+        "study.name must be a non-empty name without / or",
+    ),
+    "an empty tracking URI (a store in the working directory)": (
+        ["+space=llm", "tracking.uri="],
+        "tracking.uri must be an MLflow tracking URI, not empty",
+    ),
     "storage that cannot be opened": (
         ["+space=llm", "study.storage=notaurl"],
         "cannot open study.storage 'notaurl'",
