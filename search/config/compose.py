@@ -349,6 +349,14 @@ def _one_line(error: Exception) -> str:
     cause = error.__cause__
     if text.startswith("Error merging override ") and isinstance(cause, OmegaConfBaseException):
         return _merge_override_message(text, cause)
+    if "missing EQUAL" in text and text.startswith("Error parsing override '"):
+        word = text[len("Error parsing override '") :].split("'\n")[0]
+        return (
+            f"{word!r} is not an override KEY=VALUE, nor a command where one goes first "
+            "(python -m search --help lists the commands)"
+        )
+    if "mismatched input '<EOF>'" in text:
+        return "an empty argument is no override: drop it, or give KEY=VALUE"
     if type(error).__name__ == "OverrideParseException" or "LexerNoViableAltException" in text:
         bad = text.split(": ", 1)[-1].split(" ^")[0].strip()
         return (

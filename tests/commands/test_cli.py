@@ -123,6 +123,11 @@ BAD_INPUT = {
         "the keys under study are",
     ),
     "slo without a plus": (["+space=llm", "slo.latency_p95_ms=200"], "+slo.latency_p95_ms=VALUE"),
+    "a mistyped command": (
+        ["histroy", "+space=llm"],
+        "'histroy' is not an override KEY=VALUE, nor a command where one goes first",
+    ),
+    "an empty argument": (["+space=llm", ""], "an empty argument is no override"),
     "an slo no configuration can meet": (
         ["+space=llm", "+slo.latency_p95_ms=-1"],
         "slo.latency_p95_ms must be > 0 (ms), or no configuration can meet it",
