@@ -74,11 +74,11 @@ class StudySettings:
 
     def __post_init__(self) -> None:
         _require(
-            bool(self.name.strip()) and _plain_name(self.name),
+            _plain_name(self.name),
             "study.name must be a non-empty name without / or \\ and not . or .. (it names the "
             f"study's folder in runs_dir), but got {self.name!r}",
         )
-        _require(bool(self.storage.strip()), "study.storage must be a storage URL, not empty")
+        _not_blank("study.storage", self.storage, "a storage URL")
         _require(
             not ("'" in self.name and '"' in self.name),
             f"study.name must not hold both ' and \" (MLflow cannot search for it), "
@@ -328,8 +328,8 @@ class TrackingSettings:
     """MLflow experiment name that holds the study's runs."""
 
     def __post_init__(self) -> None:
-        _require(bool(self.uri.strip()), "tracking.uri must be an MLflow tracking URI, not empty")
-        _require(bool(self.experiment.strip()), "tracking.experiment must not be empty")
+        _not_blank("tracking.uri", self.uri, "an MLflow tracking URI")
+        _not_blank("tracking.experiment", self.experiment, "an MLflow experiment name")
 
 
 @dataclass(kw_only=True)
@@ -383,10 +383,7 @@ class Settings:
     checks it."""
 
     def __post_init__(self) -> None:
-        _require(
-            bool(self.runs_dir.strip()),
-            "runs_dir must be a directory (everything a run writes goes there), not empty",
-        )
+        _not_blank("runs_dir", self.runs_dir, "a directory (everything a run writes goes there)")
         _require(
             self.preset in PRESETS,
             f"preset must be one of {', '.join(PRESETS)}, but got {self.preset!r}",
@@ -416,8 +413,13 @@ class Settings:
 
 
 def _plain_name(name: str) -> bool:
-    """A name that is one folder in a directory: no separator, not . or .."""
-    return "/" not in name and "\\" not in name and name.strip() not in {".", ".."}
+    """A name that is one folder in a directory: not blank, no separator, not . or .."""
+    return "/" not in name and "\\" not in name and name.strip() not in {"", ".", ".."}
+
+
+def _not_blank(key: str, value: str, what: str) -> None:
+    """A blank path or URL would put the stores in the working directory or at ``/``."""
+    _require(bool(value.strip()), f"{key} must be {what}, not empty")
 
 
 def _is_int(value: Any) -> bool:
