@@ -5,17 +5,14 @@ The built-in spaces in ``spaces/`` are registered as Hydra config group ``space`
 The composed config is then checked against ``search.config.settings.Settings``, the schema
 registered in Hydra's ConfigStore: types, unknown keys and every value's range (see
 ``load_settings``).
-Every failure to compose becomes a ``ConfigError`` whose message is one line saying what to fix.
+Every failure to compose becomes a ``ConfigError`` whose message is one line saying what to fix
+(``search.config.messages``).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import importlib.util
 import re
-import types
-import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,13 +23,11 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import (
-    ConfigKeyError,
-    MissingMandatoryValue,
     OmegaConfBaseException,
-    ValidationError,
 )
 
-from search.config.settings import PRESETS, SLO_EXPECTED, Settings
+from search.config.messages import failing_key, not_text, one_line, schema_message
+from search.config.settings import PRESETS, Settings
 from search.core.errors import ConfigError
 from search.measurement.protocol import MeasureSettings
 
@@ -138,10 +133,39 @@ def builtin_spaces() -> list[str]:
     return sorted(p.stem for p in SPACES_DIR.glob("*.yaml"))
 
 
-def _register_builtin_spaces() -> None:
+def _register_builtin_spaces(shadowed: set[str]) -> None:
+    # A built-in that a user's file shadows is left out: Hydra would otherwise merge the user's
+    # file into it as a "schema", with a deprecation warning. compose_config refuses that name.
     store = ConfigStore.instance()
-    for name in builtin_spaces():
+    for name in shadowed:  # the store outlives a call: an earlier one may have stored it
+        store.repo.get("space", {}).pop(f"{name}.yaml", None)
+    for name in sorted(set(builtin_spaces()) - shadowed):
         store.store(group="space", name=name, node=OmegaConf.load(SPACES_DIR / f"{name}.yaml"))
+
+
+def _user_space_files(config_dirs: Sequence[str]) -> dict[str, Path]:
+    """Each ``DIR/space/NAME.yaml`` of the ``--config-dir`` roots, by NAME; a root that is not a
+    directory is refused (Hydra would only warn, and run the built-ins)."""
+    files: dict[str, Path] = {}
+    for root in config_dirs:
+        if not Path(root).is_dir():
+            raise ConfigError(f"--config-dir {root}: no such directory (it holds space/NAME.yaml)")
+        for path in sorted((Path(root) / "space").glob("*.yaml")):
+            files.setdefault(path.stem, path)
+    return files
+
+
+def _check_overrides(overrides: Sequence[str]) -> None:
+    for override in overrides:
+        key, _, value = override.lstrip("+~").partition("=")
+        if not key and value:
+            raise ConfigError(f"{override!r} has no key: write KEY=VALUE, e.g. study.n_trials=5")
+        if key == "space" and value.lstrip().startswith("["):
+            # Hydra would merge the listed spaces into one, silently.
+            raise ConfigError(
+                f"{override!r}: choose one space, +space=NAME (built-in: "
+                f"{', '.join(builtin_spaces())})"
+            )
 
 
 def compose_config(overrides: Sequence[str], config_dirs: Sequence[str] = ()) -> DictConfig:
@@ -149,22 +173,32 @@ def compose_config(overrides: Sequence[str], config_dirs: Sequence[str] = ()) ->
     (``--config-dir``)."""
     _register_resolvers()
     overrides = list(overrides)
+    _check_overrides(overrides)
+    user_spaces = _user_space_files(config_dirs)
+    shadowed = set(user_spaces) & set(builtin_spaces())
     if config_dirs:
         # Quoted: a path may hold a comma, a bracket or a quote, which the list syntax would split.
         roots = ",".join(_hydra_quoted(f"file://{Path(d).resolve()}") for d in config_dirs)
         overrides.append(f"hydra.searchpath=[{roots}]")
     GlobalHydra.instance().clear()
     try:
-        _register_builtin_spaces()
+        _register_builtin_spaces(shadowed)
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose("config", overrides=overrides, return_hydra_config=True)
+    except UnicodeDecodeError as e:
+        raise ConfigError(not_text(e, user_spaces.values())) from None
     except Exception as e:  # Hydra raises several types; all are the user's input
-        raise ConfigError(_one_line(e)) from None
+        raise ConfigError(one_line(e, builtin_spaces())) from None
     finally:
         GlobalHydra.instance().clear()
     space_name = cfg.hydra.runtime.choices.get("space")
     with open_dict(cfg):
         del cfg["hydra"]
+    if space_name in shadowed:
+        raise ConfigError(
+            f"{user_spaces[space_name]} has the name of a built-in space: rename it (its study "
+            "would share the built-in's name, store and history)"
+        )
     _check_space_chosen(cfg, space_name)
     with open_dict(cfg):
         cfg.space.name = cfg.space.get("name") or space_name
@@ -223,7 +257,7 @@ def load_settings(cfg: DictConfig) -> Settings:
         # Resolves first, then builds the dataclasses: their __post_init__ sees final values.
         settings = OmegaConf.to_object(typed)
     except OmegaConfBaseException as e:
-        raise ConfigError(_schema_message(e, e.full_key, typed)) from None
+        raise ConfigError(schema_message(e, e.full_key, typed)) from None
     except ValueError as e:  # a __post_init__ check
         raise ConfigError(" ".join(str(e).split())) from None
     assert isinstance(settings, Settings)
@@ -252,127 +286,10 @@ def _apply_schema(cfg: DictConfig) -> DictConfig:
     try:
         merged = OmegaConf.merge(schema, cfg)
     except OmegaConfBaseException as e:
-        key = e.full_key or _failing_key(schema, cfg)
-        raise ConfigError(_schema_message(e, key, cfg)) from None
+        key = e.full_key or failing_key(schema, cfg)
+        raise ConfigError(schema_message(e, key, cfg)) from None
     assert isinstance(merged, DictConfig)  # a mapping merged into a mapping stays one
     return merged
-
-
-def _failing_key(schema: DictConfig, cfg: DictConfig) -> str:
-    """The top-level key whose merge fails: OmegaConf names none when a list replaces a mapping."""
-    for key in cfg:
-        try:
-            OmegaConf.merge(schema, OmegaConf.masked_copy(cfg, [str(key)]))
-        except OmegaConfBaseException as e:
-            return str(e.full_key or key)
-    return ""
-
-
-def _schema_message(error: OmegaConfBaseException, key: Any, cfg: DictConfig) -> str:
-    key = str(key or "")
-    text = " ".join(str(getattr(error, "msg", None) or error).splitlines()[0].split())
-    if isinstance(error, ConfigKeyError) and " not in " in text:
-        return _unknown_key(key)
-    if isinstance(error, MissingMandatoryValue):
-        return f"{key} has no value: keep the default of conf/config.yaml, or set {key}=..."
-    if isinstance(error, ValidationError) and key:
-        return f"{key} must be {_expected(_field_type(key))}, but got {_received(text, key, cfg)}"
-    return f"cannot resolve {key}: {text}" if key else text
-
-
-def _unknown_key(key: str) -> str:
-    section, _, name = key.rpartition(".")
-    owner = _field_type(section) if section else Settings
-    known = [f.name for f in dataclasses.fields(owner)] if dataclasses.is_dataclass(owner) else []
-    where = f"the keys under {section} are" if section else "the keys are"
-    close = difflib.get_close_matches(name, known, n=1)
-    hint = f"; did you mean '{section + '.' if section else ''}{close[0]}'?" if close else ""
-    return f"unknown config key '{key}': {where} {', '.join(known)}{hint}"
-
-
-def _field_type(key: str) -> Any:
-    """The schema's type for a dotted key: ``study.n_trials`` -> int, ``slo.x`` -> float."""
-    kind: Any = Settings
-    for part in key.split(".") if key else []:
-        if dataclasses.is_dataclass(kind):
-            kind = typing.get_type_hints(kind).get(part, Any)
-        elif typing.get_origin(kind) is dict:
-            kind = typing.get_args(kind)[1]
-        else:
-            return Any
-    return kind
-
-
-def _expected(kind: Any) -> str:
-    """A field type as an error message says it."""
-    args = [a for a in typing.get_args(kind) if a is not type(None)]
-    if typing.get_origin(kind) in (typing.Union, types.UnionType) and len(args) == 1:
-        return f"{_expected(args[0])} or null"
-    if typing.get_origin(kind) is dict:
-        return SLO_EXPECTED
-    if dataclasses.is_dataclass(kind):
-        return f"a mapping of its settings ({', '.join(f.name for f in dataclasses.fields(kind))})"
-    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
-    return names.get(kind, "a value of the schema's type")
-
-
-def _received(text: str, key: str, cfg: DictConfig) -> str:
-    """The offending value: OmegaConf's message quotes it; else it is read back from ``cfg``."""
-    quoted = re.search(r"[Vv]alue '(.*?)'(?: of type '(\w+)')?", text)
-    if quoted:
-        value, kind = quoted.groups()
-        spelled = {"None": "null", "True": "true", "False": "false"}  # as YAML and Hydra write them
-        return repr(value) if kind == "str" else spelled.get(value, value)
-    value = OmegaConf.select(cfg, key, throw_on_resolution_failure=False)
-    if isinstance(value, (DictConfig, ListConfig)):
-        value = OmegaConf.to_container(value)
-    return "null" if value is None else repr(value)
-
-
-def _one_line(error: Exception) -> str:
-    text = str(error).strip()
-    if "Could not find 'space/" in text:
-        name = text.split("Could not find 'space/")[1].split("'")[0]
-        return (
-            f"unknown space '{name}': built-in spaces are {', '.join(builtin_spaces())}; "
-            "a space of your own goes in DIR/space/NAME.yaml with --config-dir DIR"
-        )
-    if text.startswith("Could not override '"):
-        key = text.split("'")[1]
-        if key.startswith("slo"):
-            return f"SLO limits are added with a plus: +{key}=VALUE (e.g. +slo.latency_p95_ms=200)"
-        return (
-            f"unknown config key '{key}': check the spelling "
-            "(python -m search --cfg +space=NAME prints every key), "
-            f"or add it with +{key}=..."
-        )
-    cause = error.__cause__
-    if text.startswith("Error merging override ") and isinstance(cause, OmegaConfBaseException):
-        return _merge_override_message(text, cause)
-    if "missing EQUAL" in text and text.startswith("Error parsing override '"):
-        word = text[len("Error parsing override '") :].split("'\n")[0]
-        return (
-            f"{word!r} is not an override KEY=VALUE, nor a command where one goes first "
-            "(python -m search --help lists the commands)"
-        )
-    if "mismatched input '<EOF>'" in text:
-        return "an empty argument is no override: drop it, or give KEY=VALUE"
-    if type(error).__name__ == "OverrideParseException" or "LexerNoViableAltException" in text:
-        bad = text.split(": ", 1)[-1].split(" ^")[0].strip()
-        return (
-            f"cannot parse override {bad!r}: quote values that hold spaces or symbols, "
-            "e.g. \"space.constraints=['a < b']\" (Hydra override syntax)"
-        )
-    first, *rest = [line.strip() for line in text.splitlines() if line.strip()]
-    return " ".join([first, *rest[:2]]) if len(first) < 60 else first
-
-
-def _merge_override_message(text: str, cause: OmegaConfBaseException) -> str:
-    """``slo=[1]``: Hydra cannot merge a list into a mapping; say what the key must be instead."""
-    key, value = str(cause.full_key or ""), text.split("=", 1)[-1]
-    if key and _field_type(key) is not Any:
-        return f"{key} must be {_expected(_field_type(key))}, but got {value}"
-    return f"{text}: {str(cause).splitlines()[0]}"
 
 
 ENV_RESOLVER = "oc.env:"
@@ -424,7 +341,7 @@ def resolve(cfg: DictConfig) -> dict[str, Any]:
     try:
         container = OmegaConf.to_container(cfg, resolve=True)
     except Exception as e:
-        raise ConfigError(_one_line(e)) from None
+        raise ConfigError(one_line(e, builtin_spaces())) from None
     assert isinstance(container, dict)  # a DictConfig becomes a dict
     return {str(key): value for key, value in container.items()}
 

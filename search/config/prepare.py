@@ -20,11 +20,11 @@ from typing import Any
 import torch
 from hydra.utils import instantiate
 
-from search.core.errors import ConfigError, SpaceError
+from search.core.errors import ConfigError, KnobError, SpaceError
 from search.core.knob_registry import GENERIC_KNOBS
 from search.core.metrics import METRICS
 from search.execution.fp8 import FP8_PRECISIONS
-from search.execution.knobs import unsupported_reason, value_rule
+from search.execution.knobs import Knobs, unsupported_reason, value_rule
 from search.execution.recompute import named_by, recompute_setting
 from search.measurement.energy import energy_unavailable_reason
 from search.space.params import CategoricalParam, FloatParam, IntParam, Param
@@ -66,9 +66,11 @@ def load_space(
             + "; loosen them or widen the ranges"
         )
     _check_generic_knobs(space)
+    _check_some_config_passes_the_step(space, feasible)
     _check_fixed_knobs_run_here(space, device)
     _check_workload(space)
     _check_workload_settings(space, slo or {})
+    _check_recompute_parts(space)
     _check_metrics_apply(space, slo or {})
     if any(o.metric == "energy_per_item_j" for o in space.objectives):
         reason = energy_unavailable_reason(device)
@@ -116,6 +118,26 @@ def _check_generic_knobs(space: SearchSpace) -> None:
                 f"space '{space.name}': params.{name} must be {expected}, "
                 f"but got {bad or 'a float range'}"
             )
+
+
+def _check_some_config_passes_the_step(
+    space: SearchSpace, feasible: list[dict[str, Any]] | None
+) -> None:
+    """A listed space where every configuration breaks the step's own rules (a micro-batch that
+    divides no batch, an unknown recompute setting) is refused: its study could only fail."""
+    if not feasible:
+        return  # too large to list (or nothing feasible, refused above)
+    first_error = None
+    for config in feasible:
+        try:
+            Knobs(**{k: v for k, v in config.items() if k in GENERIC_KNOBS})
+            return
+        except (KnobError, TypeError) as e:
+            first_error = first_error or e
+    raise ConfigError(
+        f"space '{space.name}': no configuration can run, e.g. {first_error} Add a constraint "
+        "or narrow the ranges"
+    )
 
 
 def _check_recompute(space: SearchSpace, cls: type) -> None:
@@ -264,6 +286,32 @@ def _check_workload_settings(space: SearchSpace, slo: Mapping[str, Any]) -> None
                 f"but {target} generates {built.generation_length()}; raise its generation length "
                 "or drop the tpot objectives and slo"
             )
+
+
+def _check_recompute_parts(space: SearchSpace) -> None:
+    """Each part's name that recompute offers is one the workload's ``recompute_parts`` names.
+    The model is built on the meta device (no memory, no data) to read the names; a workload
+    that cannot build there is checked when the step is built instead."""
+    param = space.params.get("recompute")
+    settings = {recompute_setting(v) for v in (param.values() or [])} if param else set()
+    names = sorted(s for s in settings if named_by(s) == "recompute_parts")
+    configs = space.feasible_configs() or []
+    if not names or not configs:
+        return
+    own = {k: v for k, v in configs[0].items() if k not in GENERIC_KNOBS}
+    try:
+        workload = instantiate(dict(space.workload), _convert_="all", _recursive_=False, **own)
+        with torch.device("meta"):
+            parts = workload.recompute_parts(workload.build_model())
+    except Exception:  # noqa: BLE001 - any failure here only defers the check to the step
+        return
+    unknown = [n for n in names if n not in parts]
+    if unknown:
+        raise ConfigError(
+            f"space '{space.name}': params.recompute choice {unknown[0]!r} is no part of "
+            f"{space.workload['_target_']}: it takes none, all, every-K and "
+            f"{', '.join(sorted(parts)) or 'no parts'}; leave {unknown[0]!r} out"
+        )
 
 
 def _ends_and_choices(param: Param) -> list[Any]:

@@ -115,14 +115,31 @@ def _parse_memory_grows_with(where: str, raw: Any, params: Mapping[str, Param]) 
         raise SpaceError(
             f"{where}: memory_grows_with must be a list of knob names, but got {raw!r}"
         )
+    numeric = [k for k, p in params.items() if isinstance(p, (IntParam, FloatParam))]
     for name in raw:
+        fixed = params.get(name)
+        if isinstance(fixed, FixedParam):
+            # A knob fixed by an override (space.params.batch_size=8) no longer grows memory
+            # across trials; say so, and how to go on, rather than "not a knob".
+            rest = [k for k in raw if k != name and k in numeric]
+            raise SpaceError(
+                f"{where}: memory_grows_with names {name!r}, which params fixes at "
+                f"{fixed.value!r}: add space.memory_grows_with=[{','.join(rest)}] "
+                "to the overrides, or give it a range"
+            )
         if not isinstance(params.get(name), (IntParam, FloatParam)):
-            numeric = (k for k, p in params.items() if isinstance(p, (IntParam, FloatParam)))
             raise SpaceError(
                 f"{where}: memory_grows_with names {name!r}, which is not an int or float knob in "
                 f"params ({', '.join(numeric)})"
             )
     return tuple(raw)
+
+
+def _quote_hint(kinds: set[str]) -> str:
+    if "true/false" in kinds and "strings" in kinds:
+        # YAML 1.1 reads unquoted off/on/yes/no as false/true.
+        return "quote off, on, yes and no ('off') to keep them strings"
+    return "quote the numbers to make them strings"
 
 
 def _parse_param(where: str, spec: Any) -> Param:
@@ -168,8 +185,7 @@ def _parse_param(where: str, spec: Any) -> Param:
         if len(kinds) > 1:
             raise SpaceError(
                 f"{where}: choices must be all numbers, all strings or all true/false, but "
-                f"{list(choices)} mixes {' and '.join(sorted(kinds))}; quote the numbers to make "
-                "them strings"
+                f"{list(choices)} mixes {' and '.join(sorted(kinds))}; {_quote_hint(kinds)}"
             )
         if len(set(map(repr, choices))) != len(choices):
             raise SpaceError(f"{where}: choices must be distinct, but got {list(choices)}")

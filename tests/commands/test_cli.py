@@ -128,6 +128,51 @@ BAD_INPUT = {
         "'histroy' is not an override KEY=VALUE, nor a command where one goes first",
     ),
     "an empty argument": (["+space=llm", ""], "an empty argument is no override"),
+    "an override with no key": (["+space=llm", "=5"], "'=5' has no key: write KEY=VALUE"),
+    "a list of spaces (Hydra would merge them)": (
+        ["+space=[llm,vision]"],
+        "'+space=[llm,vision]': choose one space, +space=NAME",
+    ),
+    "a number for the space": (["+space=5"], "+space takes the name of a space"),
+    "a --config-dir that does not exist (Hydra only warns)": (
+        ["--config-dir", "{tmp}/nowhere", "+space=llm"],
+        "/nowhere: no such directory",
+    ),
+    "noise.control not a mapping of knobs": (
+        ["+space=llm", "noise.control=5"],
+        "noise.control must be a mapping of knob name to value, e.g. noise.control={precision:",
+    ),
+    "noise.control a list (OmegaConf names no key)": (
+        ["+space=llm", "noise.control=[1]"],
+        "noise.control must be a mapping of knob name to value",
+    ),
+    "an unknown key inside a section given whole": (
+        ["+space=llm", "study={n_trails:3}"],
+        "unknown config key 'study.n_trails': the keys under study are",
+    ),
+    "a list for a searched knob": (
+        ["+space=llm", "space.params.batch_size=[4,8]"],
+        "space.params.batch_size is a range or a list of choices, which a list cannot replace",
+    ),
+    "a knob fixed that memory_grows_with names": (
+        ["+space=llm", "space.params.batch_size=8"],
+        "memory_grows_with names 'batch_size', which params fixes at 8: add "
+        "space.memory_grows_with=[micro_batch_size]",
+    ),
+    "every configuration breaks the step's rules": (
+        [
+            "+space=llm",
+            "space.constraints=[]",
+            "space.params.micro_batch_size=3",
+            "space.memory_grows_with=[batch_size]",
+        ],
+        "no configuration can run, e.g. `micro_batch_size` must divide `batch_size`",
+    ),
+    "a recompute part GPT does not name": (
+        ["+space=llm", "space.params.recompute=maybe"],
+        "params.recompute choice 'maybe' is no part of search.workloads.GPT: it takes none, all, "
+        "every-K and attention, mlp",
+    ),
     "an slo no configuration can meet": (
         ["+space=llm", "+slo.latency_p95_ms=-1"],
         "slo.latency_p95_ms must be > 0 (ms), or no configuration can meet it",
@@ -285,6 +330,32 @@ def test_bad_input_exits_2_with_one_line(argv, expected, tmp_path, capsys):
     assert expected in err
     assert sorted(tmp_path.rglob("*")) == before, "nothing written"
     assert (tmp_path / "a-file").read_text() == ""
+
+
+@pytest.mark.parametrize(
+    "name, content, expected",
+    [
+        ("llm", "description: mine\n", "has the name of a built-in space: rename it"),
+        ("binary", "\x00\xbc\xff", "binary.yaml is not UTF-8 text"),
+        (
+            "offs",
+            "workload: {_target_: search.workloads.GPT}\nobjectives: {throughput: maximize}\n"
+            "params:\n  batch_size: 4\n  compile: {type: categorical, choices: [off, default]}\n",
+            "[False, 'default'] mixes strings and true/false; quote off, on, yes and no",
+        ),
+    ],
+    ids=["shadows a built-in", "not text", "unquoted off"],
+)
+def test_bad_space_files_of_ones_own_exit_2(name, content, expected, tmp_path, capsys):
+    spaces = tmp_path / "mine" / "space"
+    spaces.mkdir(parents=True)
+    (spaces / f"{name}.yaml").write_bytes(content.encode("latin-1"))
+    before = sorted(tmp_path.rglob("*"))
+    argv = ["--config-dir", str(tmp_path / "mine"), f"+space={name}", f"runs_dir={tmp_path}/r"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and expected in err, err
+    assert sorted(tmp_path.rglob("*")) == before
 
 
 def test_bad_input_from_the_shell_has_no_traceback(tmp_path):

@@ -257,11 +257,18 @@ def test_unknown_space():
     assert "--config-dir" in message and "space/NAME.yaml" in message
 
 
-@pytest.mark.parametrize("key", ["study.n_trails", "devcie"])
-def test_unknown_override_key(key):
+@pytest.mark.parametrize("key, meant", [("study.n_trails", "study.n_trials"), ("devcie", "device")])
+def test_unknown_override_key(key, meant):
     message = _one_line_error(["+space=llm", f"{key}=3"])
     assert f"unknown config key '{key}'" in message
-    assert f"+{key}=" in message  # says how to add it
+    # The schema knows every key outside the space, so adding it with '+' would only be refused
+    # next: the message names the key that was meant instead.
+    assert f"did you mean '{meant}'?" in message and f"+{key}=" not in message
+
+
+def test_unknown_key_in_the_space_says_how_to_add_it():
+    message = _one_line_error(["+space=llm", "space.parms.x=3"])
+    assert "unknown config key 'space.parms'" in message and "+space.parms=" in message
 
 
 @pytest.mark.parametrize(
