@@ -2,7 +2,8 @@
 
 "Best" is as the recommendation ranks: the highest lower bound of the throughput interval, among
 stable complete configurations within the SLO, on their final figures (re-validated where they
-were). A value no stable configuration reached shows as not measured. Read a panel as "had I fixed
+were). A value no stable configuration reached shows as not measured, one whose stable
+configurations all break the SLO as over it. Read a panel as "had I fixed
 this knob at this value and tuned everything else, this is the best the study found": the gap
 between values is what getting that knob right is worth.
 """
@@ -36,7 +37,10 @@ class OracleRow:
     knob: str
     value: Any
     best: TrialRecord | None
-    """The best stable configuration with ``knob == value`` (None: none measured)."""
+    """The best stable configuration with ``knob == value`` (None: none measured, or none within
+    the SLO)."""
+    stable_count: int = 0
+    """Stable configurations measured with ``knob == value``, within the SLO or not."""
 
 
 def oracle(
@@ -53,7 +57,7 @@ def oracle(
         listed = list(values) if values is not None else sorted({r.config[knob] for r in stable})
         for value in listed:
             with_value = [r for r in stable if r.config.get(knob) == value]
-            rows.append(OracleRow(knob, value, recommend(with_value, slo)))
+            rows.append(OracleRow(knob, value, recommend(with_value, slo), len(with_value)))
     return rows
 
 
@@ -76,11 +80,13 @@ def oracle_lines(
     """The oracle as the summary prints it: per knob, each value's best, with its ``shown``
     figures (the other objectives) and what the rest of its configuration was."""
     lines = ["best stable configuration for each value of each knob (the oracle view):"]
+    if not rows:
+        return [*lines, "  none: no stable configuration was measured"]
     for knob in dict.fromkeys(r.knob for r in rows):
         lines.append(f"  {knob}:")
         for r in (row for row in rows if row.knob == knob):
             if r.best is None:
-                lines.append(f"    {r.value}: no stable configuration measured")
+                lines.append(f"    {r.value}: {_none_because(r)}")
                 continue
             m = r.best.metrics
             others = [k for k in knob_names if k != knob]
@@ -95,6 +101,12 @@ def oracle_lines(
                 f"({knobs_text(r.best.config, others)})"
             )
     return lines
+
+
+def _none_because(row: OracleRow) -> str:
+    if row.stable_count:
+        return f"no stable configuration within the SLO ({row.stable_count} stable measured)"
+    return "no stable configuration measured"
 
 
 def write_oracle_plot(path: Path, rows: Sequence[OracleRow], unit: str, title: str) -> None:
@@ -150,7 +162,7 @@ def _draw_knob(ax: Any, knob: str, mine: Sequence[OracleRow]) -> None:
     for xi, r in zip(x, mine, strict=True):
         if r.best is None:
             ax.annotate(
-                "not measured",
+                "over the SLO" if r.stable_count else "not measured",
                 (xi, 0),
                 ha="center",
                 fontsize=7,

@@ -4,6 +4,7 @@ between its ends (``search.strategy.order`` orders them among the rest)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -75,7 +76,8 @@ def precision_walls(book: Book) -> Iterator[Move]:
         ]
         step = bisect_wall(book, seen.config, micros)
         if step is not None:
-            why = step.why.replace("bisecting the OOM wall", f"bisecting {precision}'s own wall")
+            own = f"bisecting {precision}'s own wall"
+            why = re.sub(r"bisecting the (OOM )?wall", own, step.why)
             yield Move(step.config, why)
 
 

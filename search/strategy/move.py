@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from search.core.records import COMPLETE
-from search.strategy.book import Book
+from search.strategy.book import FIDELITY, OOM, Book
 
 __all__ = [
     "OVERHEAD_BOUND_GAIN",
@@ -47,13 +47,21 @@ def bisect_wall(book: Book, config: Mapping[str, Any], micros: Sequence[Any]) ->
     if high - low <= 1:
         return None
     index = len(micros) - 1 if high == len(micros) else (low + high) // 2
-    why = (
-        "the expert's first guess: the largest batch and micro-batch"
-        if high == len(micros)
-        else f"bisecting the OOM wall: micro-batch {micros[high]} did not fit"
-        + (f", {micros[low]} did" if low >= 0 else "")
-    )
+    if high == len(micros):
+        why = "the expert's first guess: the largest batch and micro-batch"
+    elif outcomes[high] == OOM:
+        why = f"bisecting the OOM wall: micro-batch {micros[high]} did not fit" + (
+            f", {micros[low]} did" if low >= 0 else ""
+        )
+    else:  # a fault other than memory (a refused knob, a compiler error) bounds it as well
+        why = f"bisecting the wall: micro-batch {micros[high]} {_did_not(outcomes[high])}" + (
+            f", {micros[low]} ran" if low >= 0 else ""
+        )
     return Move({**config, "micro_batch_size": micros[index]}, why)
+
+
+def _did_not(outcome: str | None) -> str:
+    return "computed something else" if outcome == FIDELITY else "failed"
 
 
 OVERHEAD_BOUND_GAIN = 1.25

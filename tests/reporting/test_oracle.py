@@ -51,6 +51,28 @@ def test_the_slo_rules_configurations_out():
     assert best(rows, "precision", "fp32").number == 0
 
 
+def test_a_value_whose_stable_configurations_all_break_the_slo_says_so(tmp_path):
+    rows = oracle(HISTORY, KNOBS, {"latency_p95_ms": 20})
+    text = "\n".join(oracle_lines(rows, list(KNOBS), "tokens"))
+    # batch 16's stable configurations (#1 fp32, #3 bf16) are measured; #1 breaks the SLO, #3
+    # does not; with a tighter SLO both do, and the line says why none is shown.
+    assert "16: 210 [200, 220] tokens/s" in text
+    tight = oracle(HISTORY, KNOBS, {"latency_p95_ms": 5})
+    text = "\n".join(oracle_lines(tight, list(KNOBS), "tokens"))
+    assert "16: no stable configuration within the SLO (2 stable measured)" in text
+    assert "32: no stable configuration measured" in text
+    write_oracle_plot(tmp_path / "oracle.png", tight, "tokens", "test")
+
+
+def test_no_stable_configuration_at_all_says_so_under_the_heading():
+    rows = oracle(HISTORY, {"batch_size": None}, {})
+    unstable = oracle([record(0, "fp32", 8, 100, stable=False)], {"batch_size": None}, {})
+    assert len(oracle_lines(rows, ["batch_size"], "tokens")) > 2
+    assert oracle_lines(unstable, ["batch_size"], "tokens")[1:] == [
+        "  none: no stable configuration was measured"
+    ]
+
+
 def test_a_continuous_knob_lists_the_values_measured():
     rows = oracle(HISTORY, {"batch_size": None}, {})
     assert [r.value for r in rows] == [8, 16]

@@ -13,7 +13,7 @@ from optuna.trial import TrialState
 
 from search.core.records import COMPLETE
 from search.space.parse import parse_space
-from search.strategy.book import FIDELITY, OOM, Seen
+from search.strategy.book import FAILED, FIDELITY, OOM, Seen
 from search.strategy.guided import HANDED_OVER, WHY, GuidedSampler
 from search.strategy.order import next_move
 from search.strategy.samplers import suggest
@@ -79,6 +79,20 @@ def drive(space, oracle: Oracle, budget: int) -> list[tuple[dict[str, Any], str]
         made.append((dict(move.config), move.why))
         seen.append(oracle(move.config))
     return made
+
+
+def test_a_wall_that_is_no_oom_is_not_called_one():
+    # Micro-batches above 8 cannot run (the compiler refuses them, say): the bisection is the
+    # same, but the trial line must not say they did not fit.
+    def refused_above_8(c: Mapping[str, Any]) -> Seen:
+        if c["micro_batch_size"] > 8:
+            return Seen(dict(c), FAILED, {})
+        return walled(64)(c)
+
+    made = drive(llm_like(batch=(64, 64)), refused_above_8, budget=3)
+    assert [c["micro_batch_size"] for c, _ in made] == [64, 4, 16]
+    assert made[1][1] == "bisecting the wall: micro-batch 64 failed"
+    assert made[2][1] == "bisecting the wall: micro-batch 64 failed, 4 ran"
 
 
 def test_the_opening_bisects_to_the_oom_wall():
