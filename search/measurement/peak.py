@@ -152,10 +152,13 @@ def _matmul_rate(device: torch.device, n: int, precision: str, budget_s: float) 
     product of ``n`` would take more than a quarter of ``budget_s``: a CPU without bf16
     instructions runs a bf16 product of 1024 at 1.3 GFLOP/s, 1.6 s each, and the rounds of the
     budget then took 5 s of every first run; such a rate is as low at 256 (compute-bound either
-    way), and autocast's rule lifts it to fp32's (``measure_peak``)."""
+    way), and autocast's rule lifts it to fp32's (``measure_peak``). The size is chosen on the best
+    of the small product's rounds over a tenth of the budget: one cold round once read 2.1 GFLOP/s
+    where the next read 146, and the peak was then measured on the small product, at half the
+    large one's rate (bf16 219 GFLOP/s against 415-443)."""
     torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
     small = torch.randn(SMALLEST_PEAK_N, SMALLEST_PEAK_N, device=device).to(_DTYPES[precision])
-    rate = _best_rate(lambda: small @ small, 2.0 * SMALLEST_PEAK_N**3, device, 0.0)
+    rate = _best_rate(lambda: small @ small, 2.0 * SMALLEST_PEAK_N**3, device, budget_s / 10)
     size = n if 2.0 * n**3 / rate <= budget_s / 4 else SMALLEST_PEAK_N
     a = torch.randn(size, size, device=device).to(_DTYPES[precision])
     return _best_rate(lambda: a @ a, 2.0 * size**3, device, budget_s)

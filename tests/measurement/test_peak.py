@@ -210,3 +210,18 @@ def test_a_precision_too_slow_for_the_budget_is_measured_on_a_smaller_product(mo
 
     assert timed_at(1.3e9) == [256, 256], "1.6 s a product of 1024: over a quarter of 0.5 s"
     assert timed_at(150e9) == [256, 1024], "14 ms a product of 1024: the full size"
+
+
+def test_the_size_is_chosen_on_more_than_one_round_of_the_small_product(monkeypatch):
+    # One cold round of the 256 product once read 2.1 GFLOP/s where the next read 146: chosen
+    # on that round, bf16's peak was measured on the small product at half its rate.
+    budgets: list[float] = []
+
+    def best_rate(run, amount, device, budget_s):
+        budgets.append(budget_s)
+        return 2.1e9 if budget_s == 0 else 146e9  # a single round reads the cold one
+
+    monkeypatch.setattr(peak, "_best_rate", best_rate)
+    peak._matmul_rate(torch.device("cpu"), 1024, "bf16", 0.5)
+    assert budgets[0] > 0, "the probe times rounds over part of the budget, not one round"
+    assert budgets == [0.05, 0.5]
