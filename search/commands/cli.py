@@ -36,7 +36,8 @@ until its variance is known, and logs every trial to MLflow.
   +space=NAME        the search space: spaces/NAME.yaml, or DIR/space/NAME.yaml with --config-dir DIR
   key=value          override any config key, e.g. study.n_trials=40 device=cuda:1 runs_dir=/data/tuning
   --config-dir DIR   add DIR to Hydra's search path (your own spaces in DIR/space/)
-  --cfg              print the composed config and exit
+  --cfg              check the config as a run would (device, space), print it and exit; another
+                     device's preset (preset=cuda on a CPU) is printed unchecked
   -h, --help         this text
 """  # noqa: E501 (help-table rows: the printed text stays byte-for-byte as it is)
 
@@ -85,8 +86,11 @@ def _run(command: str, argv: list[str]) -> int:
         if show:
             import yaml
 
-            from search.config.compose import resolve
+            from search.config.compose import device_type, load_settings, preset, resolve
+            from search.config.prepare import prepare
 
+            if preset(cfg) == device_type(cfg):  # another device's preset is printed to read
+                prepare(load_settings(cfg))  # refused here as a run would refuse it
             print(yaml.safe_dump(resolve(cfg), sort_keys=False))
             return 0
         if command == "sync":

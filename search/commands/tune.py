@@ -37,9 +37,8 @@ from search.config.compose import (
     load_settings,
     redact,
     redact_tree,
-    resolve_device,
 )
-from search.config.prepare import control_config, fingerprint, load_space
+from search.config.prepare import fingerprint, prepare
 from search.config.settings import Settings
 from search.execution.isolation import start_worker_server, wait_for_worker_server
 from search.measurement.energy import energy_unavailable_reason
@@ -117,10 +116,10 @@ def _checked(cfg_node: DictConfig) -> _Checked:
     spent = Spent()
     quiet_libraries()
     settings = load_settings(cfg_node)
-    device = resolve_device(settings.device)
-    space, notes = load_space(settings.space, device, settings.slo)
-    control = control_config(space, settings.noise.control) if settings.noise.budget > 0 else None
-    return _Checked(cfg_node, spent, settings, device, space, notes, control, console())
+    ready = prepare(settings)
+    return _Checked(
+        cfg_node, spent, settings, ready.device, ready.space, ready.notes, ready.control, console()
+    )
 
 
 def _opened(checked: _Checked) -> _Opened:

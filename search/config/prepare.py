@@ -14,12 +14,15 @@ import inspect
 import json
 import random
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from hydra.utils import instantiate
 
+from search.config.compose import resolve_device
+from search.config.settings import Settings
 from search.core.errors import ConfigError, KnobError, SpaceError
 from search.core.knob_registry import GENERIC_KNOBS
 from search.core.metrics import METRICS
@@ -32,7 +35,28 @@ from search.space.parse import parse_space
 from search.space.search_space import SearchSpace
 from search.workloads import ServingWorkload, Workload
 
-__all__ = ["control_config", "fingerprint", "load_space", "workload_class"]
+__all__ = ["Prepared", "control_config", "fingerprint", "load_space", "prepare", "workload_class"]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What a run is checked to be able to run, before anything is opened or written."""
+
+    device: torch.device
+    space: SearchSpace
+    notes: list[str]
+    """The choices this device cannot run, dropped (``load_space``)."""
+    control: dict[str, Any] | None
+    """The control configuration (``control_config``); None when no control runs are made."""
+
+
+def prepare(settings: Settings) -> Prepared:
+    """The device, the space as it runs there and the control of ``settings``: a run's checks,
+    which ``--cfg`` makes too (so that it refuses what a run would refuse)."""
+    device = resolve_device(settings.device)
+    space, notes = load_space(settings.space, device, settings.slo)
+    control = control_config(space, settings.noise.control) if settings.noise.budget > 0 else None
+    return Prepared(device, space, notes, control)
 
 
 def load_space(

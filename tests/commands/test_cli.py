@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from search.commands.cli import main
 from search.measurement.energy import CpuEnergyMonitor
@@ -356,6 +357,28 @@ def test_bad_space_files_of_ones_own_exit_2(name, content, expected, tmp_path, c
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and expected in err, err
     assert sorted(tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["device=tpu"], "unknown device 'tpu'"),
+        (["space.params.recompute=maybe"], "params.recompute choice 'maybe' is no part of"),
+    ],
+    ids=["unknown device", "a recompute part the workload does not name"],
+)
+def test_cfg_refuses_what_a_run_would_refuse(argv, expected, capsys):
+    assert main(["+space=llm", *argv, "--cfg"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and expected in captured.err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="shows the CUDA preset on a machine without")
+def test_cfg_prints_another_devices_preset_to_read(capsys):
+    # A run with preset=cuda on a CPU is refused (tf32 and the CUDA compile modes cannot run
+    # here); printing it is how one reads the GPU's search space from a laptop.
+    assert main(["+space=llm", "preset=cuda", "--cfg"]) == 0
+    assert "reduce-overhead" in capsys.readouterr().out
 
 
 def test_bad_input_from_the_shell_has_no_traceback(tmp_path):
