@@ -22,9 +22,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
-from omegaconf.errors import (
-    OmegaConfBaseException,
-)
+from omegaconf.errors import OmegaConfBaseException
 
 from search.config.messages import failing_key, not_text, one_line, schema_message
 from search.config.settings import PRESETS, Settings
