@@ -259,7 +259,10 @@ def _print_oracle(
     settings, space, out = ctx.settings, ctx.space, ctx.out
     rows = oracle(final, {k: oracle_values(p) for k, p in space.searched.items()}, settings.slo)
     shown = shown_metrics([o.metric for o in space.objectives])
-    oracle_text = oracle_lines(rows, list(space.searched), unit, shown[:2])
+    # No knob searched (every one fixed): there is no per-value view to print.
+    oracle_text = (
+        oracle_lines(rows, list(space.searched), unit, shown[:2]) if space.searched else []
+    )
     for line in oracle_text:
         out.print(line, markup=False)
     if rows:

@@ -154,8 +154,9 @@ def one_line(error: Exception, spaces: Sequence[str]) -> str:
             key = str(inner.full_key)  # study={a:1}: the unknown key is study.a, not study
         if key.startswith("slo"):
             return f"SLO limits are added with a plus: +{key}=VALUE (e.g. +slo.latency_p95_ms=200)"
-        if key.split(".")[0] != "space":
-            # Outside the free-form space a '+' would not help: the schema knows every key.
+        section = key.rpartition(".")[0]
+        if not section or dataclasses.is_dataclass(field_type(section)):
+            # The schema knows every key of this section: a '+' would only be refused next.
             return unknown_key(key)
         return (
             f"unknown config key '{key}': check the spelling "

@@ -325,7 +325,8 @@ def _check_recompute_parts(space: SearchSpace) -> None:
     own = {k: v for k, v in configs[0].items() if k not in GENERIC_KNOBS}
     try:
         workload = instantiate(dict(space.workload), _convert_="all", _recursive_=False, **own)
-        with torch.device("meta"):
+        # The study's own random state stays as it was (the trial path forks it as well).
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
             parts = workload.recompute_parts(workload.build_model())
     except Exception:  # noqa: BLE001 - any failure here only defers the check to the step
         return

@@ -117,22 +117,14 @@ def _parse_memory_grows_with(where: str, raw: Any, params: Mapping[str, Param]) 
         )
     numeric = [k for k, p in params.items() if isinstance(p, (IntParam, FloatParam))]
     for name in raw:
-        fixed = params.get(name)
-        if isinstance(fixed, FixedParam):
-            # A knob fixed by an override (space.params.batch_size=8) no longer grows memory
-            # across trials; say so, and how to go on, rather than "not a knob".
-            rest = [k for k in raw if k != name and k in numeric]
-            raise SpaceError(
-                f"{where}: memory_grows_with names {name!r}, which params fixes at "
-                f"{fixed.value!r}: add space.memory_grows_with=[{','.join(rest)}] "
-                "to the overrides, or give it a range"
-            )
-        if not isinstance(params.get(name), (IntParam, FloatParam)):
+        if not isinstance(params.get(name), (IntParam, FloatParam, FixedParam)):
             raise SpaceError(
                 f"{where}: memory_grows_with names {name!r}, which is not an int or float knob in "
                 f"params ({', '.join(numeric)})"
             )
-    return tuple(raw)
+    # A knob fixed by an override (space.params.batch_size=8) no longer grows memory across
+    # trials: it is left out, so that fixing it needs no second override.
+    return tuple(name for name in raw if name in numeric)
 
 
 def _quote_hint(kinds: set[str]) -> str:

@@ -155,10 +155,10 @@ BAD_INPUT = {
         ["+space=llm", "space.params.batch_size=[4,8]"],
         "space.params.batch_size is a range or a list of choices, which a list cannot replace",
     ),
-    "a knob fixed that memory_grows_with names": (
-        ["+space=llm", "space.params.batch_size=8"],
-        "memory_grows_with names 'batch_size', which params fixes at 8: add "
-        "space.memory_grows_with=[micro_batch_size]",
+    "an unknown key under noise.control without a plus": (
+        ["+space=llm", "noise.control.batch_size=16"],
+        "unknown config key 'noise.control.batch_size': check the spelling (python -m search "
+        "--cfg +space=NAME prints every key), or add it with +noise.control.batch_size=",
     ),
     "every configuration breaks the step's rules": (
         [
@@ -371,6 +371,11 @@ def test_cfg_refuses_what_a_run_would_refuse(argv, expected, capsys):
     assert main(["+space=llm", *argv, "--cfg"]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and expected in captured.err
+
+
+def test_fixing_a_knob_that_memory_grows_with_names_needs_no_second_override(capsys):
+    assert main(["+space=llm", "space.params.batch_size=8", "--cfg"]) == 0
+    assert "batch_size: 8" in capsys.readouterr().out
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="shows the CUDA preset on a machine without")

@@ -717,3 +717,18 @@ def test_a_huge_integer_range_is_never_materialised():
     assert config is not None and space.contains(config)
     assert space.params["batch_size"].count() == 1_000_000_000
     assert time.monotonic() - started < 2.0
+
+
+def test_a_knob_fixed_by_an_override_leaves_memory_grows_with():
+    raw = {
+        "workload": {"_target_": "x"},
+        "params": {"batch_size": 8, "micro_batch_size": {"type": "int", "low": 1, "high": 8}},
+        "memory_grows_with": ["batch_size", "micro_batch_size"],
+        "objectives": {"throughput": "maximize"},
+    }
+    space = parse_space("t", raw)
+    assert space.memory_grows_with == ("micro_batch_size",)
+    # Still certain: a larger micro-batch at the same fixed batch runs out as well.
+    assert space.certain_oom(
+        {"batch_size": 8, "micro_batch_size": 8}, {"batch_size": 8, "micro_batch_size": 4}
+    )
