@@ -94,7 +94,7 @@ def load_space(
     _check_fixed_knobs_run_here(space, device)
     _check_workload(space)
     _check_workload_settings(space, slo or {})
-    _check_recompute_parts(space)
+    _check_recompute_parts(space, feasible)
     _check_metrics_apply(space, slo or {})
     if any(o.metric == "energy_per_item_j" for o in space.objectives):
         reason = energy_unavailable_reason(device)
@@ -312,14 +312,14 @@ def _check_workload_settings(space: SearchSpace, slo: Mapping[str, Any]) -> None
             )
 
 
-def _check_recompute_parts(space: SearchSpace) -> None:
+def _check_recompute_parts(space: SearchSpace, feasible: list[dict[str, Any]] | None) -> None:
     """Each part's name that recompute offers is one the workload's ``recompute_parts`` names.
     The model is built on the meta device (no memory, no data) to read the names; a workload
     that cannot build there is checked when the step is built instead."""
     param = space.params.get("recompute")
     settings = {recompute_setting(v) for v in (param.values() or [])} if param else set()
     names = sorted(s for s in settings if named_by(s) == "recompute_parts")
-    configs = space.feasible_configs() or []
+    configs = feasible or []
     if not names or not configs:
         return
     own = {k: v for k, v in configs[0].items() if k not in GENERIC_KNOBS}
