@@ -173,3 +173,18 @@ def test_a_screened_configuration_says_so_in_its_line_and_the_summary():
     assert any(x.startswith("screened: #7 stopped after 5 windows") for x in lines)
     lines = summary_lines(StudyOutcome(study_name="s", records=[SLOW_STABLE]), [SLOW_STABLE])
     assert not any(x.startswith("screened") for x in lines)
+
+
+def test_a_between_run_cv_floored_at_zero_says_why_it_reads_zero():
+    controls = tuple(
+        RunFigures(time_s=float(t), throughput=100.0, cv=0.03, n_windows=5, n_steps=5, stalls=0)
+        for t in range(2)
+    )
+    floor = NoiseFloor(
+        controls=controls, between_cv=0.0, between_df=1, drift=0.0, drift_p=1.0, corrected=False
+    )
+    line = noise_lines(floor, 0.95)[0]
+    assert line.startswith(
+        "this machine: between-run CV 0.0% (1 df; the runs differ by no more than their "
+        "within-run noise), within-run 3.0%"
+    )
