@@ -405,14 +405,10 @@ class NoiseFloor:
         if not self.controls:
             return "this machine: no control run measured; intervals are within-run only"
         session = self.session
+        # σ_b is floored at zero: say so, rather than let 0.0% read as a broken figure
+        why = "" if self.between_cv else "; the runs differ by no more than their within-run noise"
         between = (
-            f"between-run CV {self.between_cv:.1%} ({self.between_df} df"
-            # σ_b is floored at zero: say so, rather than let 0.0% read as a broken figure
-            + (
-                "; the runs differ by no more than their within-run noise)"
-                if not self.between_cv
-                else ")"
-            )
+            f"between-run CV {self.between_cv:.1%} ({self.between_df} df{why})"
             if self.between_df
             else "between-run CV unknown yet (needs 2 control runs in one invocation)"
         )
