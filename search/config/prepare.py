@@ -22,6 +22,7 @@ import torch
 from hydra.utils import instantiate
 
 from search.config.compose import resolve_device
+from search.config.contract import check_workload_contract
 from search.config.settings import Settings
 from search.core.errors import ConfigError, KnobError, SpaceError
 from search.core.knob_registry import GENERIC_KNOBS
@@ -94,7 +95,7 @@ def load_space(
     _check_fixed_knobs_run_here(space, device)
     _check_workload(space)
     _check_workload_settings(space, slo or {})
-    _check_recompute_parts(space, feasible)
+    check_workload_contract(space, feasible)
     _check_metrics_apply(space, slo or {})
     if any(o.metric == "energy_per_item_j" for o in space.objectives):
         reason = energy_unavailable_reason(device)
@@ -310,33 +311,6 @@ def _check_workload_settings(space: SearchSpace, slo: Mapping[str, Any]) -> None
                 f"but {target} generates {built.generation_length()}; raise its generation length "
                 "or drop the tpot objectives and slo"
             )
-
-
-def _check_recompute_parts(space: SearchSpace, feasible: list[dict[str, Any]] | None) -> None:
-    """Each part's name that recompute offers is one the workload's ``recompute_parts`` names.
-    The model is built on the meta device (no memory, no data) to read the names; a workload
-    that cannot build there is checked when the step is built instead."""
-    param = space.params.get("recompute")
-    settings = {recompute_setting(v) for v in (param.values() or [])} if param else set()
-    names = sorted(s for s in settings if named_by(s) == "recompute_parts")
-    configs = feasible or []
-    if not names or not configs:
-        return
-    own = {k: v for k, v in configs[0].items() if k not in GENERIC_KNOBS}
-    try:
-        workload = instantiate(dict(space.workload), _convert_="all", _recursive_=False, **own)
-        # The study's own random state stays as it was (the trial path forks it as well).
-        with torch.random.fork_rng(devices=[]), torch.device("meta"):
-            parts = workload.recompute_parts(workload.build_model())
-    except Exception:  # noqa: BLE001 - any failure here only defers the check to the step
-        return
-    unknown = [n for n in names if n not in parts]
-    if unknown:
-        raise ConfigError(
-            f"space '{space.name}': params.recompute choice {unknown[0]!r} is no part of "
-            f"{space.workload['_target_']}: it takes none, all, every-K and "
-            f"{', '.join(sorted(parts)) or 'no parts'}; leave {unknown[0]!r} out"
-        )
 
 
 def _ends_and_choices(param: Param) -> list[Any]:

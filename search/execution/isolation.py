@@ -24,8 +24,9 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
+from typing import Any
 
 from search.core.records import FAILED
 from search.execution.trial import TrialRequest, TrialResult
@@ -35,6 +36,7 @@ __all__ = [
     "STDERR_KEPT_BYTES",
     "STDERR_TAIL_LINES",
     "die_with_parent",
+    "run_in_a_worker",
     "run_isolated",
     "start_worker_server",
     "wait_for_worker_server",
@@ -126,6 +128,37 @@ def run_isolated(request: TrialRequest) -> TrialResult:
         if worker.pid is not None and not reaped:
             _reap(worker)  # leftovers of a finished trial (its own helper processes)
         stderr.close()
+
+
+def run_in_a_worker(fn: Callable[..., Any], *args: Any, timeout_s: float) -> Any:
+    """``fn(*args)`` in a fresh worker, as a trial runs, its output thrown away; None where it
+    dies or runs past ``timeout_s`` (its process group then killed). For the checks that run a
+    workload's own code before a study (``search.config.contract``): a workload that crashes,
+    exits or hangs there must not take the study process with it."""
+    context = worker_context()
+    receive, send = context.Pipe(duplex=False)
+    worker = context.Process(target=_answer_quietly, args=(send, fn, args), daemon=True)
+    worker.start()
+    send.close()
+    try:
+        return receive.recv() if receive.poll(timeout_s) else None
+    except (EOFError, OSError, pickle.UnpicklingError):
+        return None
+    finally:
+        receive.close()
+        _kill_group(worker)
+        worker.join()
+
+
+def _answer_quietly(send, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent()
+    os.setpgid(0, 0)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    send.send(fn(*args))
+    send.close()
 
 
 def _crashed(worker, stderr: _StderrTail, started: float) -> TrialResult:

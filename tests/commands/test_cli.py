@@ -272,6 +272,27 @@ BAD_INPUT = {
         ["+space=llama", "space.params.recompute.choices=[none,every-0]"],
         "params.recompute must be none, all, every-K, a part's name, or true or false",
     ),
+    "a batch with no tensor in it": (
+        ["+space=llm", "space.workload._target_=contract_breaches.BatchOfNumbers"],
+        "make_batch(1, generator) returned list with no tensor in it; return a tensor, or a",
+    ),
+    "a batch short of its samples": (
+        ["+space=llm", "space.workload._target_=contract_breaches.BatchOneShort"],
+        "make_batch(1, generator) returned a tensor of shape (0, 129); each tensor holds the 1 "
+        "samples along its first dimension",
+    ),
+    "a batch that cannot be drawn": (
+        ["+space=llm", "space.workload._target_=contract_breaches.BatchThatRaises"],
+        "make_batch(1, generator) raised RuntimeError: the dataset is not there",
+    ),
+    "a loss per token": (
+        ["+space=llm", "space.workload._target_=contract_breaches.LossPerToken"],
+        "loss(model, batch) must return one value (a mean over the batch), but returned (128,)",
+    ),
+    "a loss cut from the model": (
+        ["+space=llm", "space.workload._target_=contract_breaches.DetachedLoss"],
+        "loss(model, batch) does not depend on the model's parameters",
+    ),
     "space file that is a list": (
         ["--config-dir", BAD_SPACES, "+space=a_list"],
         "space 'a_list' must be a mapping",
@@ -371,6 +392,13 @@ def test_cfg_refuses_what_a_run_would_refuse(argv, expected, capsys):
     assert main(["+space=llm", *argv, "--cfg"]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and expected in captured.err
+
+
+def test_a_loss_the_meta_device_cannot_run_is_left_to_the_step(capsys):
+    # Its loss reads a value (.item()), which a model on the meta device cannot give: the
+    # contract check cannot see it break anything, so the space runs.
+    argv = ["+space=llm", "space.workload._target_=contract_breaches.LossThatReadsAValue"]
+    assert main([*argv, "--cfg"]) == 0, capsys.readouterr().err
 
 
 def test_fixing_a_knob_that_memory_grows_with_names_needs_no_second_override(capsys):

@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_overrides import TINY_GPT
 from trial_workloads import QUICK, Layers, Segfaults, Wide, faulty, request, target
 
+from search.config.contract import read_contract
 from search.core.records import COMPLETE, FAILED, fault_kind
-from search.execution.isolation import _headline, run_isolated
+from search.execution.isolation import _headline, run_in_a_worker, run_isolated
 from search.execution.trial import TrialRequest
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -338,3 +340,30 @@ def test_a_worker_s_progress_bars_take_no_semaphore_the_study_would_count_as_lea
         check=True,
     )
     assert drawn.stdout.strip() == semaphores
+
+
+@pytest.mark.parametrize("fault", ["segv", "exit", "error"])
+def test_a_workload_read_before_the_study_cannot_take_the_study_with_it(fault):
+    # The contract check runs the workload's constructor and build_model: a fault there defers
+    # the check to the step, and this process goes on.
+    read = run_in_a_worker(
+        read_contract, {"_target_": "faults.Faulty", "fault": fault}, {}, 4, timeout_s=60
+    )
+    assert read in (None, (None, None))
+
+
+def test_a_workload_that_hangs_while_read_is_killed_with_what_it_started(tmp_path):
+    pid_file = tmp_path / "pids"
+    settings = {"_target_": "faults.Faulty", "fault": "hang", "pid_file": str(pid_file)}
+    started = time.monotonic()
+    assert run_in_a_worker(read_contract, settings, {}, 4, timeout_s=3) is None
+    assert 3 <= time.monotonic() - started < 30
+    _, child = map(int, pid_file.read_text().split())
+    if not _ends(child):
+        os.kill(child, signal.SIGKILL)
+        pytest.fail("the workload's child process outlived the check")
+
+
+def test_a_workload_that_keeps_the_contract_reads_clean_with_its_parts():
+    read = run_in_a_worker(read_contract, TINY_GPT, {}, 2, timeout_s=60)
+    assert read == (None, ["attention", "mlp"])

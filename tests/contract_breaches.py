@@ -1,0 +1,47 @@
+"""GPTs that each break one clause of the workload contract (docs/guide/own-workload.md): every
+trial of their study would fail the same way, so the space is refused before anything runs
+(``search.config.contract``)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from search.workloads import GPT
+
+
+class BatchOfNumbers(GPT):
+    def make_batch(self, size: int, generator: torch.Generator):
+        return [1, 2]
+
+
+class BatchOneShort(GPT):
+    def make_batch(self, size: int, generator: torch.Generator) -> torch.Tensor:
+        return super().make_batch(size, generator)[:-1]
+
+
+class BatchThatRaises(GPT):
+    def make_batch(self, size: int, generator: torch.Generator) -> torch.Tensor:
+        raise RuntimeError("the dataset is not there")
+
+
+class LossPerToken(GPT):
+    def loss(self, model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+        logits = model(batch[:, :-1])
+        flat = logits.flatten(0, 1)
+        return F.cross_entropy(flat, batch[:, 1:].flatten(), reduction="none")
+
+
+class DetachedLoss(GPT):
+    def loss(self, model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+        return super().loss(model, batch).detach()
+
+
+class LossThatReadsAValue(GPT):
+    """Keeps the contract, but its loss reads a value, which the meta device cannot give: the
+    check defers to the step rather than refuse it."""
+
+    def loss(self, model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+        loss = super().loss(model, batch)
+        return loss if loss.item() >= 0 else -loss
