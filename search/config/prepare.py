@@ -56,6 +56,8 @@ def prepare(settings: Settings) -> Prepared:
     which ``--cfg`` makes too (so that it refuses what a run would refuse)."""
     device = resolve_device(settings.device)
     space, notes = load_space(settings.space, device, settings.slo)
+    # Here, not in load_space: it runs the workload's code in a worker, which only a run needs.
+    check_workload_contract(space, space.feasible_configs())
     control = control_config(space, settings.noise.control) if settings.noise.budget > 0 else None
     return Prepared(device, space, notes, control)
 
@@ -95,7 +97,6 @@ def load_space(
     _check_fixed_knobs_run_here(space, device)
     _check_workload(space)
     _check_workload_settings(space, slo or {})
-    check_workload_contract(space, feasible)
     _check_metrics_apply(space, slo or {})
     if any(o.metric == "energy_per_item_j" for o in space.objectives):
         reason = energy_unavailable_reason(device)
