@@ -74,6 +74,8 @@ def read_contract(
         parts = sorted(workload.recompute_parts(model))
     except Exception:  # noqa: BLE001 - any failure here only defers the check to the step
         parts = None
+    if not isinstance(model, torch.nn.Module):
+        return f"build_model() returned {type(model).__name__}, not a torch.nn.Module", parts
     if getattr(workload, "task", "train") != "train":
         return None, parts
     return _breach(workload, model, size), parts

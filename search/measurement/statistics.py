@@ -49,6 +49,10 @@ def summarize(
     if len(step_latencies_ms) == 0:
         raise ValueError("at least one step latency is needed, but got none.")
     mean, low, high, std = _interval(window_throughputs, confidence)
+    # A throughput is never negative: the interval cut at zero covers as often as the whole, and
+    # reads [0, ...] (nothing known of the low end) rather than a negative figure. The stop rule
+    # holds the uncut width to its target (``rel_halfwidth``).
+    low = max(low, 0.0)
     latencies_ms = np.asarray(step_latencies_ms, dtype=float)
     p50_ms, p95_ms = np.percentile(latencies_ms, [50, 95])
     mild, severe = _tukey_outliers(window_throughputs)

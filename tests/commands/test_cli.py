@@ -285,6 +285,10 @@ BAD_INPUT = {
         ["+space=llm", "space.workload._target_=contract_breaches.BatchThatRaises"],
         "make_batch(1, generator) raised RuntimeError: the dataset is not there",
     ),
+    "a model that is no module": (
+        ["+space=llm", "space.workload._target_=contract_breaches.ModelThatIsAFunction"],
+        "build_model() returned function, not a torch.nn.Module",
+    ),
     "a loss per token": (
         ["+space=llm", "space.workload._target_=contract_breaches.LossPerToken"],
         "loss(model, batch) must return one value (a mean over the batch), but returned (128,)",

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from search.measurement.statistics import rel_halfwidth, summarize
+from search.measurement.statistics import rel_halfwidth, summarize, t_interval
 
 
 def test_summarize_matches_textbook_t_interval_for_symmetric_windows():
@@ -107,3 +107,11 @@ def test_rel_halfwidth_is_the_wider_of_the_windows_and_the_steps():
     from_steps = stats.t.ppf(0.975, 19) * np.std(steps, ddof=1) / np.mean(steps) / math.sqrt(20)
     assert from_steps > windows
     assert rel_halfwidth(throughputs, steps, 0.95) == pytest.approx(from_steps, rel=1e-9)
+
+
+def test_a_throughput_interval_never_reaches_below_zero():
+    # Four windows at a CV of about 75%: the t-interval of the mean reaches below zero.
+    windows = [2_000.0, 30_000.0, 9_000.0, 28_000.0]
+    summary = summarize(windows, [10.0, 11.0], confidence=0.95)
+    assert t_interval(windows, 0.95).low < 0
+    assert summary.throughput_ci_low == 0.0 < summary.throughput < summary.throughput_ci_high
