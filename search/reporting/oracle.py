@@ -18,7 +18,7 @@ from typing import Any
 
 from search.core.metrics import METRICS
 from search.core.records import COMPLETE, TrialRecord
-from search.reporting.report import knobs_text, si
+from search.reporting.report import knobs_text, si, value_text
 from search.reporting.results import recommend
 from search.space.params import IntParam, Param
 
@@ -86,7 +86,7 @@ def oracle_lines(
         lines.append(f"  {knob}:")
         for r in (row for row in rows if row.knob == knob):
             if r.best is None:
-                lines.append(f"    {r.value}: {_none_because(r)}")
+                lines.append(f"    {value_text(r.value)}: {_none_because(r)}")
                 continue
             m = r.best.metrics
             others = [k for k in knob_names if k != knob]
@@ -96,7 +96,7 @@ def oracle_lines(
                 if k in m
             )
             lines.append(
-                f"    {r.value}: {si(m['throughput'])} [{si(m['throughput_ci_low'])}, "
+                f"    {value_text(r.value)}: {si(m['throughput'])} [{si(m['throughput_ci_low'])}, "
                 f"{si(m['throughput_ci_high'])}] {unit}/s{figures}, #{r.best.number} "
                 f"({knobs_text(r.best.config, others)})"
             )
@@ -145,7 +145,7 @@ def write_oracle_plot(path: Path, rows: Sequence[OracleRow], unit: str, title: s
 def _draw_knob(ax: Any, knob: str, mine: Sequence[OracleRow]) -> None:
     """One panel: the best stable throughput at each of ``knob``'s values, with its interval and
     the trial it came from; a value with no stable configuration says so."""
-    labels = [str(r.value) for r in mine]
+    labels = [value_text(r.value) for r in mine]
     x = list(range(len(mine)))
     y = [r.best.metrics["throughput"] if r.best else math.nan for r in mine]
     err = [

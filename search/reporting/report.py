@@ -49,6 +49,7 @@ __all__ = [
     "summary_lines",
     "summary_markdown",
     "throughput_text",
+    "value_text",
     "trial_line",
     "write_best",
     "write_csv",
@@ -106,12 +107,13 @@ def _figure(metrics: Mapping[str, float], name: str) -> str:
     return f"{metrics.get(name, math.nan):{METRICS[name].fmt}}"
 
 
-def _value(value: Any) -> str:
+def value_text(value: Any) -> str:
+    """A knob's value as the terminal shows it (a float to 4 significant figures)."""
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def knobs_text(config: Mapping[str, Any], names: Sequence[str]) -> str:
-    return " ".join(f"{k}={_value(config[k])}" for k in names)
+    return " ".join(f"{k}={value_text(config[k])}" for k in names)
 
 
 def throughput_text(metrics: Mapping[str, float], unit: str) -> str:
@@ -279,7 +281,7 @@ def front_cells(
         rows.append(
             [
                 str(r.number),
-                *(_value(r.config[k]) for k in knob_names),
+                *(value_text(r.config[k]) for k in knob_names),
                 throughput_text(m, "").replace(" /s", ""),
                 f"{m['throughput_cv']:.1%}",
                 *(_figure(m, k) for k in shown),

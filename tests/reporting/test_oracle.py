@@ -103,3 +103,17 @@ def test_long_int_ranges_and_floats_list_the_values_measured():
 def test_no_rows_writes_no_plot(tmp_path):
     write_oracle_plot(tmp_path / "oracle.png", [], "tokens", "t")
     assert not (tmp_path / "oracle.png").exists()
+
+
+def test_a_float_knob_s_values_read_as_the_trial_lines_write_them():
+    history = [
+        TrialRecord(
+            number=0,
+            config={"scale": 1.3232202558909871},
+            state=COMPLETE,
+            metrics={"throughput": 110, "throughput_ci_low": 100, "throughput_ci_high": 120},
+            stable=True,
+        )
+    ]
+    lines = oracle_lines(oracle(history, {"scale": None}, {}), ["scale"], "samples")
+    assert lines[2].startswith("    1.323: 110 [100, 120] samples/s"), lines
