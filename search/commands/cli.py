@@ -86,11 +86,14 @@ def _run(command: str, argv: list[str]) -> int:
         if show:
             import yaml
 
-            from search.config.compose import device_type, load_settings, preset, resolve
+            from search.config.compose import load_settings, preset, resolve, resolve_device
             from search.config.prepare import prepare
 
-            if preset(cfg) == device_type(cfg):  # another device's preset is printed to read
-                prepare(load_settings(cfg))  # refused here as a run would refuse it
+            settings = load_settings(cfg)
+            # Refused here as a run would refuse them: the device always, the space where the
+            # preset is this device's (another device's preset is printed, to be read).
+            if preset(cfg) == resolve_device(settings.device).type:
+                prepare(settings)
             print(yaml.safe_dump(resolve(cfg), sort_keys=False))
             return 0
         if command == "sync":

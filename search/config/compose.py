@@ -158,6 +158,12 @@ def _check_overrides(overrides: Sequence[str]) -> None:
         key, _, value = override.lstrip("+~").partition("=")
         if not key and value:
             raise ConfigError(f"{override!r} has no key: write KEY=VALUE, e.g. study.n_trials=5")
+        if key == "space" and not override.startswith(("+", "~")):
+            raise ConfigError(f"{override!r}: a space is added, not set: write +{override}")
+        if key == "space" and value.strip().endswith((".yaml", ".yml")):
+            # Hydra would load NAME.yaml and name the study, its store and history "NAME.yaml".
+            name = value.strip().rsplit(".", 1)[0]
+            raise ConfigError(f"{override!r}: name the space without its extension, +space={name}")
         if key == "space" and value.lstrip().startswith("["):
             # Hydra would merge the listed spaces into one, silently.
             raise ConfigError(

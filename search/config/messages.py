@@ -158,11 +158,7 @@ def one_line(error: Exception, spaces: Sequence[str]) -> str:
         if not section or dataclasses.is_dataclass(field_type(section)):
             # The schema knows every key of this section: a '+' would only be refused next.
             return unknown_key(key)
-        return (
-            f"unknown config key '{key}': check the spelling "
-            "(python -m search --cfg +space=NAME prints every key), "
-            f"or add it with +{key}=..."
-        )
+        return _unknown_open_key(key, inner)
     cause = error.__cause__
     if text.startswith("Error merging override ") and isinstance(cause, OmegaConfBaseException):
         return merge_override_message(text, cause)
@@ -182,6 +178,23 @@ def one_line(error: Exception, spaces: Sequence[str]) -> str:
         )
     first, *rest = [line.strip() for line in text.splitlines() if line.strip()]
     return " ".join([first, *rest[:2]]) if len(first) < 60 else first
+
+
+def _unknown_open_key(key: str, inner: BaseException | None) -> str:
+    """An unknown key of a section the schema leaves open (the space): the closest key there is,
+    read from the node Hydra could not find it in."""
+    parent = getattr(inner, "parent_node", None)
+    name = str(getattr(inner, "key", "") or key.rpartition(".")[2])
+    known = [str(k) for k in parent.keys()] if isinstance(parent, DictConfig) else []
+    close = difflib.get_close_matches(name, known, n=1)
+    if close:
+        near = key.rpartition(name)[0] + close[0]
+        return f"unknown config key '{key}': did you mean '{near}'? (or add it with +{key}=...)"
+    return (
+        f"unknown config key '{key}': check the spelling "
+        "(python -m search --cfg +space=NAME prints every key), "
+        f"or add it with +{key}=..."
+    )
 
 
 def merge_override_message(text: str, cause: OmegaConfBaseException) -> str:

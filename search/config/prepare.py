@@ -58,8 +58,11 @@ def prepare(settings: Settings) -> Prepared:
     space, notes = load_space(settings.space, device, settings.slo)
     # Here, not in load_space: it runs the workload's code in a worker, which only a run needs.
     check_workload_contract(space, space.feasible_configs())
-    control = control_config(space, settings.noise.control) if settings.noise.budget > 0 else None
-    return Prepared(device, space, notes, control)
+    chosen, budget = settings.noise.control, settings.noise.budget
+    # A control of one's own is checked even where no control runs are made: a typo in it is
+    # refused, not left to surprise the next run that makes them.
+    control = control_config(space, chosen) if budget > 0 or chosen else None
+    return Prepared(device, space, notes, control if budget > 0 else None)
 
 
 def load_space(

@@ -272,6 +272,19 @@ BAD_INPUT = {
         ["+space=llama", "space.params.recompute.choices=[none,every-0]"],
         "params.recompute must be none, all, every-K, a part's name, or true or false",
     ),
+    "a space set without its plus": (["space=llm"], "a space is added, not set: write +space=llm"),
+    "a space named with its extension": (
+        ["+space=llm.yaml"],
+        "name the space without its extension, +space=llm",
+    ),
+    "a misspelled knob of the space": (
+        ["+space=llm", "space.params.batchsize.high=8"],
+        "unknown config key 'space.params.batchsize': did you mean 'space.params.batch_size'?",
+    ),
+    "a control of one's own with a typo, where no control runs are made": (
+        ["+space=llm", "noise.budget=0", "noise.control={batchsize:4}"],
+        "noise.control names batchsize, which space 'llm' does not have",
+    ),
     "a batch with no tensor in it": (
         ["+space=llm", "space.workload._target_=contract_breaches.BatchOfNumbers"],
         "make_batch(1, generator) returned list with no tensor in it; return a tensor, or a",
@@ -389,8 +402,13 @@ def test_bad_space_files_of_ones_own_exit_2(name, content, expected, tmp_path, c
     [
         (["device=tpu"], "unknown device 'tpu'"),
         (["space.params.recompute=maybe"], "params.recompute choice 'maybe' is no part of"),
+        (["device=gpu", "preset=cpu"], "unknown device 'gpu'"),
     ],
-    ids=["unknown device", "a recompute part the workload does not name"],
+    ids=[
+        "unknown device",
+        "a recompute part the workload does not name",
+        "unknown device, the preset named",
+    ],
 )
 def test_cfg_refuses_what_a_run_would_refuse(argv, expected, capsys):
     assert main(["+space=llm", *argv, "--cfg"]) == 2
