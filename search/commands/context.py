@@ -8,6 +8,7 @@ adds up the wall time those steps take, for the time budget (docs/method/time.md
 from __future__ import annotations
 
 import re
+import shlex
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -199,7 +200,9 @@ def _words() -> list[str]:
 
 
 def _as_command(words: Sequence[str]) -> str:
-    return redact(" ".join(["python -m search", *words]))
+    # Quoted as a shell reads it back: an override with a space (retune.baseline='tune 2026-...')
+    # pasted from the printed sync command must stay one word.
+    return redact(" ".join(["python -m search", *(shlex.quote(w) for w in words)]))
 
 
 def command_line() -> str:

@@ -301,9 +301,15 @@ def _start_parent(
         )
     study_name = settings.study.name
     out.print(f"device: [bold]{env['device_name']}[/] ({ctx.device}), torch {env['torch']}")
+    # A re-tune measures retune.n_trials after the baseline's front; study.n_trials is not used.
+    trials = (
+        f"the baseline's front, then {settings.retune.n_trials} new trials"
+        if base is not None
+        else f"{settings.study.n_trials} new trials"
+    )
     out.print(
         f"study: {study_name} in {redact(settings.study.storage)} "
-        f"({settings.study.n_trials} new trials, sampler {settings.study.sampler})"
+        f"({trials}, sampler {settings.study.sampler})"
     )
     tracker.start_parent(
         f"{study_name} {time.strftime('%Y-%m-%d %H:%M:%S')}",

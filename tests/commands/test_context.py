@@ -4,6 +4,7 @@ what it could not log (``sync_command``) and the command it records (``command_l
 from __future__ import annotations
 
 import re
+import shlex
 import sys
 import time
 
@@ -46,6 +47,12 @@ def test_the_sync_command_takes_the_invocation_s_overrides_without_its_command_w
     # `python -m search sync retune ...` would be refused: sync takes the overrides alone
     monkeypatch.setattr(sys, "argv", ["search/__main__.py", *typed])
     assert sync_command() == "python -m search sync +space=llm study.n_trials=3"
+
+
+def test_the_printed_sync_command_pastes_back_as_the_same_words(monkeypatch):
+    typed = ["retune", "+space=llm", "retune.baseline=tune 2026-11-24 02:30:00"]
+    monkeypatch.setattr(sys, "argv", ["search/__main__.py", *typed])
+    assert shlex.split(sync_command()) == ["python", "-m", "search", "sync", *typed[1:]]
 
 
 def test_the_command_recorded_is_the_one_main_was_called_with_not_the_process_s(monkeypatch):
