@@ -18,6 +18,7 @@ __all__ = [
     "config_name",
     "fault_kind",
     "si",
+    "value_text",
     "with_requests",
 ]
 
@@ -118,3 +119,8 @@ def si(value: float) -> str:
         if abs(value) >= factor:
             return f"{value / factor:.3g}{suffix}"
     return f"{value:.3g}"
+
+
+def value_text(value: Any) -> str:
+    """A knob's value as the terminal shows it (a float to 4 significant figures)."""
+    return f"{value:.4g}" if isinstance(value, float) else str(value)

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from search.core.metrics import METRICS
-from search.core.records import COMPLETE, TrialRecord
-from search.reporting.report import knobs_text, si, value_text
+from search.core.records import COMPLETE, TrialRecord, value_text
+from search.reporting.report import knobs_text, si
 from search.reporting.results import recommend
 from search.space.params import IntParam, Param
 

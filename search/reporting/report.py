@@ -32,6 +32,7 @@ from search.core.records import (
     config_name,
     fault_kind,
     si,
+    value_text,
 )
 from search.reporting.study_result import StudyResult
 from search.space.search_space import SearchSpace
@@ -49,7 +50,6 @@ __all__ = [
     "summary_lines",
     "summary_markdown",
     "throughput_text",
-    "value_text",
     "trial_line",
     "write_best",
     "write_csv",
@@ -105,11 +105,6 @@ class StudyProgress:
 def _figure(metrics: Mapping[str, float], name: str) -> str:
     """A registered metric's value as the terminal shows it (``nan`` where it was not measured)."""
     return f"{metrics.get(name, math.nan):{METRICS[name].fmt}}"
-
-
-def value_text(value: Any) -> str:
-    """A knob's value as the terminal shows it (a float to 4 significant figures)."""
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def knobs_text(config: Mapping[str, Any], names: Sequence[str]) -> str:
