@@ -9,19 +9,20 @@ from dataclasses import replace
 from typing import Any
 
 import optuna
+import yaml
 
 from search.commands.context import Context
 from search.commands.finish import Finished
 from search.core.records import TrialRecord
 from search.execution.trial import TrialResult
 from search.reporting.report import DESCRIPTION_CHARS, knobs_text, si
-from search.retune.comparison import MIN_RUNS
+from search.retune.comparison import MIN_RUNS, Comparison
 from search.retune.confirm import confirm
 from search.retune.figure import Figure
 from search.retune.retune_report import write_report
 from search.retune.tuned import RETUNE, TUNE, Tuned, save_tuned, tuned_runs
 from search.retune.tuning_history import write_history
-from search.retune.verdict import MOVED, Conclusion, conclude
+from search.retune.verdict import MOVED, Conclusion, conclude, held_back
 from search.revalidation.pooling import FreshRuns
 from search.tracking.tracker import Tracker
 
@@ -37,8 +38,8 @@ def conclude_tuning(
     best = finished.best
     old = base.recommended if base is not None else None
     started = time.monotonic()
-    confirmed, old_today = (
-        _confirm(ctx, tracker, best, finished.unit, old) if best is not None else (None, None)
+    confirmed, old_today, kept = (
+        _confirm(ctx, tracker, finished, old) if best is not None else (None, None, None)
     )
     ctx.spent.confirmation_s += time.monotonic() - started
     # before a re-tune's verdict, which stays the last line (scripts read it)
@@ -47,7 +48,8 @@ def conclude_tuning(
     today = _today(ctx, tracker, base, finished, confirmed)
     code = 0
     if base is not None:
-        today, code = _compare(ctx, tracker, base, today, old_today, finished)
+        today, code = _compare(ctx, tracker, base, today, (old_today, kept), finished)
+    _amend_best_yaml(ctx, tracker, today.recommended, finished, kept)
     save_tuned(study, today)
     runs = tuned_runs(study)
     title = f"{settings.study.name}: recommended, run by run"
@@ -57,17 +59,20 @@ def conclude_tuning(
 
 
 def _confirm(
-    ctx: Context, tracker: Tracker, best: TrialRecord, unit: str, old: Figure | None
-) -> tuple[Figure | None, Figure | None]:
+    ctx: Context, tracker: Tracker, finished: Finished, old: Figure | None
+) -> tuple[Figure | None, Figure | None, Comparison | None]:
     """The recommendation confirmed in ``retune.confirm`` rounds of fresh runs after it was
     chosen, each round a run of the reference step and then the recommendation (and the old
     recommendation ``old`` of a re-tune, where it is another configuration still in the space):
     their confirmed figures (``search.retune.confirm.confirm``), None where confirmation is off or
-    too many runs failed."""
+    too many runs failed; and where the old recommendation stays (``held_back``), its figure
+    first and the comparison that kept it."""
     settings, out = ctx.settings, ctx.out
+    best, unit = finished.best, finished.unit
+    assert best is not None
     rounds = settings.retune.confirm
     if rounds == 0:
-        return None, None
+        return None, None, None
     other = (
         old.config
         if old is not None and old.config != best.config and ctx.space.contains(old.config)
@@ -96,9 +101,35 @@ def _confirm(
             "be a re-tune's baseline",
             markup=False,
         )
-        return None, old_today
+        return None, old_today, None
+    figure = replace(figure, trial=best.number)
+    kept = held_back(figure, old_today, settings.retune.threshold, settings.measure.confidence)
+    if kept is not None:
+        assert old_today is not None
+        figure = old_today = replace(old_today, trial=_latest_trial(finished, old_today.config))
+        _say_kept(ctx, tracker, kept, figure)
     _report_confirmed(ctx, tracker, figure, unit)
-    return replace(figure, trial=best.number), old_today
+    return figure, old_today, kept
+
+
+def _latest_trial(finished: Finished, config: Mapping[str, Any]) -> int | None:
+    """The number of the latest trial of ``config`` (None where this study has none)."""
+    numbers = [r.number for r in finished.records if r.config == config]
+    return max(numbers) if numbers else None
+
+
+def _say_kept(ctx: Context, tracker: Tracker, kept: Comparison, old: Figure) -> None:
+    """Why the old recommendation stays: today's best is not surely faster by the threshold."""
+    threshold = ctx.settings.retune.threshold
+    ctx.out.print(
+        f"kept the old recommendation ({knobs_text(old.config, list(ctx.space.searched))}): "
+        f"the search's best read {kept.ratio:.3f}x [{kept.low:.3f}, {kept.high:.3f}] of it in the "
+        f"same rounds, not surely more than {threshold:.0%} faster (retune.threshold); a "
+        "recommendation moves only when the optimum surely moved",
+        markup=False,
+    )
+    if old.trial is not None:
+        tracker.set_tags(tracker.parent_id, {"best_trial": str(old.trial)})
 
 
 def _announce(
@@ -205,14 +236,20 @@ def _compare(
     tracker: Tracker,
     base: Tuned,
     today: Tuned,
-    old_today: Figure | None,
+    old_today: tuple[Figure | None, Comparison | None],
     finished: Finished,
 ) -> tuple[Tuned, int]:
     """A re-tune's verdict against ``base``: printed (its line last), reported and described on
-    the parent run; today's record with the verdict, and the exit code."""
+    the parent run; today's record with the verdict, and the exit code. ``old_today``: the old
+    recommendation as measured today, and the comparison that kept it (``held_back``), if any."""
     settings, out = ctx.settings, ctx.out
     conclusion = conclude(
-        base, today, old_today, settings.retune.threshold, settings.measure.confidence
+        base,
+        today,
+        old_today[0],
+        settings.retune.threshold,
+        settings.measure.confidence,
+        kept=old_today[1],
     )
     today = replace(today, verdict=conclusion.verdict)
     _print_comparison(ctx, base, today, conclusion)
@@ -258,3 +295,47 @@ def _print_comparison(ctx: Context, base: Tuned, today: Tuned, conclusion: Concl
             f"{knobs_text(today.recommended.config, knobs)}",
             markup=False,
         )
+
+
+def _amend_best_yaml(
+    ctx: Context,
+    tracker: Tracker,
+    recommended: Figure | None,
+    finished: Finished,
+    kept: Comparison | None,
+) -> None:
+    """``best.yaml`` with the recommendation's confirmed figure, and where the old recommendation
+    was kept, that configuration and its trial in place of the search's best."""
+    path = ctx.study_dir() / "best.yaml"
+    if recommended is None or not recommended.runs or not path.exists():
+        return
+    payload = yaml.safe_load(path.read_text()) or {}
+    if kept is not None:
+        record = next((r for r in finished.records if r.number == recommended.trial), None)
+        search_best = payload.get("recommended") or {}
+        payload["recommended"] = {
+            "trial": recommended.trial,
+            "mlflow_run_id": record.run_id if record is not None else None,
+            "config": dict(recommended.config),
+        }
+        payload["metrics"] = (
+            {k: float(v) for k, v in record.metrics.items()} if record is not None else {}
+        )
+        payload["kept_over"] = {
+            "trial": search_best.get("trial"),
+            "config": search_best.get("config"),
+            "ratio": kept.ratio,
+            "ci_low": kept.low,
+            "ci_high": kept.high,
+            "why": "the search's best / the old recommendation, both measured in the same rounds: "
+            "not surely faster by more than retune.threshold",
+        }
+    payload["confirmed"] = {
+        "throughput": recommended.throughput,
+        "ci_low": recommended.low,
+        "ci_high": recommended.high,
+        "fresh_runs": len(recommended.runs),
+        "confidence": ctx.settings.measure.confidence,
+    }
+    path.write_text(yaml.safe_dump(payload, sort_keys=False))
+    tracker.log_artifact(path)

@@ -45,6 +45,8 @@ class Finished:
 
     front: list[TrialRecord]
     best: TrialRecord | None
+    records: list[TrialRecord]
+    """Every measured trial with its final figures (``StudyResult.records``)."""
     floor: NoiseFloor
     unit: str
     description: str = ""
@@ -101,7 +103,14 @@ def finish(ctx: Context, driver: StudyDriver, outcome: StudyOutcome, tracker: Tr
     title = f"{outcome.study_name} on {ctx.env['device_name']}"
     description = _write_summary(ctx, tracker, study_dir, title, found, sections)
     _print_where(ctx, tracker, study_dir, outcome.study_name, floor)
-    return Finished(front=front, best=best, floor=floor, unit=unit, description=description)
+    return Finished(
+        front=front,
+        best=best,
+        records=final,
+        floor=floor,
+        unit=unit,
+        description=description,
+    )
 
 
 def _dispersed_at_the_end(ctx: Context, driver: StudyDriver, outcome: StudyOutcome) -> None:

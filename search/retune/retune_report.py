@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -69,15 +69,7 @@ def _report_lines(
         "",
         conclusion.line,
         "",
-        *(
-            [
-                f"Optimum moved: {shown_config(base.recommended)} -> "
-                f"{shown_config(today.recommended)}",
-                "",
-            ]
-            if conclusion.verdict == MOVED
-            else []
-        ),
+        *_notes(base, today, conclusion, shown_config),
         "| comparison | verdict | ratio | 95% CI | fresh runs (today, baseline) |",
         "|---|---|---|---|---|",
         *[
@@ -95,6 +87,26 @@ def _report_lines(
         "",
         f"- baseline ({base.name}): {shown(base.recommended)}",
         f"- today ({today.name}): {shown(today.recommended)}",
+        "",
+    ]
+
+
+def _notes(
+    base: Tuned, today: Tuned, conclusion: Conclusion, shown_config: Callable[[Figure | None], str]
+) -> list[str]:
+    """Where the recommendation moved, or was kept though the search found another."""
+    if conclusion.verdict == MOVED:
+        return [
+            f"Optimum moved: {shown_config(base.recommended)} -> {shown_config(today.recommended)}",
+            "",
+        ]
+    kept = conclusion.kept
+    if kept is None:
+        return []
+    return [
+        f"The old recommendation was kept: the search's best read {kept.ratio:.3f}x "
+        f"[{kept.low:.3f}, {kept.high:.3f}] of it in the same rounds, not surely faster by more "
+        "than retune.threshold.",
         "",
     ]
 

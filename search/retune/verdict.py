@@ -27,6 +27,7 @@ __all__ = [
     "SAME",
     "Conclusion",
     "conclude",
+    "held_back",
 ]
 
 REGRESSION, MOVED, IMPROVED, SAME, AMBIGUOUS = (
@@ -54,10 +55,45 @@ class Conclusion:
     hint: str = ""
     """For an ambiguous verdict: how much the runs spread, and how many it would take to tell a
     change of the threshold's size."""
+    kept: Comparison | None = None
+    """Where the search's best today was another configuration than the old recommendation but
+    not surely faster than it by more than the threshold (``held_back``): that comparison; the
+    old recommendation stayed."""
 
     @property
     def exit_code(self) -> int:
         return EXIT_REGRESSION if self.verdict == REGRESSION else 0
+
+
+def held_back(
+    best: Figure, old_today: Figure | None, threshold: float, confidence: float = 0.95
+) -> Comparison | None:
+    """Today's best against the old recommendation measured in the same rounds, where they are
+    two configurations and today's best is not surely faster by more than ``threshold``: then the
+    old one stays recommended, and this comparison says why; None where the best may take its
+    place (it is the same configuration, the old one was not measured today in ``MIN_RUNS``
+    rounds, or the best is faster by the rule of a ``MOVED`` verdict).
+
+    Two near-equal configurations trade places from one night to the next as the noise falls; a
+    recommendation that flips with it would move every night's baseline, deployment and history
+    without a change to show for it. So the recommendation moves exactly when the verdict says
+    the optimum moved."""
+    if old_today is None or old_today.config == best.config or len(old_today.runs) < MIN_RUNS:
+        return None
+    c = compare(
+        "today's best vs the old recommendation, both today",
+        best.runs,
+        old_today.runs,
+        threshold,
+        confidence,
+    )
+    return None if _faster(c, threshold) else c
+
+
+def _faster(c: Comparison, threshold: float) -> bool:
+    """Surely faster, and by more than ``threshold`` at the estimate: the rule of ``MOVED`` and
+    ``IMPROVED``."""
+    return c.ratio > 1 + threshold and c.low > 1
 
 
 def conclude(
@@ -66,6 +102,7 @@ def conclude(
     old_today: Figure | None,
     threshold: float,
     confidence: float = 0.95,
+    kept: Comparison | None = None,
 ) -> Conclusion:
     """The verdicts: the old recommendation today vs the baseline, today's best vs the baseline's,
     the machine (the reference step), the best at the same machine speed, today's recommendation
@@ -84,8 +121,8 @@ def conclude(
     recommendation is another configuration, more than ``threshold`` and surely faster than the
     old one measured in the same rounds. Improved: as a regression, the other way. Same: the last
     gate's interval lies within 1 ± ``threshold``. Ambiguous: none of these, or today's
-    recommendation could not be confirmed.
-    """
+    recommendation could not be confirmed. ``kept``: the comparison that kept the old
+    recommendation (``held_back``), listed with the rest."""
     assert base.recommended is not None
     old = base.recommended
     best = today.recommended
@@ -113,10 +150,11 @@ def conclude(
     return Conclusion(
         verdict=verdict,
         line=_verdict_line(verdict, base, today, gates, moved),
-        comparisons=ratios.listed,
+        comparisons=ratios.listed + ([kept] if kept is not None else []),
         changed=changed,
         gate=gate,
         hint=hint,
+        kept=kept,
     )
 
 
@@ -278,7 +316,7 @@ def _decide(
         return c.ratio < 1 - threshold and c.high < 1
 
     def faster(c: Comparison) -> bool:
-        return c.ratio > 1 + threshold and c.low > 1
+        return _faster(c, threshold)
 
     def within(c: Comparison) -> bool:
         return 1 - threshold <= c.low and c.high <= 1 + threshold

@@ -559,3 +559,24 @@ def _quiet(*args):
 def test_a_retune_needs_confirmation_runs(tmp_path):
     result = search("retune", *SPACE, "retune.confirm=0", runs_dir=tmp_path / "runs", code=2)
     assert "retune.confirm=0" in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_the_old_recommendation_is_held_back_unless_the_new_one_is_surely_faster():
+    from search.retune.verdict import held_back
+
+    near = held_back(fig(102, config=B), fig(100), 0.05)
+    assert near is not None and near.ratio == pytest.approx(1.02, abs=0.01)
+    assert held_back(fig(130, config=B), fig(100), 0.05) is None  # surely 30% faster: it moves
+    assert held_back(fig(104, config=B), fig(100, 0.3), 0.05) is not None  # maybe not faster
+    assert held_back(fig(100), fig(100), 0.05) is None  # the same configuration
+    assert held_back(fig(102, config=B), None, 0.05) is None  # the old one not measured today
+    three = Figure.measured(A, runs(100, n=3))
+    assert held_back(fig(102, config=B), three, 0.05) is None  # too few runs to compare
+
+
+def test_a_kept_recommendation_is_listed_with_the_comparisons():
+    from search.retune.verdict import held_back
+
+    kept = held_back(fig(101, config=B), fig(100), 0.05)
+    c = conclude(tuned(fig(100)), tuned(fig(100), "retune 2"), fig(100), 0.05, kept=kept)
+    assert c.kept is kept and c.comparisons[-1] is kept and c.verdict != MOVED

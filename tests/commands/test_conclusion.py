@@ -1,0 +1,147 @@
+"""The conclusion of a re-tune: the recommendation moves only when the optimum surely moved, and
+``best.yaml`` holds the confirmed figure of the configuration that stays recommended."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from io import StringIO
+
+import numpy as np
+import optuna
+import pytest
+import torch
+import yaml
+from factories import llm_settings, noise_floor
+from rich.console import Console
+
+import search.commands.conclusion
+from search.commands.conclusion import conclude_tuning
+from search.commands.context import Context
+from search.commands.finish import Finished
+from search.core.records import TrialRecord
+from search.reporting.report import write_best
+from search.retune.confirm import Confirmed
+from search.retune.figure import Figure
+from search.retune.tuned import RETUNE, TUNE, Tuned, tuned_runs
+from search.retune.verdict import MOVED
+from search.space.parse import parse_space
+
+SPACE = parse_space(
+    "s",
+    {
+        "workload": {"_target_": "x"},
+        "params": {"precision": {"type": "categorical", "choices": ["fp32", "bf16"]}},
+        "objectives": {"throughput": "maximize"},
+    },
+)
+OLD, NEW = {"precision": "fp32"}, {"precision": "bf16"}
+
+
+class Tracker:
+    """What the conclusion logs on the parent run."""
+
+    parent_id = "parent"
+
+    def __init__(self) -> None:
+        self.tags: dict[str, str] = {}
+        self.artifacts: list[str] = []
+
+    def log_metrics(self, run_id: str, metrics: dict[str, float]) -> None:
+        pass
+
+    def set_tags(self, run_id: str, tags: dict[str, str]) -> None:
+        self.tags.update(tags)
+
+    def log_artifact(self, path) -> None:
+        self.artifacts.append(str(path))
+
+    def describe(self, run_id: str, text: str) -> None:
+        pass
+
+
+def runs(value: float) -> list[float]:
+    """Six fresh runs within ±2% of ``value``."""
+    return [value * math.exp(x) for x in np.linspace(-0.02, 0.02, 6)]
+
+
+def trial(number: int, config: dict, throughput: float) -> TrialRecord:
+    return TrialRecord(
+        number=number,
+        config=config,
+        state="complete",
+        metrics={
+            "throughput": throughput,
+            "throughput_ci_low": 0.98 * throughput,
+            "throughput_ci_high": 1.02 * throughput,
+        },
+        stable=True,
+        unit="tokens",
+        run_id=f"run{number}",
+    )
+
+
+@pytest.mark.parametrize("new_over_old, moves", [(1.02, False), (1.30, True)])
+def test_a_retune_moves_the_recommendation_only_when_the_new_one_is_surely_faster(
+    tmp_path, monkeypatch, new_over_old, moves
+):
+    """The search's best (bf16, trial #3) against the old recommendation (fp32, trial #1), both
+    confirmed in the same rounds: 2% faster (within the 5% threshold) keeps fp32; 30% moves."""
+    text = StringIO()
+    ctx = Context(
+        settings=replace(llm_settings(), runs_dir=str(tmp_path)),
+        space=SPACE,
+        device=torch.device("cpu"),
+        env={"device_name": "a cpu"},
+        fingerprint="f",
+        out=Console(file=text, width=1000),
+        control=None,
+    )
+    old_trial, new_trial = trial(1, OLD, 100.0), trial(3, NEW, 100.0 * new_over_old)
+    base = Tuned(
+        kind=TUNE,
+        name="tune 1",
+        time_s=1.0,
+        fingerprint="f",
+        env={"device_name": "a cpu"},
+        device="a cpu",
+        unit="tokens",
+        recommended=Figure.measured(OLD, runs(100.0)),
+    )
+    confirmed = Confirmed(
+        [Figure.measured(NEW, runs(100.0 * new_over_old)), Figure.measured(OLD, runs(100.0))], []
+    )
+    monkeypatch.setattr(search.commands.conclusion, "confirm", lambda *a, **k: confirmed)
+    ctx.study_dir().mkdir(parents=True)
+    write_best(ctx.study_dir() / "best.yaml", new_trial, {"space": "s"})
+    finished = Finished(
+        front=[new_trial, old_trial],
+        best=new_trial,
+        records=[old_trial, new_trial],
+        floor=noise_floor(0.02),
+        unit="tokens",
+    )
+    study = optuna.create_study(directions=["maximize"])
+    tracker = Tracker()
+
+    assert conclude_tuning(ctx, study, tracker, base, finished) == 0
+
+    today = tuned_runs(study)[-1]
+    best = yaml.safe_load((ctx.study_dir() / "best.yaml").read_text())
+    assert today.kind == RETUNE and today.recommended is not None
+    assert best["confirmed"]["fresh_runs"] == 6
+    if moves:
+        assert today.verdict == MOVED and today.recommended.config == NEW
+        assert best["recommended"]["config"] == NEW and "kept_over" not in best
+        assert best["confirmed"]["throughput"] == pytest.approx(130.0, rel=0.01)
+    else:
+        assert today.verdict != MOVED and today.recommended.config == OLD
+        assert today.recommended.trial == 1 and tracker.tags["best_trial"] == "1"
+        assert best["recommended"] == {"trial": 1, "mlflow_run_id": "run1", "config": OLD}
+        assert best["kept_over"]["config"] == NEW and best["kept_over"]["trial"] == 3
+        assert best["confirmed"]["throughput"] == pytest.approx(100.0, rel=0.01)
+        assert "kept the old recommendation (precision=fp32): the search's best read 1.0" in (
+            text.getvalue()
+        )
+        report = next((ctx.study_dir() / "retune").glob("*.md")).read_text()
+        assert "The old recommendation was kept" in report
