@@ -20,6 +20,7 @@ from search.measurement.environment import device_label
 from search.measurement.peak import MEASURE_FAILURES, PEAKS_FILE, Beaten, measure_beaten
 from search.reporting.report import Columns, StudyProgress, knobs_text, si, trial_line
 from search.revalidation import candidates
+from search.stability.measured import run_tags
 from search.storage.liveness import Heartbeat, Liveness, Recovery
 from search.study.driver import StudyDriver
 from search.study.driver_inputs import Bench, DriverCallbacks
@@ -71,11 +72,7 @@ def _trial_logger(
     }
 
     def log_trial(record: TrialRecord, result: TrialResult) -> str | None:
-        extra = {}
-        if result.measurement is not None:
-            extra["stop_reason"] = result.measurement.stop_reason
-        if result.throttle_reasons:
-            extra["throttle_reasons"] = result.throttle_reasons
+        extra = run_tags(result)
         if record.state != COMPLETE and result.stderr_tail:
             extra["stderr_tail"] = redact(result.stderr_tail[-4000:])
         had_error = tracker.log_error is not None

@@ -18,22 +18,26 @@ from pathlib import Path
 
 import optuna
 import torch
+import yaml
 from omegaconf import DictConfig
+from optuna.trial import FrozenTrial
 
 from search.commands.context import Context, command_line
 from search.config.compose import load_settings, redact, resolve_device
 from search.config.prepare import fingerprint, load_space
 from search.config.settings import Settings
 from search.core.errors import ConfigError
-from search.core.records import TrialRecord
+from search.core.records import COMPLETE, TrialRecord
 from search.measurement.environment import environment
+from search.measurement.peak import PEAKS_FILE, kept_peak
 from search.reporting import results
 from search.reporting.report import console, knobs_text
 from search.revalidation import candidates
 from search.space.search_space import SearchSpace
+from search.storage.liveness import GRACE_HEARTBEATS
 from search.storage.repeat_runs import judged_revalidations
 from search.storage.retried_writes import UNSAVED, restore_unsaved
-from search.storage.stores import open_stores, quiet_libraries, require_study
+from search.storage.stores import open_stores, quiet_libraries, recover_runs, require_study
 from search.storage.trial_store import record_synced_run, study_history
 from search.strategy.guided import distribution
 from search.strategy.samplers import optuna_names
@@ -63,6 +67,11 @@ def run_sync(cfg_node: DictConfig) -> int:
 
     ctx = _context(settings, space, device)
     print_fn, out = ctx.fingerprint, ctx.out
+    # the runs a stopped process left RUNNING (one whose server went away before it could end
+    # them): ended KILLED, so that their trials count as cut off and are copied again in full
+    grace_s = GRACE_HEARTBEATS * settings.study.heartbeat_s
+    for note in recover_runs(tracker, study_name, grace_s):
+        out.print(f"recovered: {note}", markup=False)
     history = study_history(study, print_fn, space, settings)
     present, cut_off = tracker.trial_runs(study_name)
     _require_online(tracker, uri)
@@ -70,7 +79,7 @@ def run_sync(cfg_node: DictConfig) -> int:
     missing = [r for r in history if r.number not in present]
     _record_present(study, history, present)
 
-    copied = _copy(ctx, study, tracker, missing) if missing else {}
+    copied = _copy(ctx, study, tracker, missing, history) if missing else {}
     run_ids = {**present, **copied}
     stale = [run_id for number, run_id in cut_off if number in run_ids]
     for run_id in stale:
@@ -80,6 +89,7 @@ def run_sync(cfg_node: DictConfig) -> int:
     )
     results.mark_front(tracker, study_name, front, run_ids)
     _require_online(tracker, uri, f"after copying {len(copied)} of {len(missing)} trial(s)")
+    _name_the_run_in_best_yaml(runs_dir / study_name / "best.yaml", run_ids)
 
     if stale:
         out.print(
@@ -96,10 +106,25 @@ def run_sync(cfg_node: DictConfig) -> int:
     return 0
 
 
+def _name_the_run_in_best_yaml(path: Path, run_ids: Mapping[int, str]) -> None:
+    """``best.yaml``'s recommended trial with its MLflow run, where the tuning could not log it."""
+    if not path.exists():
+        return
+    payload = yaml.safe_load(path.read_text()) or {}
+    recommended = payload.get("recommended") or {}
+    trial = recommended.get("trial")
+    if recommended.get("mlflow_run_id") is None and isinstance(trial, int) and trial in run_ids:
+        recommended["mlflow_run_id"] = run_ids[trial]
+        path.write_text(yaml.safe_dump(payload, sort_keys=False))
+
+
 def _context(settings: Settings, space: SearchSpace, device: torch.device) -> Context:
-    """What sync reads of where it runs: the device's environment and the fingerprint of the
-    trials it copies, and the terminal (no control runs: nothing is measured)."""
+    """What sync reads of where it runs: the device's environment and kept peak, the fingerprint
+    of the trials it copies, and the terminal (no control runs: nothing is measured)."""
     env = environment(device)
+    # the peak the trials were diagnosed against, as kept: measuring it now would take the
+    # machine from a study that may be running on it
+    peak = kept_peak(device, env["device_name"], Path(settings.runs_dir) / PEAKS_FILE)
     return Context(
         settings=settings,
         space=space,
@@ -108,6 +133,7 @@ def _context(settings: Settings, space: SearchSpace, device: torch.device) -> Co
         fingerprint=fingerprint(space, env),
         out=console(),
         control=None,
+        peaks=[peak] if peak is not None else [],
     )
 
 
@@ -164,11 +190,16 @@ def _note_left_out(study, history: list[TrialRecord], out) -> None:
 
 
 def _copy(
-    ctx: Context, study: optuna.Study, tracker: Tracker, missing: list[TrialRecord]
+    ctx: Context,
+    study: optuna.Study,
+    tracker: Tracker,
+    missing: list[TrialRecord],
+    history: list[TrialRecord],
 ) -> dict[int, str]:
-    """Log ``missing`` under one new parent run; ``{trial number: run id}`` of those logged."""
+    """Log ``missing`` (of the study's ``history``) under one new parent run; ``{trial number:
+    run id}`` of those logged."""
     settings, space, out, print_fn = ctx.settings, ctx.space, ctx.out, ctx.fingerprint
-    study_name, device_name = settings.study.name, ctx.env["device_name"]
+    study_name = settings.study.name
     tracker.start_parent(
         f"{study_name} sync {time.strftime('%Y-%m-%d %H:%M:%S')}",
         params={},
@@ -186,14 +217,7 @@ def _copy(
     status = "FAILED"
     try:
         for record in missing:
-            duration_s, end_ms = _times(trials[record.number], record)
-            tags = {
-                "study": study_name,
-                "device": device_name,
-                "workload_fingerprint": print_fn,
-                "measured_on": str(trials[record.number].user_attrs.get("measured_on", "")),
-            }
-            run_id = tracker.log_trial(record, duration_s, tags, end_ms=end_ms)
+            run_id = _copy_one(ctx, tracker, trials[record.number], record, history)
             if run_id is None:
                 break  # the server went away: run_sync reports it
             record_synced_run(study, record.number, run_id)
@@ -212,6 +236,38 @@ def _copy(
     finally:
         tracker.end_parent(status)
     return copied
+
+
+def _copy_one(
+    ctx: Context,
+    tracker: Tracker,
+    trial: FrozenTrial,
+    record: TrialRecord,
+    history: list[TrialRecord],
+) -> str | None:
+    """Log ``record`` as a run tagged and diagnosed as a live run is (``search.commands.callbacks``
+    and ``finish``): its stop reason and clock events as kept with the trial, why it is not
+    stable, a failed one's stderr, and its regime against the kept peak; the run id (None: not
+    logged)."""
+    duration_s, end_ms = _times(trial, record)
+    tags = {
+        "study": ctx.settings.study.name,
+        "device": ctx.env["device_name"],
+        "workload_fingerprint": ctx.fingerprint,
+        "measured_on": str(trial.user_attrs.get("measured_on", "")),
+        **{str(k): str(v) for k, v in (trial.user_attrs.get("run_tags") or {}).items()},
+    }
+    stderr_tail = trial.user_attrs.get("stderr_tail")
+    if record.state == COMPLETE:
+        tags["unstable_reason"] = record.reason or "-"
+    elif stderr_tail:
+        tags["stderr_tail"] = redact(str(stderr_tail)[-4000:])
+    run_id = tracker.log_trial(record, duration_s, tags, end_ms=end_ms)
+    diagnosis = ctx.diagnosis(record, history)
+    if run_id is not None and diagnosis is not None:
+        tracker.log_metrics(run_id, diagnosis.metrics())
+        tracker.set_tags(run_id, diagnosis.tags())
+    return run_id
 
 
 def _times(trial, record: TrialRecord) -> tuple[float, int]:

@@ -230,6 +230,17 @@ def device_peak(
     return _stored_peak(stored[key]), True
 
 
+def kept_peak(device: torch.device, device_name: str, cache: Path) -> Peak | None:
+    """The device's peak as ``device_peak`` would give it, without measuring: the datasheet's for
+    a known GPU, else what ``cache`` keeps for it (None: nothing kept). For what reads figures
+    measured earlier (``sync``), where measuring now would take the machine of a running study."""
+    known = table_peak(device_name) if device.type == "cuda" else None
+    if known is not None:
+        return known
+    _, _, entry = _kept(cache, device_name)
+    return _stored_peak(entry) if entry else None
+
+
 def _kept(cache: Path, device_name: str) -> tuple[dict[str, Any], str, dict[str, Any] | None]:
     """What ``cache`` keeps: every entry, this device's key, and its entry (None: none kept)."""
     stored = _read_peaks(cache)

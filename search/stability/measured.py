@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from search.analysis.noise_floor import NoiseFloor
@@ -28,6 +28,7 @@ __all__ = [
     "again_if_compiled",
     "again_if_dispersed",
     "measured_record",
+    "run_tags",
     "second_process",
 ]
 
@@ -61,6 +62,20 @@ class MeasuredTrial:
     second_process: Mapping[str, Any] | None = None
     """What the trial's second process measured (``second_process``): a compiled one's, or one
     that measured a dispersed run again."""
+    run_tags: Mapping[str, str] = field(default_factory=dict)
+    """What the trial's MLflow run is tagged with beyond the figures (``run_tags``): kept with the
+    trial, so that ``sync`` tags a run it copies later as a live run was."""
+
+
+def run_tags(result: TrialResult) -> dict[str, str]:
+    """A measured trial's tags beyond its figures: why its measurement stopped, and the clock
+    events the device reported during it."""
+    tags = {}
+    if result.measurement is not None:
+        tags["stop_reason"] = result.measurement.stop_reason
+    if result.throttle_reasons:
+        tags["throttle_reasons"] = result.throttle_reasons
+    return tags
 
 
 def again_if_compiled(
@@ -156,6 +171,7 @@ def measured_record(
         stored=stored,
         stderr_tail=redact(result.stderr_tail),
         second_process=second,
+        run_tags=run_tags(result),
     )
 
 

@@ -101,6 +101,8 @@ def store_measured(
     }
     if measured.second_process is not None:
         attrs["second_process"] = dict(measured.second_process)
+    if measured.run_tags:
+        attrs["run_tags"] = dict(measured.run_tags)
     if record.state == FAILED and measured.stderr_tail:
         attrs["stderr_tail"] = measured.stderr_tail[-4000:]
     told = (

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+import yaml
 from invoke import measured, search  # tests/ is on sys.path
 from mlflow.tracking import MlflowClient
 from tiny_overrides import CONTRACT_METRICS, KNOBS, LENIENT, TINY
@@ -87,6 +88,13 @@ def test_sync_copies_each_missing_trial_once_with_its_own_times_and_front(tmp_pa
         for number in sorted(trials)
     ]
     tracker.end_run(cut[1].info.run_id, "KILLED")
+    # and a tuning's parent run left RUNNING (its server went away before the run could end it),
+    # its last heartbeat a day old
+    left = tracker.client.create_run(
+        tracker.experiment_id,
+        run_name="llm-cpu left running",
+        tags={"study": "llm-cpu", "heartbeat": str(time.time() - 86400)},
+    )
 
     synced = search("sync", "+space=llm", *tuning, f"tracking.uri={second}", runs_dir=runs_dir)
     assert synced.stdout.count("copied #") == 2
@@ -97,8 +105,13 @@ def test_sync_copies_each_missing_trial_once_with_its_own_times_and_front(tmp_pa
     assert synced.stdout.strip().splitlines()[-1].startswith("sync: copied 2 trial(s)")
     assert "removed 2 run(s) whose logging was cut off" in synced.stdout
     assert {tracker.client.get_run(c.info.run_id).info.lifecycle_stage for c in cut} == {"deleted"}
+    assert "recovered: MLflow run llm-cpu left running was left running: ended KILLED" in (
+        synced.stdout
+    )
+    assert tracker.client.get_run(left.info.run_id).info.status == "KILLED"
 
     parents, runs = children(second)
+    parents = [p for p in parents if p.info.run_id != left.info.run_id]
     assert len(parents) == 1 and parents[0].data.tags["sync"] == "true"
     assert {parents[0].data.tags[k] for k in ("study", "space")} == {"llm-cpu", "llm"}
     assert len(runs) == 2 and {r.data.tags["mlflow.parentRunId"] for r in runs} == {
@@ -120,6 +133,19 @@ def test_sync_copies_each_missing_trial_once_with_its_own_times_and_front(tmp_pa
         assert run.info.end_time == ms(trial.datetime_complete)
         assert study.user_attrs[f"{SYNCED_RUN_PREFIX}{trial.number}"] == run.info.run_id
 
+    # Each copied run carries what the live run of the same trial carries: its regime, MFU and
+    # roofline figures, why its measurement stopped, and every other tag and metric.
+    live = {r.data.tags["trial"]: r for r in children(first)[1]}
+    for run in runs:
+        twin = live[run.data.tags["trial"]]
+        assert set(run.data.metrics) == set(twin.data.metrics)
+        assert set(run.data.tags) == set(twin.data.tags)
+        for tag in ("regime", "stop_reason", "mfu_withheld", "state", "stable"):
+            assert run.data.tags.get(tag) == twin.data.tags.get(tag), tag
+        if run.data.tags["state"] == "complete":
+            assert {"mfu", "arithmetic_intensity"} <= set(run.data.metrics)
+            assert {"regime", "stop_reason"} <= set(run.data.tags)
+
     # The front is the one the tuning run tagged: same trials, from the stored (pooled) figures.
     pareto_by_trial = lambda runs: {r.data.tags["trial"]: r.data.tags["pareto"] for r in runs}  # noqa: E731
     assert pareto_by_trial(runs) == pareto_by_trial(children(first)[1])
@@ -138,7 +164,7 @@ def test_sync_copies_each_missing_trial_once_with_its_own_times_and_front(tmp_pa
         in again.stdout
     )
     parents, runs = children(second)
-    assert len(parents) == 1 and len(runs) == 2
+    assert len(parents) == 2 and len(runs) == 2  # the sync's and the one it ended
 
 
 @pytest.mark.slow
@@ -160,6 +186,10 @@ def test_a_run_against_a_dead_server_keeps_its_trials_and_sync_copies_them(tmp_p
         t for t in measured(study) if f"{SYNCED_RUN_PREFIX}{t.number}" in study.user_attrs
     ]
 
+    best = runs_dir / "llm-cpu" / "best.yaml"
+    recommended = yaml.safe_load(best.read_text())["recommended"]
+    assert recommended is None or recommended["mlflow_run_id"] is None
+
     uri = f"sqlite:///{runs_dir}/mlflow.db"
     synced = search("sync", "+space=llm", *TINY, f"tracking.uri={uri}", runs_dir=runs_dir)
     assert (
@@ -171,6 +201,10 @@ def test_a_run_against_a_dead_server_keeps_its_trials_and_sync_copies_them(tmp_p
     assert {study.user_attrs[f"{SYNCED_RUN_PREFIX}{t.number}"] for t in measured(study)} == {
         r.info.run_id for r in runs
     }
+    if recommended is not None:  # best.yaml names the run its recommendation was copied to
+        by_trial = {r.data.tags["trial"]: r.info.run_id for r in runs}
+        after = yaml.safe_load(best.read_text())["recommended"]
+        assert after["mlflow_run_id"] == by_trial[str(after["trial"])]
     assert tuned.returncode == 0
 
 
