@@ -177,18 +177,21 @@ def _run_study(
         study_storage(study),
         lambda tags: tracker.set_tags(tracker.parent_id, tags),
     )
+    stage = SEARCH
     try:
         _recover(ctx, study, tracker, recovery)
         tracker.log_text(yaml.safe_dump(redact_tree(cfg), sort_keys=False), "config.yaml")
         _set_aside(ctx, study)
         remeasured: dict[str, Pooled] = {}
         if base is not None:
+            stage = BASELINE
             remeasured = remeasure_baseline(ctx, study, base)
-            ctx = warm_start(ctx, study, base)
+            ctx, stage = warm_start(ctx, study, base), SEARCH
         driver = study_driver(ctx, study, tracker, recovery, heartbeat)
         for note in driver.notes:
             out.print(f"note: {note}", markup=False)
         outcome = driver.run()
+        stage = AFTER_SEARCH
         _peak_again(ctx)
         if remeasured:
             adopt_remeasured(ctx, driver, remeasured)
@@ -202,14 +205,35 @@ def _run_study(
         return code
     except KeyboardInterrupt:
         status = "KILLED"
-        out.print(
-            "[red]interrupted[/]: the trial in progress is marked failed; "
-            "re-run the same command to resume"
-        )
+        out.print(f"[red]interrupted[/] {_interrupted(stage, base is not None)}")
         return 130
     finally:
         heartbeat.close()
         tracker.end_parent(status)
+
+
+SEARCH, BASELINE, AFTER_SEARCH = "search", "baseline", "after the search"
+"""Where an invocation is when Ctrl-C stops it: what is kept, and how to go on, differ."""
+
+
+def _interrupted(stage: str, retune: bool) -> str:
+    """What Ctrl-C at ``stage`` kept, and the command that goes on from there."""
+    if stage == SEARCH:
+        return (
+            "during the search: the trial in progress is marked failed, every finished one is "
+            "kept; re-run the same command to go on"
+        )
+    if stage == BASELINE:
+        return (
+            "while re-measuring the baseline: no trial of this re-tune was measured yet; re-run "
+            "the same command"
+        )
+    n_trials = "retune.n_trials=0" if retune else "study.n_trials=0"
+    return (
+        "after the search (re-validation, control runs or confirmation): every trial and every "
+        "finished re-validation run is kept; to finish without measuring new configurations, "
+        f"re-run the same command with {n_trials}"
+    )
 
 
 def _recover(ctx: Context, study: optuna.Study, tracker: Tracker, recovery: Recovery) -> None:

@@ -383,6 +383,7 @@ def test_ctrl_c_marks_the_trial_failed_and_the_parent_killed(runs_dir):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, out + err
     assert "Traceback" not in err, err
+    assert "interrupted during the search: the trial in progress is marked failed" in out, out
 
     study = optuna.load_study(study_name="interrupted", storage=f"sqlite:///{runs_dir}/optuna.db")
     assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
@@ -392,6 +393,15 @@ def test_ctrl_c_marks_the_trial_failed_and_the_parent_killed(runs_dir):
     client, parents, children = runs_of(runs_dir, "interrupted")
     assert [p.info.status for p in parents] == ["KILLED"]
     assert children and all(c.info.status == "FINISHED" for c in children)
+
+
+def test_ctrl_c_after_the_search_says_how_to_finish_without_new_trials():
+    from search.commands.tune import AFTER_SEARCH, BASELINE, _interrupted
+
+    assert _interrupted(AFTER_SEARCH, retune=False).endswith("with study.n_trials=0")
+    assert _interrupted(AFTER_SEARCH, retune=True).endswith("with retune.n_trials=0")
+    assert "trial in progress" not in _interrupted(AFTER_SEARCH, retune=False)
+    assert "no trial of this re-tune was measured" in _interrupted(BASELINE, retune=True)
 
 
 # tests/faults.py's workload, one configuration per fault (tests/fault_space/space/faults.yaml)
