@@ -11,9 +11,10 @@ from rich.table import Table
 
 from search.config.compose import load_settings, redact
 from search.core.errors import ConfigError
+from search.core.records import si
 from search.reporting.report import console
 from search.retune.tuned import tuned_runs
-from search.retune.tuning_history import history_rows, write_history
+from search.retune.tuning_history import config_text, history_rows, write_history
 from search.storage.stores import quiet_libraries, require_study
 
 __all__ = ["run_history"]
@@ -38,15 +39,14 @@ def run_history(cfg_node: Any) -> int:
         table.add_column(column)
     for row in history_rows(runs):
         figure = (
-            f"{float(row['throughput']):.4g} [{float(row['ci_low']):.4g}, "
-            f"{float(row['ci_high']):.4g}] {row['unit']}"
+            f"{si(float(row['throughput']))} [{si(float(row['ci_low']))}, "
+            f"{si(float(row['ci_high']))}] {row['unit']}"
             if row["throughput"]
             else "none"
         )
         confirmed = str(row["confirmed_runs"]) if row["confirmed_runs"] else "unconfirmed"
-        table.add_row(
-            row["name"], row["device"], row["verdict"], figure, confirmed, row["config"] or "-"
-        )
+        config = config_text(row["config"])
+        table.add_row(row["name"], row["device"], row["verdict"], figure, confirmed, config)
     out = console()
     out.print(table)
     csv_path, png_path = write_history(

@@ -10,6 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from search.core.records import si
 from search.retune.figure import Figure
 from search.retune.tuned import Tuned
 from search.retune.verdict import MOVED, Conclusion
@@ -60,7 +61,7 @@ def _report_lines(
         if f is None:
             return "none"
         return (
-            f"{shown_config(f)}: {f.throughput:.4g} [{f.low:.4g}, {f.high:.4g}] {today.unit}/s"
+            f"{shown_config(f)}: {si(f.throughput)} [{si(f.low)}, {si(f.high)}] {today.unit}/s"
             + (f" ({len(f.runs)} fresh runs)" if f.runs else "")
         )
 

@@ -9,9 +9,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from search.core.records import value_text
 from search.retune.tuned import Tuned
 
-__all__ = ["HISTORY_COLUMNS", "history_rows", "write_history"]
+__all__ = ["HISTORY_COLUMNS", "config_text", "history_rows", "write_history"]
 
 HISTORY_COLUMNS = [
     "name",
@@ -27,6 +28,13 @@ HISTORY_COLUMNS = [
 ]
 """``confirmed_runs``: the fresh runs behind the figure (0: a search figure, never confirmed; such a
 run cannot be a re-tune's baseline)."""
+
+
+def config_text(config_json: str) -> str:
+    """A row's configuration (JSON in ``history.csv``) as a person reads it: ``k=v, k=v``."""
+    if not config_json:
+        return "-"
+    return ", ".join(f"{k}={value_text(v)}" for k, v in json.loads(config_json).items())
 
 
 def history_rows(runs: Sequence[Tuned]) -> list[dict[str, Any]]:
@@ -95,9 +103,10 @@ def write_history(study_dir: Path, runs: Sequence[Tuned], title: str) -> tuple[P
     unit = shown[0].unit if shown else "items"
     ax.set_ylabel(f"recommended throughput ({unit}/s, 95% CI)")
     ax.set_title(title, fontsize=9)
-    legend = "\n".join(f"#{i + 1}: {c}" for i, c in enumerate(configs))
+    legend = "\n".join(f"#{i + 1}: {config_text(c)}" for i, c in enumerate(configs))
     if legend:
-        ax.text(1.01, 1.0, legend, transform=ax.transAxes, fontsize=6, va="top", family="monospace")
+        # below the run names, where a long configuration has the figure's width, not a margin's
+        ax.text(0.0, -0.3, legend, transform=ax.transAxes, fontsize=7, va="top")
     fig.savefig(png_path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return csv_path, png_path

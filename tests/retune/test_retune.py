@@ -580,3 +580,17 @@ def test_a_kept_recommendation_is_listed_with_the_comparisons():
     kept = held_back(fig(101, config=B), fig(100), 0.05)
     c = conclude(tuned(fig(100)), tuned(fig(100), "retune 2"), fig(100), 0.05, kept=kept)
     assert c.kept is kept and c.comparisons[-1] is kept and c.verdict != MOVED
+
+
+def test_history_and_the_report_show_figures_and_configurations_as_people_read_them(tmp_path):
+    from search.core.records import si
+    from search.retune.retune_report import write_report
+    from search.retune.tuning_history import config_text, history_rows
+
+    base, today = tuned(fig(27950)), tuned(fig(27950), "retune 2", time_s=2.0)
+    row = history_rows([base])[0]
+    assert json.loads(row["config"]) == A  # the CSV keeps JSON, for programs
+    assert config_text(row["config"]) == "micro_batch_size=4, precision=fp32"
+    md, _ = write_report(tmp_path, base, today, conclude(base, today, today.recommended, 0.05), A)
+    text = md.read_text()
+    assert "e+0" not in text and f"precision=fp32: {si(today.recommended.throughput)} [" in text
