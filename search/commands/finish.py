@@ -348,15 +348,27 @@ def _regime_lines(
     return lines
 
 
+def _whose_figures(front: Sequence[TrialRecord], pooled: Mapping[int, Pooled]) -> str:
+    """Where the front's figures come from: fresh processes pooled (re-validation, or a re-tune's
+    baseline re-measured), the search's own runs, or some of each."""
+    counts = sorted({len(pooled[r.number].runs) for r in front if r.number in pooled})
+    if not counts:
+        return " (search-time figures)"
+    n = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    many = sum(r.number in pooled for r in front)
+    if many == len(front):
+        return f" (figures pooled from {n} fresh processes each)"
+    return (
+        f" ({many} of {len(front)} with figures pooled from {n} fresh processes each, the rest "
+        "search-time figures)"
+    )
+
+
 def _print_front(ctx: Context, found: StudyResult) -> None:
-    out, processes = ctx.out, ctx.settings.revalidate.processes
+    out = ctx.out
     front, best = found.front, found.best
     if front:
-        title = "Pareto-optimal stable configurations" + (
-            f" (figures pooled from {processes} fresh processes each)"
-            if processes
-            else " (search-time figures)"
-        )
+        title = "Pareto-optimal stable configurations" + _whose_figures(front, found.revalidated)
         columns = Columns.of(ctx.space, ctx.settings.measure.confidence, found.unit)
         out.print(pareto_table(front, best, columns, title, found.diagnoses))
     else:

@@ -145,3 +145,24 @@ def test_a_retune_moves_the_recommendation_only_when_the_new_one_is_surely_faste
         )
         report = next((ctx.study_dir() / "retune").glob("*.md")).read_text()
         assert "The old recommendation was kept" in report
+
+
+def test_the_front_says_whose_figures_it_shows():
+    """Pooled where re-validation or a re-tune's re-measured baseline measured them (whatever
+    ``revalidate.processes`` says), the search's own where nothing did, or some of each."""
+    from search.commands.finish import _whose_figures
+    from search.revalidation.pooling import Pooled
+
+    front = [trial(1, OLD, 100.0), trial(3, NEW, 120.0)]
+
+    def pooled(n: int) -> Pooled:
+        return Pooled(metrics={}, stable=True, reason="", runs=(None,) * n)  # type: ignore[arg-type]
+
+    assert _whose_figures(front, {}) == " (search-time figures)"
+    assert _whose_figures(front, {1: pooled(4), 3: pooled(4)}) == (
+        " (figures pooled from 4 fresh processes each)"
+    )
+    assert _whose_figures(front, {3: pooled(2)}) == (
+        " (1 of 2 with figures pooled from 2 fresh processes each, the rest search-time figures)"
+    )
+    assert "from 2-4 fresh" in _whose_figures(front, {1: pooled(4), 3: pooled(2)})
