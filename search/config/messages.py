@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import (
     ConfigKeyError,
@@ -139,6 +140,8 @@ def one_line(error: Exception, spaces: Sequence[str]) -> str:
     """``error`` of Hydra's composition as one line saying what to fix (``spaces``: the built-in
     spaces' names, joined)."""
     text = str(error).strip()
+    if isinstance(error, yaml.MarkedYAMLError):
+        return _not_yaml(error)
     if "Could not find 'space/" in text:
         name = text.split("Could not find 'space/")[1].split("'")[0]
         return (
@@ -178,6 +181,24 @@ def one_line(error: Exception, spaces: Sequence[str]) -> str:
         )
     first, *rest = [line.strip() for line in text.splitlines() if line.strip()]
     return " ".join([first, *rest[:2]]) if len(first) < 60 else first
+
+
+def _not_yaml(error: yaml.MarkedYAMLError) -> str:
+    """A config file that is not valid YAML: which space, where, and what the parser expected."""
+    mark = error.problem_mark or error.context_mark
+    path = Path(mark.name) if mark is not None else None
+    where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark and path else ""
+    what = f"space '{path.stem}' ({where})" if path and path.parent.name == "space" else where
+    problem = error.problem or "cannot be parsed"
+    opened = error.context_mark
+    context = (
+        f" ({error.context}"
+        + (f" at line {opened.line + 1}" if opened is not None and opened is not mark else "")
+        + ")"
+        if error.context
+        else ""
+    )
+    return f"{what or 'a config file'}: not valid YAML: {problem}{context}; fix the file"
 
 
 def _unknown_open_key(key: str, inner: BaseException | None) -> str:

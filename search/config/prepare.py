@@ -87,7 +87,9 @@ def load_space(
             space.probe_constraints(rng)
             feasible = [] if space.random_feasible(rng) is None else None
     except SpaceError as e:
-        raise ConfigError(str(e)) from None
+        message = str(e)
+        prefix = f"space '{raw['name']}': "
+        raise ConfigError(message if message.startswith(prefix) else prefix + message) from None
     if feasible is not None and not feasible:
         raise ConfigError(
             f"space '{space.name}': no configuration satisfies the constraints "

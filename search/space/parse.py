@@ -271,11 +271,34 @@ def _parse_constraint(where: str, text: Any, params: Mapping[str, Param]) -> Con
     for node in ast.walk(tree.body):
         if isinstance(node, ast.Name) and node.id not in params:
             raise SpaceError(
-                f"{where}: {text!r} names unknown knob {node.id!r}; knobs: {', '.join(params)}"
+                f"{where}: {text!r} names unknown knob {node.id!r}; knobs: {', '.join(params)} "
+                f"(to stop searching a knob a constraint names, fix its value, e.g. "
+                f"space.params.{node.id}=1, rather than remove it)"
             )
         if not isinstance(node, ALLOWED_NODES):
             raise SpaceError(
                 f"{where}: {text!r} uses {type(node).__name__}, which constraints do not allow; "
                 "use knob names, numbers, strings, arithmetic, comparisons, and/or/not"
             )
+    if not _is_condition(tree.body, params):
+        raise SpaceError(
+            f"{where}: {text!r} is no condition (a value, true for any nonzero one): compare it, "
+            "e.g. 'batch_size <= 64' or 'batch_size % micro_batch_size == 0'"
+        )
     return Constraint(text, tree)
+
+
+def _is_condition(node: ast.AST, params: Mapping[str, Param]) -> bool:
+    """Whether ``node`` is true or false by what it says: a comparison, a knob of true and false
+    (``recompute``), or and/or/not of them. A bare number would pass for every nonzero value,
+    which is seldom what its writer meant."""
+    if isinstance(node, ast.Compare):
+        return True
+    if isinstance(node, ast.BoolOp):
+        return all(_is_condition(v, params) for v in node.values)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        return _is_condition(node.operand, params)
+    if isinstance(node, ast.Name):
+        values = params[node.id].values()
+        return values is not None and all(isinstance(v, bool) for v in values)
+    return isinstance(node, ast.Constant) and isinstance(node.value, bool)

@@ -515,6 +515,25 @@ def test_malformed_space_yaml_exits_2_naming_the_file_and_line(tmp_path, capsys)
     assert main(["--config-dir", str(tmp_path), "+space=broken", f"runs_dir={runs_dir}"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "broken.yaml" in err and "line 3" in err, err
+    assert err.startswith("search: error: space 'broken' (") and "not valid YAML" in err, err
+    assert not runs_dir.exists()
+
+
+def test_a_constraint_that_cannot_be_evaluated_names_its_space(tmp_path, capsys):
+    (tmp_path / "space").mkdir()
+    (tmp_path / "space" / "mixed.yaml").write_text(
+        "workload: {_target_: search.workloads.GPT, vocab_size: 64, seq_len: 16, d_model: 32,"
+        " n_layers: 1, n_heads: 2}\n"
+        "params:\n  batch_size: {type: int, low: 1, high: 8}\n"
+        "  precision: {type: categorical, choices: [fp32, bf16]}\n"
+        "constraints: [precision > 1]\nobjectives: {throughput: maximize}\n"
+    )
+    runs_dir = tmp_path / "runs"
+    args = ["--config-dir", str(tmp_path), "+space=mixed", "device=cpu", f"runs_dir={runs_dir}"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith("search: error: space 'mixed': constraint 'precision > 1' cannot be ")
     assert not runs_dir.exists()
 
 

@@ -296,7 +296,7 @@ INVALID = [
     (
         "constraint_unknown_knob",
         _with(constraints=["a <= bacth_size"]),
-        ["constraints", "unknown knob 'bacth_size'", "knobs: a"],
+        ["constraints", "unknown knob 'bacth_size'", "knobs: a", "space.params.bacth_size=1"],
     ),
     (
         "constraint_function_call",
@@ -328,6 +328,16 @@ INVALID = [
     ("constraint_subscript", _with(constraints=["a[0] == 1"]), ["constraints", "uses Subscript"]),
     ("constraint_walrus", _with(constraints=["(a := 1) == a"]), ["constraints", "uses NamedExpr"]),
     ("constraint_conditional", _with(constraints=["1 if a else 0"]), ["constraints", "uses IfExp"]),
+    (
+        "constraint_no_condition",
+        _with(constraints=["a"]),
+        ["constraints", "'a' is no condition", "compare it"],
+    ),
+    (
+        "constraint_arithmetic_only",
+        _with(constraints=["a - 2 or a > 1"]),
+        ["constraints", "is no condition"],
+    ),
     (
         "unknown_objective_metric",
         _with(objectives={"tput": "maximize"}),
@@ -458,7 +468,10 @@ def test_zero_divisor_makes_constraint_fail_instead_of_raising(expression):
     assert constraint.holds({**config, "b": 2}) is True
 
 
-@pytest.mark.parametrize("expression", ["a / b != 2", "not a % b == 1", "a % b", "not a // b < 1"])
+# "a % b != 0", not the bare "a % b": a bare number is no condition (refused when parsed)
+@pytest.mark.parametrize(
+    "expression", ["a / b != 2", "not a % b == 1", "a % b != 0", "not a // b < 1"]
+)
 def test_zero_divisor_fails_constraint_even_when_negated(expression):
     (constraint,) = parse_space("t", space_dict(params=KNOBS, constraints=[expression])).constraints
     assert (
