@@ -16,11 +16,24 @@ from torch import nn
 
 from search.workloads import Workload
 
-FAULTS = ("none", "oom", "segv", "abort", "exit", "error", "hang", "hostmem", "chatty", "cut")
+FAULTS = (
+    "none",
+    "oom",
+    "segv",
+    "abort",
+    "exit",
+    "error",
+    "hang",
+    "hostmem",
+    "chatty",
+    "cut",
+    "not_finite",
+)
 
 
 class Faulty(Workload):
-    """A small linear model; ``fault`` picks what goes wrong while the model is built.
+    """A small linear model; ``fault`` picks what goes wrong while the model is built (or, for
+    ``not_finite``, a loss that is NaN whatever the precision).
 
     ``hang`` also starts a child process that would outlive its parent, and writes the worker's
     and the child's pid to ``pid_file``, so a test can check what a timeout or a kill ends.
@@ -77,7 +90,8 @@ class Faulty(Workload):
         return torch.randn(size, 64, generator=generator)
 
     def loss(self, model, batch):
-        return model(batch).square().mean()
+        loss = model(batch).square().mean()
+        return loss * float("nan") if self.fault == "not_finite" else loss
 
 
 class NeedsAMissingPackage(Faulty):

@@ -48,6 +48,7 @@ from search.execution.train_step import TrainStep
 from search.workloads.base import ServingWorkload, Workload
 
 __all__ = [
+    "NOT_FINITE_IN_FP32",
     "FidelityReport",
     "GRADIENT_FLOOR",
     "SERVING_TOLERANCES",
@@ -59,6 +60,11 @@ __all__ = [
     "check_serving_fidelity",
     "reference_knobs",
 ]
+
+
+NOT_FINITE_IN_FP32 = "the workload is not finite even in fp32"
+"""Ends a fidelity failure of the fp32 reference itself: a fault of the workload, which no
+configuration can mend (``search.study.outcome.workload_fault``)."""
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -362,7 +368,7 @@ def _reason(
     ):
         return (
             "the fp32 reference's loss or gradients are not finite, so nothing can be checked "
-            "against them; the workload is not finite even in fp32"
+            f"against them; {NOT_FINITE_IN_FP32}"
         )
     if not math.isfinite(loss):
         return (
@@ -463,7 +469,8 @@ def check_serving_fidelity(
     if not torch.isfinite(expected.logits).all():
         return ServingFidelityReport(
             False,
-            "the fp32 reference's logits are not finite, so nothing can be checked against them",
+            "the fp32 reference's logits are not finite, so nothing can be checked against them; "
+            + NOT_FINITE_IN_FP32,
             math.inf,
             0.0,
         )

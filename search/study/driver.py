@@ -64,7 +64,7 @@ from search.strategy.guided import HANDED_OVER, WHY, GuidedSampler, seen_of
 from search.strategy.samplers import GUIDED, SAMPLERS, optuna_names, suggest
 from search.study.driver_inputs import Bench, DriverCallbacks, control_run, repeat_run
 from search.study.guards import KnownOutcomes, Proposal, Ruling, guards
-from search.study.outcome import StudyOutcome
+from search.study.outcome import StudyOutcome, workload_fault
 
 if TYPE_CHECKING:
     from search.config.settings import Settings
@@ -434,7 +434,12 @@ class StudyDriver:
         self.rng = random.Random(seed)
 
     def _too_many_failures(self) -> bool:
+        """Whether to stop: a fault of the workload itself, or a failure rate above the limit."""
         records = self.outcome.records
+        fault = workload_fault(records[-1:])
+        if fault:
+            self.outcome.stop_reason, self.outcome.failure_stop = "workload fault", fault
+            return True
         failed = [r for r in records if r.state == FAILED]
         rate = self.settings.study.max_failure_rate
         if len(records) < MIN_TRIALS_FOR_FAILURE_RATE or len(failed) <= rate * len(records):

@@ -3,11 +3,13 @@ stopped."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from search.core.records import TrialRecord
+from search.execution.fidelity import NOT_FINITE_IN_FP32
 
-__all__ = ["StudyOutcome"]
+__all__ = ["StudyOutcome", "workload_fault"]
 
 
 @dataclass(kw_only=True)
@@ -29,3 +31,18 @@ class StudyOutcome:
     stop_reason: str = "n_trials"
     failure_stop: str = ""
     """Why the study stopped for too many failures ('' when it did not)."""
+
+
+def workload_fault(records: Sequence[TrialRecord]) -> str:
+    """Why no configuration can run right, where a trial showed it: the workload's loss or
+    gradients are not finite even in the fp32 reference of the fidelity check, which does not
+    depend on the knobs' speed levers ('' when no trial showed it). Every later trial would be
+    infeasible for the same reason: a study of 30 such trials measured nothing of use."""
+    fault = next((r for r in records if r.failure.endswith(NOT_FINITE_IN_FP32)), None)
+    if fault is None:
+        return ""
+    return (
+        f"trial #{fault.number}: {NOT_FINITE_IN_FP32} (the fidelity check's reference: its loss or "
+        "gradients are NaN or infinite), so no configuration can be checked; fix the workload "
+        "(its loss, its initialisation or its batch) and run again"
+    )

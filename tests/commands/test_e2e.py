@@ -492,6 +492,29 @@ def test_a_study_that_only_fails_stops_with_a_clear_message(runs_dir):
     assert [p.info.status for p in parents] == ["FAILED"] and len(children) == 5
 
 
+def test_a_workload_not_finite_even_in_fp32_stops_the_study_at_its_first_trial(runs_dir):
+    # bf16, so that the fidelity check runs and computes the fp32 reference, which is NaN too
+    result = search(
+        *FAULTS,
+        "study.name=not-finite",
+        "tracking.experiment=not-finite",
+        "study.n_trials=6",
+        "space.params.fault.choices=[not_finite]",
+        "+space.params.precision=bf16",
+        runs_dir=runs_dir,
+        pythonpath=(str(REPO / "tests"),),
+        fresh=True,  # its stderr, exactly: one line
+        code=1,
+    )
+    assert "stopped by workload fault" in result.stdout
+    err = result.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        "search: error: stopped early: trial #0: the workload is not finite even in fp32"
+    ), result.stderr
+    study = optuna.load_study(study_name="not-finite", storage=f"sqlite:///{runs_dir}/optuna.db")
+    assert len(measured(study)) == 1, "no trial after the first: none could be checked"
+
+
 def _running(runs_dir: Path, study_name: str, experiment: str):
     study = optuna.load_study(study_name=study_name, storage=f"sqlite:///{runs_dir}/optuna.db")
     _, parents, children = runs_of(runs_dir, experiment)
