@@ -46,6 +46,8 @@ def conclude_tuning(
     out.print(ctx.spent.line(), markup=False)
     tracker.log_metrics(tracker.parent_id, ctx.spent.metrics())
     today = _today(ctx, tracker, base, finished, confirmed)
+    # the name history, best.yaml's baseline and retune.baseline know this run by
+    tracker.set_tags(tracker.parent_id, {"recorded_as": today.name})
     code = 0
     if base is not None:
         today, code = _compare(ctx, tracker, base, today, (old_today, kept), finished)

@@ -335,8 +335,9 @@ def _start_parent(
         f"study: {study_name} in {redact(settings.study.storage)} "
         f"({trials}, sampler {settings.study.sampler})"
     )
+    kind = "retune" if base is not None else "tune"  # as history names it (Tuned.name)
     tracker.start_parent(
-        f"{study_name} {time.strftime('%Y-%m-%d %H:%M:%S')}",
+        f"{study_name} {kind} {time.strftime('%Y-%m-%d %H:%M:%S')}",
         params=_flatten({k: v for k, v in cfg.items() if k != "space"})
         | _flatten(cfg["space"], "space."),
         tags={

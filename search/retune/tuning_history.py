@@ -25,9 +25,11 @@ HISTORY_COLUMNS = [
     "unit",
     "confirmed_runs",
     "config",
+    "mlflow_run_id",
 ]
 """``confirmed_runs``: the fresh runs behind the figure (0: a search figure, never confirmed; such a
-run cannot be a re-tune's baseline)."""
+run cannot be a re-tune's baseline). ``mlflow_run_id``: the invocation's parent run (tagged
+``recorded_as`` with ``name``)."""
 
 
 def config_text(config_json: str) -> str:
@@ -53,6 +55,7 @@ def history_rows(runs: Sequence[Tuned]) -> list[dict[str, Any]]:
                 "unit": f"{t.unit}/s",
                 "confirmed_runs": 0 if r is None else len(r.runs),
                 "config": "" if r is None else json.dumps(r.config, sort_keys=True),
+                "mlflow_run_id": t.mlflow_run_id or "",
             }
         )
     return rows

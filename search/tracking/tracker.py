@@ -47,9 +47,9 @@ NOTE = "mlflow.note.content"
 EXPERIMENT_KIND = "mlflow.experimentKind"
 EXPERIMENT_NOTE = """Tuning runs of `python -m search`.
 
-- **Parent runs**, one per invocation (`llm-cpu 2026-11-24 10:00:00`): the description holds the
-  summary (the Pareto front, the recommendation, the machine's noise floor, the regimes and the
-  oracle table); artifacts hold `pareto.png`, `oracle.png`, `noise.png`, `best.yaml`.
+- **Parent runs**, one per invocation (`llm-cpu tune 2026-11-24 10:00:00`): the description
+  holds the summary (the Pareto front, the recommendation, the machine's noise floor, the regimes
+  and the oracle table); artifacts hold `pareto.png`, `oracle.png`, `noise.png`, `best.yaml`.
 - **Child runs**, one per measured configuration, named by its knobs (`bs32·mb8·bf16·s2 #12`):
   params are the knob values; metrics `throughput` (with `throughput_ci_low`/`_high`),
   `latency_p95_ms`, `peak_memory_mb`, `mfu` ...; tags `stable`, `pareto`, `regime`, `state`.

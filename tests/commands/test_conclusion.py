@@ -130,6 +130,7 @@ def test_a_retune_moves_the_recommendation_only_when_the_new_one_is_surely_faste
     best = yaml.safe_load((ctx.study_dir() / "best.yaml").read_text())
     assert today.kind == RETUNE and today.recommended is not None
     assert best["confirmed"]["fresh_runs"] == 6
+    assert tracker.tags["recorded_as"] == today.name
     if moves:
         assert today.verdict == MOVED and today.recommended.config == NEW
         assert best["recommended"]["config"] == NEW and "kept_over" not in best
