@@ -28,11 +28,15 @@ NETWORK_LIMITS = {
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    # On a server, MLflow prints a "View run ... at: URL" line to stdout each time a run ends:
+    # one per trial, in the middle of the trial lines. The tool prints the link to the front.
+    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
 }
 
 
 def limit_network() -> None:
-    """Apply ``NETWORK_LIMITS`` to this process's MLflow HTTP requests, keeping any the user set."""
+    """Apply ``NETWORK_LIMITS`` to this process's MLflow HTTP requests (and its printing of run
+    links), keeping any the user set."""
     for name, value in NETWORK_LIMITS.items():
         os.environ.setdefault(name, value)
 

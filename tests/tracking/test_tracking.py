@@ -120,6 +120,7 @@ def test_network_limits_are_set_unless_the_user_set_them(dead_uri, tmp_path, mon
         os.environ["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"]
         == NETWORK_LIMITS["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"]
     )
+    assert os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] == "true"
 
 
 def test_server_that_never_answers_times_out_into_offline(tmp_path, monkeypatch):
