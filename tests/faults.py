@@ -28,12 +28,14 @@ FAULTS = (
     "chatty",
     "cut",
     "not_finite",
+    "float_loss",
 )
 
 
 class Faulty(Workload):
     """A small linear model; ``fault`` picks what goes wrong while the model is built (or, for
-    ``not_finite``, a loss that is NaN whatever the precision).
+    ``not_finite``, a loss that is NaN whatever the precision; for ``float_loss``, one returned as
+    a Python number).
 
     ``hang`` also starts a child process that would outlive its parent, and writes the worker's
     and the child's pid to ``pid_file``, so a test can check what a timeout or a kill ends.
@@ -91,6 +93,8 @@ class Faulty(Workload):
 
     def loss(self, model, batch):
         loss = model(batch).square().mean()
+        if self.fault == "float_loss" and not loss.is_meta:  # the contract check reads it on meta
+            return float(loss)
         return loss * float("nan") if self.fault == "not_finite" else loss
 
 

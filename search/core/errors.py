@@ -6,7 +6,15 @@ Each also derives from the built-in its callers have caught so far (``ValueError
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "KnobError", "SearchError", "SpaceError", "StoreError", "require"]
+__all__ = [
+    "ConfigError",
+    "ContractError",
+    "KnobError",
+    "SearchError",
+    "SpaceError",
+    "StoreError",
+    "require",
+]
 
 
 class SearchError(Exception):
@@ -23,6 +31,12 @@ class SpaceError(SearchError, ValueError):
 
 class KnobError(SearchError, ValueError):
     """A knob value this workload or device cannot run."""
+
+
+class ContractError(SearchError, TypeError):
+    """A workload that breaks its contract in a trial (its loss returned no tensor, say): a fault
+    of the workload that no configuration mends, so the study stops at the first trial that shows
+    it (``search.study.outcome.workload_fault``)."""
 
 
 class StoreError(SearchError, RuntimeError):

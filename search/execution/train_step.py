@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from typing import Any
 
 import torch
 from torch import nn
 
 from search.analysis.run_figures import MICRO_BATCH_PHASE
+from search.core.errors import ContractError
 from search.execution.compiling import CompileStats, compiled, warm_up
 from search.execution.fp8 import convert_fp8
 from search.execution.kernels import apply_kernels
@@ -169,12 +171,24 @@ class TrainStep:
                 ):
                     # Work is counted on the eager function: the counters see every operator.
                     loss_fn = self.workload.loss if is_counting() else self._loss
-                    loss = loss_fn(self.model, batch) / self.knobs.n_micro_batches
+                    loss = _a_tensor(loss_fn(self.model, batch)) / self.knobs.n_micro_batches
                 scaled = loss if self._grad_scaler is None else self._grad_scaler.scale(loss)
                 scaled.backward()
                 losses.append(loss.detach())
                 self._marks.append((start, mark(self.device)))  # list.append: thread-safe
         return losses
+
+
+def _a_tensor(loss: Any) -> torch.Tensor:
+    """``loss`` as the workload's ``loss`` returned it, which must be a tensor: a Python number
+    (``float()`` or ``.item()`` of one) has no graph to take gradients through."""
+    if not isinstance(loss, torch.Tensor):
+        raise ContractError(
+            f"loss(model, batch) must return a tensor (one value, a mean over the batch), but "
+            f"returned {type(loss).__name__} {loss!r}; return the tensor itself, not float() or "
+            ".item() of it"
+        )
+    return loss
 
 
 def _make_micro_batches(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from search.core.errors import ContractError
 from search.core.records import TrialRecord
 from search.execution.fidelity import NOT_FINITE_IN_FP32
 
@@ -34,10 +35,15 @@ class StudyOutcome:
 
 
 def workload_fault(records: Sequence[TrialRecord]) -> str:
-    """Why no configuration can run right, where a trial showed it: the workload's loss or
-    gradients are not finite even in the fp32 reference of the fidelity check, which does not
-    depend on the knobs' speed levers ('' when no trial showed it). Every later trial would be
+    """Why no configuration can run right, where a trial showed it: the workload broke its
+    contract (``ContractError``), or its loss or gradients are not finite even in the fp32
+    reference of the fidelity check, which does not depend on the knobs' speed levers ('' when no
+    trial showed it). Every later trial would be
     infeasible for the same reason: a study of 30 such trials measured nothing of use."""
+    breach = next((r for r in records if f"{ContractError.__name__}: " in r.failure), None)
+    if breach is not None:
+        why = breach.failure.split(f"{ContractError.__name__}: ", 1)[1]
+        return f"trial #{breach.number}: the workload breaks its contract: {why}"
     fault = next((r for r in records if r.failure.endswith(NOT_FINITE_IN_FP32)), None)
     if fault is None:
         return ""

@@ -492,14 +492,21 @@ def test_a_study_that_only_fails_stops_with_a_clear_message(runs_dir):
     assert [p.info.status for p in parents] == ["FAILED"] and len(children) == 5
 
 
-def test_a_workload_not_finite_even_in_fp32_stops_the_study_at_its_first_trial(runs_dir):
+@pytest.mark.parametrize(
+    "fault, says",
+    [
+        ("not_finite", "the workload is not finite even in fp32"),
+        ("float_loss", "the workload breaks its contract: loss(model, batch) must return a tensor"),
+    ],
+)
+def test_a_fault_of_the_workload_itself_stops_the_study_at_its_first_trial(runs_dir, fault, says):
     # bf16, so that the fidelity check runs and computes the fp32 reference, which is NaN too
     result = search(
         *FAULTS,
-        "study.name=not-finite",
-        "tracking.experiment=not-finite",
+        f"study.name={fault}",  # the runs directory is the module's: a study of its own
+        f"tracking.experiment={fault}",
         "study.n_trials=6",
-        "space.params.fault.choices=[not_finite]",
+        f"space.params.fault.choices=[{fault}]",
         "+space.params.precision=bf16",
         runs_dir=runs_dir,
         pythonpath=(str(REPO / "tests"),),
@@ -508,11 +515,11 @@ def test_a_workload_not_finite_even_in_fp32_stops_the_study_at_its_first_trial(r
     )
     assert "stopped by workload fault" in result.stdout
     err = result.stderr.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(
-        "search: error: stopped early: trial #0: the workload is not finite even in fp32"
-    ), result.stderr
-    study = optuna.load_study(study_name="not-finite", storage=f"sqlite:///{runs_dir}/optuna.db")
-    assert len(measured(study)) == 1, "no trial after the first: none could be checked"
+    assert len(err) == 1 and err[0].startswith(f"search: error: stopped early: trial #0: {says}"), (
+        result.stderr
+    )
+    study = optuna.load_study(study_name=fault, storage=f"sqlite:///{runs_dir}/optuna.db")
+    assert len(measured(study)) == 1, "no trial after the first: none could be run right"
 
 
 def _running(runs_dir: Path, study_name: str, experiment: str):
