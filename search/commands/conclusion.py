@@ -13,8 +13,9 @@ import yaml
 
 from search.commands.context import Context
 from search.commands.finish import Finished
-from search.core.records import TrialRecord
+from search.core.records import COMPLETE, TrialRecord
 from search.execution.trial import TrialResult
+from search.reporting import results
 from search.reporting.report import DESCRIPTION_CHARS, knobs_text, si
 from search.retune.comparison import MIN_RUNS, Comparison
 from search.retune.confirm import confirm
@@ -105,33 +106,48 @@ def _confirm(
         )
         return None, old_today, None
     figure = replace(figure, trial=best.number)
-    kept = held_back(figure, old_today, settings.retune.threshold, settings.measure.confidence)
+    qualifies = _qualifying(ctx, finished, old_today.config) if old_today is not None else None
+    kept = (
+        held_back(figure, old_today, settings.retune.threshold, settings.measure.confidence)
+        if qualifies is not None
+        else None
+    )
     if kept is not None:
-        assert old_today is not None
-        figure = old_today = replace(old_today, trial=_latest_trial(finished, old_today.config))
-        _say_kept(ctx, tracker, kept, figure)
+        assert old_today is not None and qualifies is not None
+        figure = old_today = replace(old_today, trial=qualifies.number)
+        _say_kept(ctx, tracker, kept, qualifies, best)
     _report_confirmed(ctx, tracker, figure, unit)
     return figure, old_today, kept
 
 
-def _latest_trial(finished: Finished, config: Mapping[str, Any]) -> int | None:
-    """The number of the latest trial of ``config`` (None where this study has none)."""
-    numbers = [r.number for r in finished.records if r.config == config]
-    return max(numbers) if numbers else None
+def _qualifying(ctx: Context, finished: Finished, config: Mapping[str, Any]) -> TrialRecord | None:
+    """The latest trial of ``config`` if it could be recommended today as it was measured today:
+    complete, stable and within the slo (the old recommendation is kept only then); else None."""
+    records = [r for r in finished.records if r.config == config and r.state == COMPLETE]
+    latest = max(records, key=lambda r: r.number, default=None)
+    if latest is None or not latest.stable:
+        return None
+    return latest if results.recommend([latest], ctx.settings.slo) is latest else None
 
 
-def _say_kept(ctx: Context, tracker: Tracker, kept: Comparison, old: Figure) -> None:
-    """Why the old recommendation stays: today's best is not surely faster by the threshold."""
+def _say_kept(
+    ctx: Context, tracker: Tracker, kept: Comparison, old: TrialRecord, best: TrialRecord
+) -> None:
+    """Why the old recommendation stays: today's best is not surely faster by the threshold; the
+    parent run's recommendation tags and figures are the old one's."""
     threshold = ctx.settings.retune.threshold
     ctx.out.print(
-        f"kept the old recommendation ({knobs_text(old.config, list(ctx.space.searched))}): "
-        f"the search's best read {kept.ratio:.3f}x [{kept.low:.3f}, {kept.high:.3f}] of it in the "
-        f"same rounds, not surely more than {threshold:.0%} faster (retune.threshold); a "
-        "recommendation moves only when the optimum surely moved",
+        f"kept the old recommendation #{old.number} "
+        f"({knobs_text(old.config, list(ctx.space.searched))}): the search's best #{best.number} "
+        f"read {kept.ratio:.3f}x [{kept.low:.3f}, {kept.high:.3f}] of it in the same rounds, not "
+        f"surely more than {threshold:.0%} faster (retune.threshold); a recommendation moves only "
+        "when the optimum surely moved",
         markup=False,
     )
-    if old.trial is not None:
-        tracker.set_tags(tracker.parent_id, {"best_trial": str(old.trial)})
+    tracker.set_tags(
+        tracker.parent_id, {"best_trial": str(old.number), "kept_over_trial": str(best.number)}
+    )
+    tracker.log_metrics(tracker.parent_id, {f"best_{k}": v for k, v in old.metrics.items()})
 
 
 def _announce(

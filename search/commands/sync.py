@@ -34,7 +34,7 @@ from search.reporting import results
 from search.reporting.report import console, knobs_text
 from search.revalidation import candidates
 from search.space.search_space import SearchSpace
-from search.storage.liveness import GRACE_HEARTBEATS
+from search.storage.liveness import GRACE_HEARTBEATS, HEARTBEAT_ATTR
 from search.storage.repeat_runs import judged_revalidations
 from search.storage.retried_writes import UNSAVED, restore_unsaved
 from search.storage.stores import open_stores, quiet_libraries, recover_runs, require_study
@@ -67,11 +67,7 @@ def run_sync(cfg_node: DictConfig) -> int:
 
     ctx = _context(settings, space, device)
     print_fn, out = ctx.fingerprint, ctx.out
-    # the runs a stopped process left RUNNING (one whose server went away before it could end
-    # them): ended KILLED, so that their trials count as cut off and are copied again in full
-    grace_s = GRACE_HEARTBEATS * settings.study.heartbeat_s
-    for note in recover_runs(tracker, study_name, grace_s):
-        out.print(f"recovered: {note}", markup=False)
+    _end_stopped_runs(ctx, study, tracker)
     history = study_history(study, print_fn, space, settings)
     present, cut_off = tracker.trial_runs(study_name)
     _require_online(tracker, uri)
@@ -104,6 +100,16 @@ def run_sync(cfg_node: DictConfig) -> int:
         markup=False,
     )
     return 0
+
+
+def _end_stopped_runs(ctx: Context, study: optuna.Study, tracker: Tracker) -> None:
+    """End KILLED the runs a stopped process left RUNNING (one whose server went away before it
+    could end them), so that their trials count as cut off and are copied again in full."""
+    settings = ctx.settings
+    # at the study's own heartbeat interval, not this command's: a slower one would end live runs
+    heartbeat_s = int(study.user_attrs.get(HEARTBEAT_ATTR, settings.study.heartbeat_s))
+    for note in recover_runs(tracker, settings.study.name, GRACE_HEARTBEATS * heartbeat_s):
+        ctx.out.print(f"recovered: {note}", markup=False)
 
 
 def _name_the_run_in_best_yaml(path: Path, run_ids: Mapping[int, str]) -> None:

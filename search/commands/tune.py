@@ -177,7 +177,7 @@ def _run_study(
         study_storage(study),
         lambda tags: tracker.set_tags(tracker.parent_id, tags),
     )
-    stage = SEARCH
+    stage = START
     try:
         _recover(ctx, study, tracker, recovery)
         tracker.log_text(yaml.safe_dump(redact_tree(cfg), sort_keys=False), "config.yaml")
@@ -186,10 +186,11 @@ def _run_study(
         if base is not None:
             stage = BASELINE
             remeasured = remeasure_baseline(ctx, study, base)
-            ctx, stage = warm_start(ctx, study, base), SEARCH
+            ctx, stage = warm_start(ctx, study, base), START
         driver = study_driver(ctx, study, tracker, recovery, heartbeat)
         for note in driver.notes:
             out.print(f"note: {note}", markup=False)
+        stage = SEARCH
         outcome = driver.run()
         stage = AFTER_SEARCH
         _peak_again(ctx)
@@ -212,12 +213,14 @@ def _run_study(
         tracker.end_parent(status)
 
 
-SEARCH, BASELINE, AFTER_SEARCH = "search", "baseline", "after the search"
+START, SEARCH, BASELINE, AFTER_SEARCH = "start", "search", "baseline", "after the search"
 """Where an invocation is when Ctrl-C stops it: what is kept, and how to go on, differ."""
 
 
 def _interrupted(stage: str, retune: bool) -> str:
     """What Ctrl-C at ``stage`` kept, and the command that goes on from there."""
+    if stage == START:
+        return "before the search: no trial of this run was measured yet; re-run the same command"
     if stage == SEARCH:
         return (
             "during the search: the trial in progress is marked failed, every finished one is "

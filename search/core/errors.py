@@ -8,11 +8,11 @@ from __future__ import annotations
 
 __all__ = [
     "ConfigError",
-    "ContractError",
     "KnobError",
     "SearchError",
     "SpaceError",
     "StoreError",
+    "WorkloadContractError",
     "require",
 ]
 
@@ -33,7 +33,7 @@ class KnobError(SearchError, ValueError):
     """A knob value this workload or device cannot run."""
 
 
-class ContractError(SearchError, TypeError):
+class WorkloadContractError(SearchError, TypeError):
     """A workload that breaks its contract in a trial (its loss returned no tensor, say): a fault
     of the workload that no configuration mends, so the study stops at the first trial that shows
     it (``search.study.outcome.workload_fault``)."""

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import reprlib
 from typing import Any
 
 import torch
 from torch import nn
 
 from search.analysis.run_figures import MICRO_BATCH_PHASE
-from search.core.errors import ContractError
+from search.core.errors import WorkloadContractError
 from search.execution.compiling import CompileStats, compiled, warm_up
 from search.execution.fp8 import convert_fp8
 from search.execution.kernels import apply_kernels
@@ -183,10 +184,10 @@ def _a_tensor(loss: Any) -> torch.Tensor:
     """``loss`` as the workload's ``loss`` returned it, which must be a tensor: a Python number
     (``float()`` or ``.item()`` of one) has no graph to take gradients through."""
     if not isinstance(loss, torch.Tensor):
-        raise ContractError(
+        raise WorkloadContractError(
             f"loss(model, batch) must return a tensor (one value, a mean over the batch), but "
-            f"returned {type(loss).__name__} {loss!r}; return the tensor itself, not float() or "
-            ".item() of it"
+            f"returned {type(loss).__name__} {reprlib.repr(loss)}; return the tensor itself, not "
+            "float() or .item() of it"
         )
     return loss
 

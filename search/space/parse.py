@@ -20,6 +20,7 @@ else in a constraint is refused here, with the knob or node it names.
 from __future__ import annotations
 
 import ast
+import difflib
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -270,10 +271,16 @@ def _parse_constraint(where: str, text: Any, params: Mapping[str, Param]) -> Con
         raise SpaceError(f"{where}: cannot parse {text!r}: {e.msg}") from None
     for node in ast.walk(tree.body):
         if isinstance(node, ast.Name) and node.id not in params:
+            close = difflib.get_close_matches(node.id, list(params), n=1)
+            hint = (
+                f"did you mean {close[0]!r}?"
+                if close
+                else f"to stop searching a knob a constraint names, fix its value (e.g. "
+                f"space.params.{node.id}=1) rather than remove it"
+            )
             raise SpaceError(
-                f"{where}: {text!r} names unknown knob {node.id!r}; knobs: {', '.join(params)} "
-                f"(to stop searching a knob a constraint names, fix its value, e.g. "
-                f"space.params.{node.id}=1, rather than remove it)"
+                f"{where}: {text!r} names unknown knob {node.id!r} ({hint}); knobs: "
+                f"{', '.join(params)}"
             )
         if not isinstance(node, ALLOWED_NODES):
             raise SpaceError(
@@ -299,6 +306,8 @@ def _is_condition(node: ast.AST, params: Mapping[str, Param]) -> bool:
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
         return _is_condition(node.operand, params)
     if isinstance(node, ast.Name):
-        values = params[node.id].values()
-        return values is not None and all(isinstance(v, bool) for v in values)
+        param = params[node.id]
+        if isinstance(param, (IntParam, FloatParam)):
+            return False  # a number range is no condition (and may hold billions of values)
+        return all(isinstance(v, bool) for v in param.values())
     return isinstance(node, ast.Constant) and isinstance(node.value, bool)

@@ -436,7 +436,7 @@ class StudyDriver:
     def _too_many_failures(self) -> bool:
         """Whether to stop: a fault of the workload itself, or a failure rate above the limit."""
         records = self.outcome.records
-        fault = workload_fault(records[-1:])
+        fault = workload_fault(records, self.space)
         if fault:
             self.outcome.stop_reason, self.outcome.failure_stop = "workload fault", fault
             return True

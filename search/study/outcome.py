@@ -6,9 +6,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from search.core.errors import ContractError
+from search.core.errors import WorkloadContractError
+from search.core.knob_registry import GENERIC_KNOBS
 from search.core.records import TrialRecord
 from search.execution.fidelity import NOT_FINITE_IN_FP32
+from search.space.search_space import SearchSpace
 
 __all__ = ["StudyOutcome", "workload_fault"]
 
@@ -34,21 +36,26 @@ class StudyOutcome:
     """Why the study stopped for too many failures ('' when it did not)."""
 
 
-def workload_fault(records: Sequence[TrialRecord]) -> str:
-    """Why no configuration can run right, where a trial showed it: the workload broke its
-    contract (``ContractError``), or its loss or gradients are not finite even in the fp32
-    reference of the fidelity check, which does not depend on the knobs' speed levers ('' when no
-    trial showed it). Every later trial would be
-    infeasible for the same reason: a study of 30 such trials measured nothing of use."""
-    breach = next((r for r in records if f"{ContractError.__name__}: " in r.failure), None)
+def workload_fault(records: Sequence[TrialRecord], space: SearchSpace) -> str:
+    """Why no configuration can run right, where the trials showed it ('' where they did not):
+    the workload broke its contract (``WorkloadContractError``) in a trial; or its loss or
+    gradients are not finite even in the fp32 reference of the fidelity check, which the speed
+    levers do not change, in one trial, or in two of different configurations where the space
+    searches knobs of the workload's own (a model size or an initialisation can make one
+    configuration overflow). Every later trial would fail or be infeasible for the same reason: a
+    study of 30 such trials measured nothing of use."""
+    marker = f"error: {WorkloadContractError.__name__}: "  # as a trial's failure line reads it
+    breach = next((r for r in records if r.failure.startswith(marker)), None)
     if breach is not None:
-        why = breach.failure.split(f"{ContractError.__name__}: ", 1)[1]
+        why = breach.failure.split(marker, 1)[1]
         return f"trial #{breach.number}: the workload breaks its contract: {why}"
-    fault = next((r for r in records if r.failure.endswith(NOT_FINITE_IN_FP32)), None)
-    if fault is None:
+    shown = [r for r in records if r.failure.endswith(NOT_FINITE_IN_FP32)]
+    own_knobs = [k for k in space.searched if k not in GENERIC_KNOBS]
+    if len({repr(sorted(r.config.items())) for r in shown}) < (2 if own_knobs else 1):
         return ""
+    numbers = " and ".join(f"#{r.number}" for r in shown[:2])
     return (
-        f"trial #{fault.number}: {NOT_FINITE_IN_FP32} (the fidelity check's reference: its loss or "
+        f"trial {numbers}: {NOT_FINITE_IN_FP32} (the fidelity check's reference: its loss or "
         "gradients are NaN or infinite), so no configuration can be checked; fix the workload "
         "(its loss, its initialisation or its batch) and run again"
     )

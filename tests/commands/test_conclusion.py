@@ -24,7 +24,7 @@ from search.reporting.report import write_best
 from search.retune.confirm import Confirmed
 from search.retune.figure import Figure
 from search.retune.tuned import RETUNE, TUNE, Tuned, tuned_runs
-from search.retune.verdict import MOVED
+from search.retune.verdict import MOVED, SAME
 from search.space.parse import parse_space
 
 SPACE = parse_space(
@@ -81,12 +81,16 @@ def trial(number: int, config: dict, throughput: float) -> TrialRecord:
     )
 
 
-@pytest.mark.parametrize("new_over_old, moves", [(1.02, False), (1.30, True)])
+@pytest.mark.parametrize(
+    "new_over_old, old_stable, kept",
+    [(1.02, True, True), (1.30, True, False), (1.02, False, False)],
+)
 def test_a_retune_moves_the_recommendation_only_when_the_new_one_is_surely_faster(
-    tmp_path, monkeypatch, new_over_old, moves
+    tmp_path, monkeypatch, new_over_old, old_stable, kept
 ):
     """The search's best (bf16, trial #3) against the old recommendation (fp32, trial #1), both
-    confirmed in the same rounds: 2% faster (within the 5% threshold) keeps fp32; 30% moves."""
+    confirmed in the same rounds: 2% faster (within the 5% threshold) keeps fp32; 30% moves; and
+    an old one that is no longer stable today is not kept, however near."""
     text = StringIO()
     ctx = Context(
         settings=replace(llm_settings(), runs_dir=str(tmp_path)),
@@ -98,6 +102,7 @@ def test_a_retune_moves_the_recommendation_only_when_the_new_one_is_surely_faste
         control=None,
     )
     old_trial, new_trial = trial(1, OLD, 100.0), trial(3, NEW, 100.0 * new_over_old)
+    old_trial = replace(old_trial, stable=old_stable)
     base = Tuned(
         kind=TUNE,
         name="tune 1",
@@ -131,18 +136,24 @@ def test_a_retune_moves_the_recommendation_only_when_the_new_one_is_surely_faste
     assert today.kind == RETUNE and today.recommended is not None
     assert best["confirmed"]["fresh_runs"] == 6
     assert tracker.tags["recorded_as"] == today.name
-    if moves:
-        assert today.verdict == MOVED and today.recommended.config == NEW
+    if not kept:
+        assert today.recommended.config == NEW and today.verdict == (
+            MOVED if new_over_old > 1.05 else SAME
+        )
         assert best["recommended"]["config"] == NEW and "kept_over" not in best
-        assert best["confirmed"]["throughput"] == pytest.approx(130.0, rel=0.01)
+        assert best["confirmed"]["throughput"] == pytest.approx(100 * new_over_old, rel=0.01)
+        assert "kept the old" not in text.getvalue()
     else:
-        assert today.verdict != MOVED and today.recommended.config == OLD
+        assert today.verdict == SAME and today.recommended.config == OLD
         assert today.recommended.trial == 1 and tracker.tags["best_trial"] == "1"
         assert best["recommended"] == {"trial": 1, "mlflow_run_id": "run1", "config": OLD}
         assert best["kept_over"]["config"] == NEW and best["kept_over"]["trial"] == 3
+        assert best["metrics"]["throughput"] == 100.0  # the kept trial's, not the search's best
+        assert tracker.tags["kept_over_trial"] == "3"
         assert best["confirmed"]["throughput"] == pytest.approx(100.0, rel=0.01)
-        assert "kept the old recommendation (precision=fp32): the search's best read 1.0" in (
-            text.getvalue()
+        assert (
+            "kept the old recommendation #1 (precision=fp32): the search's best #3 read 1.0"
+            in text.getvalue()
         )
         report = next((ctx.study_dir() / "retune").glob("*.md")).read_text()
         assert "The old recommendation was kept" in report

@@ -172,8 +172,14 @@ def test_a_run_against_a_dead_server_keeps_its_trials_and_sync_copies_them(tmp_p
     runs_dir = tmp_path / "runs"
     dead = dead_uri
     started = time.monotonic()
+    # every complete trial stable (LENIENT): best.yaml always has a recommendation to name
     tuned = search(
-        "+space=llm", *TINY, "study.n_trials=2", f"tracking.uri={dead}", runs_dir=runs_dir
+        "+space=llm",
+        *TINY,
+        *LENIENT,
+        "study.n_trials=2",
+        f"tracking.uri={dead}",
+        runs_dir=runs_dir,
     )
     assert time.monotonic() - started < 120, (
         "an unreachable server is noticed in seconds, not minutes"
@@ -188,10 +194,10 @@ def test_a_run_against_a_dead_server_keeps_its_trials_and_sync_copies_them(tmp_p
 
     best = runs_dir / "llm-cpu" / "best.yaml"
     recommended = yaml.safe_load(best.read_text())["recommended"]
-    assert recommended is None or recommended["mlflow_run_id"] is None
+    assert recommended is not None and recommended["mlflow_run_id"] is None
 
     uri = f"sqlite:///{runs_dir}/mlflow.db"
-    synced = search("sync", "+space=llm", *TINY, f"tracking.uri={uri}", runs_dir=runs_dir)
+    synced = search("sync", "+space=llm", *TINY, *LENIENT, f"tracking.uri={uri}", runs_dir=runs_dir)
     assert (
         f"sync: copied 2 trial(s) of study llm-cpu to MLflow at {uri} (0 already there)"
         in synced.stdout
@@ -201,10 +207,10 @@ def test_a_run_against_a_dead_server_keeps_its_trials_and_sync_copies_them(tmp_p
     assert {study.user_attrs[f"{SYNCED_RUN_PREFIX}{t.number}"] for t in measured(study)} == {
         r.info.run_id for r in runs
     }
-    if recommended is not None:  # best.yaml names the run its recommendation was copied to
-        by_trial = {r.data.tags["trial"]: r.info.run_id for r in runs}
-        after = yaml.safe_load(best.read_text())["recommended"]
-        assert after["mlflow_run_id"] == by_trial[str(after["trial"])]
+    # best.yaml names the run its recommendation was copied to
+    by_trial = {r.data.tags["trial"]: r.info.run_id for r in runs}
+    after = yaml.safe_load(best.read_text())["recommended"]
+    assert after["mlflow_run_id"] == by_trial[str(after["trial"])]
     assert tuned.returncode == 0
 
 

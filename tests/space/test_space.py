@@ -299,6 +299,11 @@ INVALID = [
         ["constraints", "unknown knob 'bacth_size'", "knobs: a", "space.params.bacth_size=1"],
     ),
     (
+        "constraint_misspelt_knob",
+        _with(constraints=["aa <= 4"]),
+        ["constraints", "unknown knob 'aa'", "did you mean 'a'?"],
+    ),
+    (
         "constraint_function_call",
         _with(constraints=["__import__('os').system('x')"]),
         ["constraints", "uses Call", "do not allow"],
