@@ -3,6 +3,8 @@ again."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution
@@ -990,3 +992,43 @@ def test_a_configuration_another_process_completed_since_the_last_read_is_not_me
     assert deferred.user_attrs["failure"] == (
         "not run: trial #0 of another process has just measured this configuration"
     )
+
+
+def test_a_workload_fault_stops_at_one_trial_or_two_configurations_where_its_own_knobs_vary():
+    """Not finite in fp32: one trial tells where only the speed levers are searched; where the
+    space searches a knob of the workload's own (a model size), one configuration may overflow
+    alone, so two different ones must show it. A contract breach tells at once."""
+    from search.core.records import TrialRecord
+    from search.execution.fidelity import NOT_FINITE_IN_FP32
+    from search.study.outcome import workload_fault
+
+    def space(params):
+        objectives = {"throughput": "maximize"}
+        return parse_space(
+            "s", {"workload": {"_target_": "x"}, "params": params, "objectives": objectives}
+        )
+
+    def infeasible(number, config, failure=f"fidelity: ...; {NOT_FINITE_IN_FP32}"):
+        return TrialRecord(
+            number=number,
+            config=config,
+            state="infeasible",
+            metrics={},
+            stable=False,
+            failure=failure,
+        )
+
+    levers = space({"batch_size": {"type": "categorical", "choices": [4, 8]}})
+    own = space({"batch_size": 8, "hidden": {"type": "categorical", "choices": [64, 128]}})
+    assert workload_fault([infeasible(0, {"batch_size": 8})], levers).startswith("trial #0: ")
+    first = infeasible(0, {"batch_size": 8, "hidden": 128})
+    assert workload_fault([first], own) == ""
+    assert workload_fault([first, first], own) == "", "the same configuration again tells nothing"
+    second = infeasible(1, {"batch_size": 8, "hidden": 64})
+    assert workload_fault([first, second], own).startswith("trial #0 and #1: ")
+    breach = replace(
+        infeasible(2, {"batch_size": 4}), failure="error: WorkloadContractError: loss ..."
+    )
+    assert "breaks its contract: loss ..." in workload_fault([breach], own)
+    mine = infeasible(3, {"batch_size": 4}, failure="error: ContractError: a user's own class")
+    assert workload_fault([mine], levers) == ""
