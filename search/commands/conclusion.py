@@ -53,12 +53,30 @@ def conclude_tuning(
     if base is not None:
         today, code = _compare(ctx, tracker, base, today, (old_today, kept), finished)
     _amend_best_yaml(ctx, tracker, today.recommended, finished, kept)
-    save_tuned(study, today)
-    runs = tuned_runs(study)
+    if kept is not None and today.recommended is not None:
+        _amend_summary(ctx, tracker, today.recommended, kept)
     title = f"{settings.study.name}: recommended, run by run"
-    for path in write_history(ctx.study_dir(), runs, title):
+    for path in write_history(ctx.study_dir(), [*tuned_runs(study), today], title):
         tracker.log_artifact(path)
+    # last: once the record is in the study, a re-run takes it as done (a re-tune's baseline)
+    save_tuned(study, today)
     return code
+
+
+def _amend_summary(ctx: Context, tracker: Tracker, kept: Figure, why: Comparison) -> None:
+    """``summary.md`` (written before the confirmation named the search's best) says which
+    configuration stayed recommended, and why."""
+    path = ctx.study_dir() / "summary.md"
+    if not path.exists():
+        return
+    knobs = knobs_text(kept.config, list(ctx.space.searched))
+    path.write_text(
+        path.read_text().rstrip("\n")
+        + f"\n\n## Kept\n\nThe old recommendation #{kept.trial} ({knobs}) stays recommended: the "
+        f"search's best read {why.ratio:.3f}x [{why.low:.3f}, {why.high:.3f}] of it in the same "
+        "confirmation rounds, not surely faster by more than retune.threshold.\n"
+    )
+    tracker.log_artifact(path)
 
 
 def _confirm(

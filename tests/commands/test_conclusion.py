@@ -119,6 +119,7 @@ def test_a_retune_moves_the_recommendation_only_when_the_new_one_is_surely_faste
     monkeypatch.setattr(search.commands.conclusion, "confirm", lambda *a, **k: confirmed)
     ctx.study_dir().mkdir(parents=True)
     write_best(ctx.study_dir() / "best.yaml", new_trial, {"space": "s"})
+    (ctx.study_dir() / "summary.md").write_text("# s\n\nrecommended: #3\n")
     finished = Finished(
         front=[new_trial, old_trial],
         best=new_trial,
@@ -143,6 +144,7 @@ def test_a_retune_moves_the_recommendation_only_when_the_new_one_is_surely_faste
         assert best["recommended"]["config"] == NEW and "kept_over" not in best
         assert best["confirmed"]["throughput"] == pytest.approx(100 * new_over_old, rel=0.01)
         assert "kept the old" not in text.getvalue()
+        assert "## Kept" not in (ctx.study_dir() / "summary.md").read_text()
     else:
         assert today.verdict == SAME and today.recommended.config == OLD
         assert today.recommended.trial == 1 and tracker.tags["best_trial"] == "1"
@@ -155,6 +157,8 @@ def test_a_retune_moves_the_recommendation_only_when_the_new_one_is_surely_faste
             "kept the old recommendation #1 (precision=fp32): the search's best #3 read 1.0"
             in text.getvalue()
         )
+        summary = (ctx.study_dir() / "summary.md").read_text()
+        assert "## Kept\n\nThe old recommendation #1 (precision=fp32) stays recommended" in summary
         report = next((ctx.study_dir() / "retune").glob("*.md")).read_text()
         assert "The old recommendation was kept" in report
 
