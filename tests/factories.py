@@ -57,3 +57,25 @@ def noise_floor(between_cv: float) -> NoiseFloor:
 def llm_settings() -> Settings:
     """The typed settings of the built-in llm space on a CPU, as the command composes them."""
     return load_settings(compose_config(["+space=llm", "device=cpu"]))
+
+
+def cpu_context(tmp_path, space, text, peaks=()):
+    """An invocation of the llm space's settings on this CPU (named "a cpu") over ``space``, with
+    ``runs_dir`` under ``tmp_path``, printing to ``text`` (a StringIO)."""
+    from dataclasses import replace
+
+    import torch
+    from rich.console import Console
+
+    from search.commands.context import Context
+
+    return Context(
+        settings=replace(llm_settings(), runs_dir=str(tmp_path)),
+        space=space,
+        device=torch.device("cpu"),
+        env={"device_name": "a cpu"},
+        fingerprint="f",
+        out=Console(file=text, width=1000),
+        control=None,
+        peaks=list(peaks),
+    )

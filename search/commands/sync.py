@@ -34,7 +34,7 @@ from search.reporting import results
 from search.reporting.report import console, knobs_text
 from search.revalidation import candidates
 from search.space.search_space import SearchSpace
-from search.storage.liveness import GRACE_HEARTBEATS, HEARTBEAT_ATTR
+from search.storage.liveness import HEARTBEAT_ATTR, Recovery
 from search.storage.repeat_runs import judged_revalidations
 from search.storage.retried_writes import UNSAVED, restore_unsaved
 from search.storage.stores import open_stores, quiet_libraries, recover_runs, require_study
@@ -108,7 +108,7 @@ def _end_stopped_runs(ctx: Context, study: optuna.Study, tracker: Tracker) -> No
     settings = ctx.settings
     # at the study's own heartbeat interval, not this command's: a slower one would end live runs
     heartbeat_s = int(study.user_attrs.get(HEARTBEAT_ATTR, settings.study.heartbeat_s))
-    for note in recover_runs(tracker, settings.study.name, GRACE_HEARTBEATS * heartbeat_s):
+    for note in recover_runs(tracker, settings.study.name, Recovery(heartbeat_s).grace_s):
         ctx.out.print(f"recovered: {note}", markup=False)
 
 

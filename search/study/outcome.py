@@ -11,6 +11,7 @@ from search.core.knob_registry import GENERIC_KNOBS
 from search.core.records import TrialRecord
 from search.execution.fidelity import NOT_FINITE_IN_FP32
 from search.space.search_space import SearchSpace
+from search.strategy.book import config_key
 
 __all__ = ["StudyOutcome", "workload_fault"]
 
@@ -51,7 +52,7 @@ def workload_fault(records: Sequence[TrialRecord], space: SearchSpace) -> str:
         return f"trial #{breach.number}: the workload breaks its contract: {why}"
     shown = [r for r in records if r.failure.endswith(NOT_FINITE_IN_FP32)]
     own_knobs = [k for k in space.searched if k not in GENERIC_KNOBS]
-    if len({repr(sorted(r.config.items())) for r in shown}) < (2 if own_knobs else 1):
+    if len({config_key(r.config) for r in shown}) < (2 if own_knobs else 1):
         return ""
     numbers = " and ".join(f"#{r.number}" for r in shown[:2])
     return (

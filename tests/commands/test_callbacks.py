@@ -4,12 +4,10 @@ the peak measured again when a trial reaches it."""
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from io import StringIO
 
 import torch
-from factories import llm_settings
-from rich.console import Console
+from factories import cpu_context
 
 from search.commands.callbacks import _trial_printer
 from search.commands.context import Context
@@ -67,16 +65,7 @@ def _trial(number: int, throughput: float) -> TrialRecord:
 
 def _context(tmp_path, kept: Peak, text: StringIO) -> Context:
     """An invocation on this CPU (named "a cpu") with ``kept`` as its peak, printing to ``text``."""
-    return Context(
-        settings=replace(llm_settings(), runs_dir=str(tmp_path)),
-        space=SPACE,
-        device=torch.device("cpu"),
-        env={"device_name": "a cpu"},
-        fingerprint="f",
-        out=Console(file=text, width=1000),
-        control=None,
-        peaks=[kept],
-    )
+    return cpu_context(tmp_path, SPACE, text, peaks=[kept])
 
 
 def test_a_trial_at_the_peak_has_it_measured_again_before_its_run_is_logged(tmp_path, monkeypatch):

@@ -10,14 +10,11 @@ from io import StringIO
 import numpy as np
 import optuna
 import pytest
-import torch
 import yaml
-from factories import llm_settings, noise_floor
-from rich.console import Console
+from factories import cpu_context, noise_floor
 
 import search.commands.conclusion
 from search.commands.conclusion import conclude_tuning
-from search.commands.context import Context
 from search.commands.finish import Finished
 from search.core.records import TrialRecord
 from search.reporting.report import write_best
@@ -92,15 +89,7 @@ def test_a_retune_moves_the_recommendation_only_when_the_new_one_is_surely_faste
     confirmed in the same rounds: 2% faster (within the 5% threshold) keeps fp32; 30% moves; and
     an old one that is no longer stable today is not kept, however near."""
     text = StringIO()
-    ctx = Context(
-        settings=replace(llm_settings(), runs_dir=str(tmp_path)),
-        space=SPACE,
-        device=torch.device("cpu"),
-        env={"device_name": "a cpu"},
-        fingerprint="f",
-        out=Console(file=text, width=1000),
-        control=None,
-    )
+    ctx = cpu_context(tmp_path, SPACE, text)
     old_trial, new_trial = trial(1, OLD, 100.0), trial(3, NEW, 100.0 * new_over_old)
     old_trial = replace(old_trial, stable=old_stable)
     base = Tuned(
