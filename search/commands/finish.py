@@ -310,7 +310,11 @@ def _print_where(
     """Where the files are, and how to compare the runs on MLflow (or copy them there later)."""
     out = ctx.out
     noise_png = ", noise.png" if floor.controls else ""
-    out.print(f"files: {study_dir}/best.yaml, pareto.csv, pareto.png, oracle.png{noise_png}")
+    # history.* follow from the conclusion, before the command ends
+    out.print(
+        f"files: {study_dir}/best.yaml, summary.md, pareto.csv, pareto.png, oracle.png"
+        f"{noise_png}, history.csv, history.png"
+    )
     if tracker.offline_reason or tracker.log_error:
         out.print(
             f"MLflow: {tracker.offline_reason or tracker.log_error}. {tracker.unlogged_trials} "
