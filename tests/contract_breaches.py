@@ -50,3 +50,40 @@ class LossThatReadsAValue(GPT):
 class ModelThatIsAFunction(GPT):
     def build_model(self):  # type: ignore[override]
         return lambda tokens: tokens
+
+
+class ActivationByName(GPT):
+    """A knob of its own that only ``build_model`` reads: the constructor stores any name, and a
+    misspelt one fails only when the model is built."""
+
+    def __init__(self, activation: str = "GELU", **settings) -> None:
+        super().__init__(**settings)
+        self.activation = activation
+
+    def build_model(self) -> nn.Module:
+        model = super().build_model()
+        getattr(nn, self.activation)()  # AttributeError for a name torch.nn lacks
+        return model
+
+
+class NoModelOnTheMetaDevice(ActivationByName):
+    """Builds on no device the check can use: nothing can be told from it, so the step is left to
+    tell, whatever the knob."""
+
+    def build_model(self) -> nn.Module:
+        if torch.empty(0).device.type == "meta":
+            raise NotImplementedError("this model reads its weights from a file")
+        return super().build_model()
+
+
+class ExitsInItsConstructor(GPT):
+    def __init__(self, **settings) -> None:
+        raise SystemExit(5)
+
+
+class WidthAsText(GPT):
+    """A setting of the wrong type that only ``build_model`` reads: it raises the same on the meta
+    device as on any other."""
+
+    def build_model(self) -> nn.Module:
+        return nn.Linear("eight", 8)  # type: ignore[arg-type]

@@ -60,7 +60,7 @@ class Faulty(Workload):
             print("faults: giving up with exit code 3", file=sys.stderr, flush=True)
             os._exit(3)
         if fault == "error":
-            raise ValueError("injected: the batch has the wrong shape")
+            raise RuntimeError("injected: the batch has the wrong shape")
         if fault == "hang":
             child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
             if self.pid_file:

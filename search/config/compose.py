@@ -121,10 +121,18 @@ def redact_tree(tree: Any, key: str = "") -> Any:
 
 def _register_resolvers() -> None:
     if not OmegaConf.has_resolver("by_device"):
-        OmegaConf.register_new_resolver(
-            "by_device", lambda cpu, cuda, *, _root_: cpu if preset(_root_) == "cpu" else cuda
-        )
+        OmegaConf.register_new_resolver("by_device", _by_device)
         OmegaConf.register_new_resolver("device_type", lambda *, _root_: device_type(_root_))
+
+
+def _by_device(*values: Any, _root_: Any) -> Any:
+    """``${by_device:A,B}``: A on the CPU preset, B on the CUDA one."""
+    if len(values) != 2:
+        raise ValueError(
+            f"${{by_device:...}} takes two values, the CPU preset's then the CUDA preset's "
+            f"(e.g. ${{by_device:8,64}}), but got {len(values)}"
+        )
+    return values[0] if preset(_root_) == "cpu" else values[1]
 
 
 def builtin_spaces() -> list[str]:

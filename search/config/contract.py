@@ -10,7 +10,7 @@ that reads a value) is left to the step: these checks refuse only what they saw 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -21,9 +21,15 @@ from search.core.knob_registry import GENERIC_KNOBS
 from search.execution.isolation import run_in_a_worker
 from search.execution.knobs import map_tensors
 from search.execution.recompute import named_by, recompute_setting
+from search.space.params import FloatParam, IntParam, Param
 from search.space.search_space import SearchSpace
 
-__all__ = ["CHECK_TIMEOUT_S", "check_workload_contract", "read_contract"]
+__all__ = [
+    "CHECK_TIMEOUT_S",
+    "check_workload_contract",
+    "one_config_per_own_value",
+    "read_contract",
+]
 
 CHECK_TIMEOUT_S = 120.0
 """How long the worker that reads the contract may take; past it the checks are left to the step
@@ -42,8 +48,9 @@ def check_workload_contract(space: SearchSpace, feasible: list[dict[str, Any]] |
     param = space.params.get("recompute")
     settings = {recompute_setting(v) for v in (param.values() or [])} if param else set()
     names = sorted(s for s in settings if named_by(s) == "recompute_parts")
+    variants = [c for c, _ in one_config_per_own_value(space, feasible)]
     read = run_in_a_worker(
-        read_contract, dict(space.workload), config, size, timeout_s=CHECK_TIMEOUT_S
+        read_contract, dict(space.workload), config, size, variants, timeout_s=CHECK_TIMEOUT_S
     )
     breach, parts = read if read is not None else (None, None)
     target = space.workload["_target_"]
@@ -58,18 +65,46 @@ def check_workload_contract(space: SearchSpace, feasible: list[dict[str, Any]] |
         )
 
 
+def one_config_per_own_value(
+    space: SearchSpace, configs: Sequence[Mapping[str, Any]]
+) -> list[tuple[Mapping[str, Any], str]]:
+    """For each value of each of the workload's own knobs (an int or float range at its ends), the
+    first of ``configs`` that takes it, with the knob's name: a value the workload cannot take
+    would fail every trial that draws it, so each is tried once before the study."""
+    tried = []
+    for name in (n for n in space.params if n not in GENERIC_KNOBS):
+        for value in _ends_and_choices(space.params[name]):
+            found = next((c for c in configs if c[name] == value), None)
+            if found is not None:
+                tried.append((found, name))
+    return tried
+
+
+def _ends_and_choices(param: Param) -> list[Any]:
+    if isinstance(param, FloatParam):
+        return [param.low, param.high]
+    if isinstance(param, IntParam):
+        return param.extremes()
+    return list(param.values() or [])
+
+
 def read_contract(
-    workload_settings: Mapping[str, Any], config: Mapping[str, Any], size: int
+    workload_settings: Mapping[str, Any],
+    config: Mapping[str, Any],
+    size: int,
+    variants: Sequence[Mapping[str, Any]] = (),
 ) -> tuple[str | None, list[str] | None]:
     """In the worker: the first breach of the contract seen (None: none seen) and the names of
-    ``recompute_parts`` (None where they could not be read)."""
-    own = {k: v for k, v in config.items() if k not in GENERIC_KNOBS}
+    ``recompute_parts`` (None where they could not be read). ``variants`` are configurations whose
+    model is built too: where one builds and another does not, that one is refused by what it
+    sets."""
+    built_too = [config, *variants]
     try:
-        workload = instantiate(dict(workload_settings), _convert_="all", _recursive_=False, **own)
+        workload = _workload(workload_settings, config)
         with torch.device("meta"):
             model = workload.build_model()
-    except Exception:  # noqa: BLE001 - the constructor is checked on its own; the rest defers
-        return None, None
+    except Exception as e:  # noqa: BLE001 - the constructor is checked on its own; the rest defers
+        return _unbuildable(workload_settings, built_too) or _code_fault(e), None
     try:
         parts = sorted(workload.recompute_parts(model))
     except Exception:  # noqa: BLE001 - any failure here only defers the check to the step
@@ -77,8 +112,58 @@ def read_contract(
     if not isinstance(model, torch.nn.Module):
         return f"build_model() returned {type(model).__name__}, not a torch.nn.Module", parts
     if getattr(workload, "task", "train") != "train":
-        return None, parts
-    return _breach(workload, model, size), parts
+        return _unbuildable(workload_settings, built_too), parts
+    return _breach(workload, model, size) or _unbuildable(workload_settings, built_too), parts
+
+
+CODE_FAULTS = (TypeError, ValueError, AttributeError, KeyError, IndexError, NameError, ImportError)
+"""What ``build_model`` raises on the meta device the same as on any other: a setting of the wrong
+type, a misspelt name. The meta device's own limits raise ``NotImplementedError`` or
+``RuntimeError`` (an operator with no meta kernel, a value read from a tensor), which the step is
+left to tell."""
+
+
+def _code_fault(error: Exception) -> str | None:
+    if not isinstance(error, CODE_FAULTS):
+        return None
+    first = (str(error).strip().splitlines() or [""])[0]
+    return (
+        f"build_model() raised {type(error).__name__}: {first}; every trial would: fix the "
+        "workload's settings or its build_model"
+    )
+
+
+def _workload(workload_settings: Mapping[str, Any], config: Mapping[str, Any]) -> Any:
+    own = {k: v for k, v in config.items() if k not in GENERIC_KNOBS}
+    return instantiate(dict(workload_settings), _convert_="all", _recursive_=False, **own)
+
+
+def _unbuildable(
+    workload_settings: Mapping[str, Any], configs: Sequence[Mapping[str, Any]]
+) -> str | None:
+    """Where the model builds on the meta device at one of ``configs``, one that fails to build
+    with an error of the code's own (``CODE_FAULTS``) fails for what it sets: every trial of it
+    would. Where none builds, or one fails otherwise (an operator with no meta kernel that only
+    that value reaches), the step is left to tell."""
+    if len(configs) < 2:
+        return None  # one configuration: nothing to tell its settings from the meta device by
+    failure, built = None, False
+    for config in configs:
+        try:
+            with torch.device("meta"):
+                _workload(workload_settings, config).build_model()
+            built = True
+        except CODE_FAULTS as e:
+            own = {k: v for k, v in config.items() if k not in GENERIC_KNOBS}
+            first = (str(e).strip().splitlines() or [""])[0]
+            setting = ", ".join(f"{k}={v!r}" for k, v in own.items())
+            failure = failure or (
+                f"build_model() with {setting} raised {type(e).__name__}: {first}; leave that "
+                "value out of the space, or add a constraint that excludes it"
+            )
+        except Exception:  # noqa: BLE001 - the meta device's own limit, maybe: the step tells
+            continue
+    return failure if built else None
 
 
 def _breach(workload: Any, model: torch.nn.Module, size: int) -> str | None:

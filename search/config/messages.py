@@ -83,6 +83,8 @@ def schema_message(error: OmegaConfBaseException, key: Any, cfg: DictConfig) -> 
         return f"{key} has no value: keep the default of conf/config.yaml, or set {key}=..."
     if isinstance(error, ValidationError) and key:
         return f"{key} must be {expected(field_type(key))}, but got {received(text, key, cfg)}"
+    # a resolver's own message is the one to show, not OmegaConf's wrapping of it
+    text = re.sub(r"^\w+ raised while resolving interpolation: ", "", text)
     return f"cannot resolve {key}: {text}" if key else text
 
 
@@ -90,6 +92,11 @@ def unknown_key(key: str) -> str:
     section, _, name = key.rpartition(".")
     owner = field_type(section) if section else Settings
     known = [f.name for f in dataclasses.fields(owner)] if dataclasses.is_dataclass(owner) else []
+    if name in known:  # ~KEY KEY=VALUE: Hydra removed it, then had nothing to set
+        return (
+            f"config key '{key}' was removed (~{key}) before an override set it: "
+            f"drop ~{key}, or set it alone ({key}=VALUE)"
+        )
     where = f"the keys under {section} are" if section else "the keys are"
     close = difflib.get_close_matches(name, known, n=1)
     hint = f"; did you mean '{section + '.' if section else ''}{close[0]}'?" if close else ""
@@ -174,9 +181,17 @@ def one_line(error: Exception, spaces: Sequence[str]) -> str:
     if "mismatched input '<EOF>'" in text:
         return "an empty argument is no override: drop it, or give KEY=VALUE"
     if type(error).__name__ == "OverrideParseException" or "LexerNoViableAltException" in text:
-        bad = text.split(": ", 1)[-1].split(" ^")[0].strip()
+        # Hydra's text is either "LexerNoViableAltException: <override> ^" or "no viable
+        # alternative at input '<the rest>'" with a link on its next line
+        at = re.search(r"at input '(.*)'", text.splitlines()[0])
+        bad = text.splitlines()[0].split(": ", 1)[-1].split(" ^")[0].strip()
+        what = (
+            f"an override at {at.group(1)!r} (a bracket or quote left open?)"
+            if at
+            else f"override {bad!r}"
+        )
         return (
-            f"cannot parse override {bad!r}: quote values that hold spaces or symbols, "
+            f"cannot parse {what}: quote values that hold spaces or symbols, "
             "e.g. \"space.constraints=['a < b']\" (Hydra override syntax)"
         )
     first, *rest = [line.strip() for line in text.splitlines() if line.strip()]

@@ -22,7 +22,7 @@ import torch
 from hydra.utils import instantiate
 
 from search.config.compose import resolve_device
-from search.config.contract import check_workload_contract
+from search.config.contract import check_workload_contract, one_config_per_own_value
 from search.config.settings import Settings
 from search.core.errors import ConfigError, KnobError, SpaceError
 from search.core.knob_registry import GENERIC_KNOBS
@@ -91,10 +91,12 @@ def load_space(
         prefix = f"space '{raw['name']}': "
         raise ConfigError(message if message.startswith(prefix) else prefix + message) from None
     if feasible is not None and not feasible:
+        never = space.never_holding(random.Random(0))
         raise ConfigError(
             f"space '{space.name}': no configuration satisfies the constraints "
             f"{[c.text for c in space.constraints]}"
             + (" (none of 10000 random draws did)" if space.feasible_configs() is None else "")
+            + (f"; alone, {' and '.join(map(repr, never))} held for none tried" if never else "")
             + "; loosen them or widen the ranges"
         )
     _check_generic_knobs(space)
@@ -215,7 +217,8 @@ def workload_class(space: SearchSpace) -> type:
     module_name, _, class_name = target.rpartition(".")
     try:
         return getattr(importlib.import_module(module_name), class_name)
-    except Exception as e:  # ImportError, AttributeError, or an error raised by the module itself
+    # ImportError, AttributeError, an error raised by the module itself, or its sys.exit()
+    except (Exception, SystemExit) as e:
         raise ConfigError(
             f"space '{space.name}': workload._target_ {target!r} does not import "
             f"({type(e).__name__}: {e}); check the name and that its package is on PYTHONPATH"
@@ -286,12 +289,7 @@ def _check_workload_settings(space: SearchSpace, slo: Mapping[str, Any]) -> None
         configs = [c for c in (space.random_feasible(rng, tries=200) for _ in range(50)) if c]
     if not configs:
         return
-    tried: list[tuple[dict[str, Any], str | None]] = [(configs[0], None)]
-    for name in own:
-        for value in _ends_and_choices(space.params[name]):
-            found = next((c for c in configs if c[name] == value), None)
-            if found is not None:
-                tried.append((found, name))
+    tried = [(configs[0], None), *one_config_per_own_value(space, configs)]
     target = space.workload["_target_"]
     for config, knob in tried:
         settings = {k: config[k] for k in own}
@@ -299,12 +297,16 @@ def _check_workload_settings(space: SearchSpace, slo: Mapping[str, Any]) -> None
             built = instantiate(
                 dict(space.workload), _convert_="all", _recursive_=False, **settings
             )
-        except Exception as e:  # the constructor's own check, a TypeError, ...
+        except (Exception, SystemExit) as e:  # the constructor's own check, a TypeError, ...
             cause = e.__cause__ or e  # Hydra wraps what the constructor raised
             what = (
                 f"refuses {knob}={config[knob]!r}" if knob else "cannot be built from its settings"
             )
-            first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+            first = (
+                f"it called sys.exit({cause.code!r})"
+                if isinstance(cause, SystemExit)
+                else (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+            )
             raise ConfigError(f"space '{space.name}': workload {target} {what}: {first}") from None
         tpot = [o.metric for o in space.objectives] + list(slo)
         if (
@@ -317,14 +319,6 @@ def _check_workload_settings(space: SearchSpace, slo: Mapping[str, Any]) -> None
                 f"but {target} generates {built.generation_length()}; raise its generation length "
                 "or drop the tpot objectives and slo"
             )
-
-
-def _ends_and_choices(param: Param) -> list[Any]:
-    if isinstance(param, FloatParam):
-        return [param.low, param.high]
-    if isinstance(param, IntParam):
-        return param.extremes()
-    return list(param.values() or [])
 
 
 def _check_metrics_apply(space: SearchSpace, slo: Mapping[str, Any]) -> None:
@@ -375,9 +369,14 @@ def control_config(space: SearchSpace, chosen: Mapping[str, Any] | None) -> dict
         feasible = space.feasible_configs()
         if feasible:
             return feasible[0]
+    outside = [f"{name}={config[name]!r}" for name in space.outside(config)]
+    why = (
+        f"{', '.join(outside)} outside the space's range"
+        if outside
+        else f"it breaks {'; '.join(space.violations(config))}"
+    )
     raise ConfigError(
-        f"noise.control {config} is not a configuration of space '{space.name}' "
-        f"({'; '.join(space.violations(config)) or 'a value outside its range'}); "
+        f"noise.control {config} is not a configuration of space '{space.name}' ({why}); "
         "name knob values inside the ranges that meet the constraints"
     )
 

@@ -21,6 +21,7 @@ from search.core.errors import require as _require
 from search.measurement.protocol import MeasureSettings
 
 __all__ = [
+    "MAX_SEED",
     "NoiseSettings",
     "PRESETS",
     "RetuneSettings",
@@ -39,6 +40,9 @@ PRESETS = ("auto", "cpu", "cuda")
 SAMPLER_NAMES = ("guided", "tpe", "gp", "nsga2", "random")
 """What ``study.sampler`` may name (``search.strategy.samplers`` builds each)."""
 
+MAX_SEED = 2**31 - 1
+"""The largest ``seed``: what a sampler, a re-validation or a trial adds to it stays a seed numpy
+takes (below 2**32)."""
 SLO_EXPECTED = "a mapping of metric name to limit, e.g. +slo.latency_p95_ms=200"
 """What ``slo`` must be, as error messages say it."""
 
@@ -348,7 +352,8 @@ class Settings:
     ``${by_device:A,B}``."""
 
     seed: int
-    """Seeds the sampler (offset by the trials already in the study) and the batches (>= 0)."""
+    """Seeds the sampler (offset by the trials already in the study) and the batches (0 to
+    2**31 - 1)."""
 
     study: StudySettings
     """The Optuna study and when it stops."""
@@ -389,7 +394,11 @@ class Settings:
             f"preset must be one of {', '.join(PRESETS)}, but got {self.preset!r}",
         )
         _require(_is_int(self.seed), f"seed must be an integer, but got {self.seed!r}")
-        _require(self.seed >= 0, f"seed must be an integer >= 0, but got {self.seed!r}")
+        # Optuna's samplers take numpy seeds (below 2**32); the runs add their offsets to it
+        _require(
+            0 <= self.seed <= MAX_SEED,
+            f"seed must be an integer from 0 to {MAX_SEED}, but got {self.seed!r}",
+        )
         self._check_measure()
         self._check_slo()
 

@@ -108,7 +108,7 @@ def _figure(metrics: Mapping[str, float], name: str) -> str:
 
 
 def knobs_text(config: Mapping[str, Any], names: Sequence[str]) -> str:
-    return " ".join(f"{k}={value_text(config[k])}" for k in names)
+    return " ".join(f"{k}={value_text(config[k])}" for k in names) or "fixed knobs only"
 
 
 def throughput_text(metrics: Mapping[str, float], unit: str) -> str:

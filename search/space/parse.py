@@ -23,6 +23,7 @@ import ast
 import difflib
 import math
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any
 
 from search.core.errors import SpaceError
@@ -219,6 +220,8 @@ def _parse_range(where: str, kind: str, spec: Mapping[str, Any]) -> Param:
                 f"{where}: step must be a positive number and cannot be combined with log, "
                 f"but got step={step!r}, log={log}"
             )
+        if step is not None:
+            _check_step_ends_the_range(where, low, high, step)
         return FloatParam(float(low), float(high), log, None if step is None else float(step))
     step = spec.get("step", 1)
     if not isinstance(step, int) or isinstance(step, bool) or step < 1:
@@ -230,10 +233,25 @@ def _parse_range(where: str, kind: str, spec: Mapping[str, Any]) -> Param:
             f"{where}: pow2 needs low >= 1 and no step or log, "
             f"but got low={low}, step={step}, log={log}"
         )
+    _check_step_ends_the_range(where, low, high, step)
     param = IntParam(low=low, high=high, step=step, log=log, pow2=pow2)
     if not param.count():
         raise SpaceError(f"{where}: no power of two lies in [{low}, {high}]")
     return param
+
+
+def _check_step_ends_the_range(where: str, low: float, high: float, step: float) -> None:
+    """``high`` is ``low`` plus whole steps: Optuna would otherwise end the range at the last step
+    below it with a warning, and the space would not be what it says. Decimal, as Optuna checks
+    it, so that 0.1-steps are exact."""
+    steps = (Decimal(str(high)) - Decimal(str(low))) / Decimal(str(step))
+    if steps != steps.to_integral_value():
+        last = Decimal(str(low)) + int(steps) * Decimal(str(step))
+        shown = int(last) if isinstance(low, int) and isinstance(step, int) else float(last)
+        raise SpaceError(
+            f"{where}: high must be low plus a whole number of steps, but got low={low}, "
+            f"high={high}, step={step}; the last step is {shown}: write high: {shown}"
+        )
 
 
 def _parse_objectives(where: str, raw: Any) -> tuple[Objective, ...]:

@@ -106,17 +106,22 @@ class SearchSpace:
         """Whether ``config`` sets exactly these knobs, each within its range, and is feasible."""
         if set(config) != set(self.params):
             return False
+        return not self.outside(config) and not self.violations(config)
+
+    def outside(self, config: Mapping[str, Any]) -> list[str]:
+        """The knobs of ``config`` whose value is not one of their range's or choices."""
+        names = []
         for name, param in self.params.items():
             value = config[name]
             if isinstance(param, FloatParam):
-                if not isinstance(value, (int, float)) or not param.low <= value <= param.high:
-                    return False
+                inside = isinstance(value, (int, float)) and param.low <= value <= param.high
             elif isinstance(param, IntParam):
-                if not param.holds(value):
-                    return False
-            elif not any(value == v and type(value) is type(v) for v in param.values()):
-                return False  # the type check keeps True from matching 1
-        return not self.violations(config)
+                inside = param.holds(value)
+            else:  # the type check keeps True from matching 1
+                inside = any(value == v and type(value) is type(v) for v in param.values())
+            if not inside:
+                names.append(name)
+        return names
 
     def violations(self, config: Mapping[str, Any]) -> list[str]:
         """The constraints ``config`` breaks (their text); empty when it is feasible."""
@@ -147,6 +152,18 @@ class SearchSpace:
             self.violations(dict(zip(names, values, strict=True)))
         for _ in range(draws):
             self.violations({k: draw_value(p, rng) for k, p in self.params.items()})
+
+    def never_holding(self, rng: random.Random, draws: int = 1000) -> list[str]:
+        """The constraints that, each alone, hold for none of the space's corners and ``draws``
+        random configurations: where no configuration satisfies them all, the ones to look at."""
+        corners = [probe_values(p) for p in self.params.values()]
+        names = list(self.params)
+        tried = [
+            dict(zip(names, values, strict=True))
+            for values in itertools.islice(itertools.product(*corners), 512)
+        ]
+        tried += [{k: draw_value(p, rng) for k, p in self.params.items()} for _ in range(draws)]
+        return [c.text for c in self.constraints if not any(c.holds(t) for t in tried)]
 
     def random_feasible(self, rng: random.Random, tries: int = 10_000) -> dict[str, Any] | None:
         """A uniformly drawn feasible configuration of a space too large to enumerate."""

@@ -12,6 +12,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlparse
 
 import filelock
 import optuna
@@ -156,6 +157,13 @@ def _agree_on_heartbeat(study: optuna.Study, heartbeat_s: int) -> None:
 
 def _open_tracker(settings: Settings, runs_dir: Path) -> Tracker:
     uri = settings.tracking.uri
+    if urlparse(uri).scheme in ("", "file"):
+        # MLflow 3 refuses its file store with a page on migrating it, which is not the fix here
+        raise ConfigError(
+            f"tracking.uri {redact(uri)!r} names a folder (MLflow's file store, which MLflow no "
+            "longer opens); give a database, e.g. tracking.uri=sqlite:///runs/mlflow.db, or a "
+            "server, http://HOST:5000"
+        )
     try:
         return with_retries(
             lambda: Tracker.open(uri, settings.tracking.experiment, runs_dir / "mlartifacts")

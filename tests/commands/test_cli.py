@@ -85,6 +85,15 @@ BAD_INPUT = {
     "unknown slo metric": (["+space=llm", "+slo.speed=3"], "slo.speed: unknown metric"),
     "unknown preset": (["+space=llm", "preset=gpu"], "preset must be one of auto, cpu, cuda"),
     "seed not an integer": (["+space=llm", "seed=abc"], "seed must be an integer"),
+    "seed past numpy's": (
+        ["+space=llm", "seed=4294967296"],
+        "seed must be an integer from 0 to 2147483647, but got 4294967296",
+    ),
+    "a step past the range's end": (
+        ["+space=llm", "space.params.batch_size.pow2=false", "+space.params.batch_size.step=8"],
+        "high must be low plus a whole number of steps, but got low=4, high=32, step=8; the last "
+        "step is 28: write high: 28",
+    ),
     "knob the workload does not take": (
         ["+space=llm", "+space.params.dropuot=0.1"],
         "knob 'dropuot' is neither a generic knob",
@@ -207,7 +216,7 @@ BAD_INPUT = {
         "batch_size % micro_batch_size == 0",
     ),
     "slo not a mapping": (["+space=llm", "slo=5"], "slo must be a mapping of metric name"),
-    "negative seed": (["+space=llm", "seed=-1"], "seed must be an integer >= 0"),
+    "negative seed": (["+space=llm", "seed=-1"], "seed must be an integer from 0 to 2147483647"),
     "nan timeout": (["+space=llm", "runner.timeout_s=nan"], "runner.timeout_s must be a finite"),
     "inf memory limit": (
         ["+space=llm", "runner.memory_limit_mb=inf"],
@@ -251,6 +260,10 @@ BAD_INPUT = {
     "huge int range on a knob the workload takes": (
         ["+space=llm", "space.params.micro_batch_size.low=0"],
         "params.micro_batch_size",
+    ),
+    "a tracking URI that names a folder": (
+        ["+space=llm", "tracking.uri=mlruns"],
+        "tracking.uri 'mlruns' names a folder (MLflow's file store, which MLflow no longer opens)",
     ),
     "tracking uri that cannot be opened": (
         ["+space=llm", "tracking.uri=foo://bar"],
@@ -297,6 +310,43 @@ BAD_INPUT = {
     "a batch that cannot be drawn": (
         ["+space=llm", "space.workload._target_=contract_breaches.BatchThatRaises"],
         "make_batch(1, generator) raised RuntimeError: the dataset is not there",
+    ),
+    "a knob of the workload's own that only build_model trips on": (
+        [
+            "+space=llm",
+            "space.workload._target_=contract_breaches.ActivationByName",
+            "+space.params.activation={type:categorical,choices:[GELU,Gelu]}",
+        ],
+        "build_model() with activation='Gelu' raised AttributeError: module 'torch.nn' has no "
+        "attribute 'Gelu'; leave that value out of the space, or add a constraint",
+    ),
+    "a model that cannot be built at any configuration": (
+        ["+space=llm", "space.workload._target_=contract_breaches.WidthAsText"],
+        "build_model() raised TypeError: empty(): argument 'size'",
+    ),
+    "a constructor that exits": (
+        ["+space=llm", "space.workload._target_=contract_breaches.ExitsInItsConstructor"],
+        "ExitsInItsConstructor cannot be built from its settings: it called sys.exit(5)",
+    ),
+    "a control value outside the space's range": (
+        ["+space=llm", "+noise.control.batch_size=7"],
+        "(batch_size=7 outside the space's range)",
+    ),
+    "a constraint that alone holds for nothing": (
+        ["+space=llm", "space.constraints=['batch_size / 0 > 1', 'streams <= 2']"],
+        "alone, 'batch_size / 0 > 1' held for none tried",
+    ),
+    "~KEY then KEY=VALUE": (
+        ["+space=llm", "~study.storage", "study.storage=sqlite:///x.db"],
+        "config key 'study.storage' was removed (~study.storage) before an override set it",
+    ),
+    "an unclosed bracket": (
+        ["+space=llm", "study.n_trials=[1,2"],
+        "cannot parse an override at '[1,2' (a bracket or quote left open?)",
+    ),
+    "by_device with one value": (
+        ["+space=llm", "space.params.batch_size.high=${by_device:8}"],
+        "cannot resolve space.params.batch_size.high: ${by_device:...} takes two values",
     ),
     "a model that is no module": (
         ["+space=llm", "space.workload._target_=contract_breaches.ModelThatIsAFunction"],
@@ -420,6 +470,20 @@ def test_a_loss_the_meta_device_cannot_run_is_left_to_the_step(capsys):
     # Its loss reads a value (.item()), which a model on the meta device cannot give: the
     # contract check cannot see it break anything, so the space runs.
     argv = ["+space=llm", "space.workload._target_=contract_breaches.LossThatReadsAValue"]
+    assert main([*argv, "--cfg"]) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("target", ["ActivationByName", "NoModelOnTheMetaDevice"])
+def test_a_knob_of_the_workloads_own_is_refused_only_where_another_value_builds(target, capsys):
+    # The same space with only valid names runs (ActivationByName), and so does one whose model
+    # builds at no value on the meta device: its failure tells nothing of the knob's values.
+    argv = [
+        "+space=llm",
+        f"space.workload._target_=contract_breaches.{target}",
+        "+space.params.activation={type:categorical,choices:[GELU,Gelu]}",
+    ]
+    if target == "ActivationByName":
+        argv[-1] = "+space.params.activation={type:categorical,choices:[GELU,ReLU]}"
     assert main([*argv, "--cfg"]) == 0, capsys.readouterr().err
 
 

@@ -53,7 +53,7 @@ def test_worker_that_aborts_is_a_crash_with_the_signal():
 
 def test_exception_keeps_its_traceback_in_the_stderr_tail():
     result = run_isolated(faulty("error"))
-    assert result.failure == "error: ValueError: injected: the batch has the wrong shape"
+    assert result.failure == "error: RuntimeError: injected: the batch has the wrong shape"
     assert "Traceback" in result.stderr_tail and "faults.py" in result.stderr_tail
 
 

@@ -58,6 +58,9 @@ def test_parse_every_param_type():
     p = space.params
     assert p["stepped"] == IntParam(low=1, high=10, step=3)
     assert p["stepped"].values() == [1, 4, 7, 10]
+    # tenths end a range exactly, as Optuna's check of the same rule reads them
+    tenths = parse_space("t", _param({"type": "float", "low": 0.0, "high": 0.3, "step": 0.1}))
+    assert tenths.params["x"] == FloatParam(0.0, 0.3, False, 0.1)
     assert p["logint"] == IntParam(low=1, high=1000, log=True)
     assert p["logint"].values() == list(range(1, 1001))
     assert p["pow2"] == IntParam(low=3, high=40, pow2=True)
@@ -267,6 +270,16 @@ INVALID = [
         "float_step_string",
         _param({"type": "float", "low": 0.0, "high": 1.0, "step": "x"}),
         ["params.x", "step"],
+    ),
+    (
+        "int_step_past_high",
+        _param({"type": "int", "low": 8, "high": 20, "step": 8}),
+        ["params.x", "high must be low plus a whole number of steps", "write high: 16"],
+    ),
+    (
+        "float_step_past_high",
+        _param({"type": "float", "low": 0.0, "high": 0.25, "step": 0.1}),
+        ["params.x", "low=0.0, high=0.25, step=0.1", "write high: 0.2"],
     ),
     (
         "float_step_with_log",
