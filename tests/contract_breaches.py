@@ -87,3 +87,12 @@ class WidthAsText(GPT):
 
     def build_model(self) -> nn.Module:
         return nn.Linear("eight", 8)  # type: ignore[arg-type]
+
+
+class NumpyInItsBuild(ActivationByName):
+    """Reads its first weight as a numpy array while it builds: fine on any real device."""
+
+    def build_model(self) -> nn.Module:
+        model = super().build_model()
+        next(model.parameters()).detach().numpy()  # TypeError on the meta device alone
+        return model

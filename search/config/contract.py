@@ -29,6 +29,7 @@ __all__ = [
     "check_workload_contract",
     "one_config_per_own_value",
     "read_contract",
+    "read_unbuildable",
 ]
 
 CHECK_TIMEOUT_S = 120.0
@@ -40,7 +41,9 @@ def check_workload_contract(space: SearchSpace, feasible: list[dict[str, Any]] |
     """At the space's smallest micro-batch: a training workload's ``make_batch(size, generator)``
     returns tensors with ``size`` samples along the first dimension, its ``loss`` one value that
     depends on the model's parameters (``backward()`` needs both), and each part's name that
-    recompute offers is one its ``recompute_parts`` names."""
+    recompute offers is one its ``recompute_parts`` names. Then the model at each value of the
+    workload's own knobs (``read_unbuildable``), in a worker of its own: a value whose build
+    crashes or hangs there costs only that check."""
     if not feasible:
         return  # too large to list: the step checks it
     config = min(feasible, key=lambda c: c.get("micro_batch_size") or c["batch_size"])
@@ -48,12 +51,16 @@ def check_workload_contract(space: SearchSpace, feasible: list[dict[str, Any]] |
     param = space.params.get("recompute")
     settings = {recompute_setting(v) for v in (param.values() or [])} if param else set()
     names = sorted(s for s in settings if named_by(s) == "recompute_parts")
-    variants = [c for c, _ in one_config_per_own_value(space, feasible)]
     read = run_in_a_worker(
-        read_contract, dict(space.workload), config, size, variants, timeout_s=CHECK_TIMEOUT_S
+        read_contract, dict(space.workload), config, size, timeout_s=CHECK_TIMEOUT_S
     )
     breach, parts = read if read is not None else (None, None)
     target = space.workload["_target_"]
+    variants = one_config_per_own_value(space, feasible)
+    if not breach and variants:
+        breach = run_in_a_worker(
+            read_unbuildable, dict(space.workload), variants, timeout_s=CHECK_TIMEOUT_S / 2
+        )
     if breach:
         raise ConfigError(f"space '{space.name}': workload {target}: {breach}")
     unknown = [n for n in names if parts is not None and n not in parts]
@@ -89,22 +96,19 @@ def _ends_and_choices(param: Param) -> list[Any]:
 
 
 def read_contract(
-    workload_settings: Mapping[str, Any],
-    config: Mapping[str, Any],
-    size: int,
-    variants: Sequence[Mapping[str, Any]] = (),
+    workload_settings: Mapping[str, Any], config: Mapping[str, Any], size: int
 ) -> tuple[str | None, list[str] | None]:
     """In the worker: the first breach of the contract seen (None: none seen) and the names of
-    ``recompute_parts`` (None where they could not be read). ``variants`` are configurations whose
-    model is built too: where one builds and another does not, that one is refused by what it
-    sets."""
-    built_too = [config, *variants]
+    ``recompute_parts`` (None where they could not be read)."""
     try:
         workload = _workload(workload_settings, config)
         with torch.device("meta"):
             model = workload.build_model()
     except Exception as e:  # noqa: BLE001 - the constructor is checked on its own; the rest defers
-        return _unbuildable(workload_settings, built_too) or _code_fault(e), None
+        own = ", ".join(f"{k}={v!r}" for k, v in config.items() if k not in GENERIC_KNOBS)
+        fix = "fix the workload's settings or its build_model"
+        what = f"build_model() with {own}" if own else "build_model()"
+        return _code_fault(e, what, fix + (", or leave those values out" if own else "")), None
     try:
         parts = sorted(workload.recompute_parts(model))
     except Exception:  # noqa: BLE001 - any failure here only defers the check to the step
@@ -112,25 +116,51 @@ def read_contract(
     if not isinstance(model, torch.nn.Module):
         return f"build_model() returned {type(model).__name__}, not a torch.nn.Module", parts
     if getattr(workload, "task", "train") != "train":
-        return _unbuildable(workload_settings, built_too), parts
-    return _breach(workload, model, size) or _unbuildable(workload_settings, built_too), parts
+        return None, parts
+    return _breach(workload, model, size), parts
+
+
+def read_unbuildable(
+    workload_settings: Mapping[str, Any], variants: Sequence[tuple[Mapping[str, Any], str]]
+) -> str | None:
+    """In the worker: the first of ``variants`` (a configuration, and the knob of the workload's
+    own it stands for) whose model fails to build on the meta device with an error of the code's
+    own (``CODE_FAULTS``); None where none does."""
+    for config, knob in variants:
+        try:
+            with torch.device("meta"):
+                _workload(workload_settings, config).build_model()
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - told, or left to the step
+            others = ", ".join(
+                f"{k}={v!r}" for k, v in config.items() if k not in GENERIC_KNOBS and k != knob
+            )
+            fault = _code_fault(
+                e,
+                f"build_model() at {knob}={config[knob]!r}"
+                + (f" (with {others})" if others else ""),
+                "leave that value out of the space, or add a constraint that excludes it",
+            )
+            if fault:
+                return fault
+    return None
 
 
 CODE_FAULTS = (TypeError, ValueError, AttributeError, KeyError, IndexError, NameError, ImportError)
-"""What ``build_model`` raises on the meta device the same as on any other: a setting of the wrong
-type, a misspelt name. The meta device's own limits raise ``NotImplementedError`` or
-``RuntimeError`` (an operator with no meta kernel, a value read from a tensor), which the step is
-left to tell."""
+"""What ``build_model`` raises on the meta device as on any other: a setting of the wrong type, a
+misspelt name. The meta device's own limits raise ``NotImplementedError`` or ``RuntimeError`` (an
+operator with no meta kernel, a value read from a tensor), or name the meta device (a tensor made
+into a numpy array), and are left to the step."""
 
 
-def _code_fault(error: Exception) -> str | None:
-    if not isinstance(error, CODE_FAULTS):
+def _code_fault(error: BaseException, what: str, fix: str) -> str | None:
+    """``what raised Error: its first line; fix`` for an error of the code's own, else None."""
+    if not isinstance(error, CODE_FAULTS) or "meta" in str(error).lower():
         return None
-    first = (str(error).strip().splitlines() or [""])[0]
-    return (
-        f"build_model() raised {type(error).__name__}: {first}; every trial would: fix the "
-        "workload's settings or its build_model"
-    )
+    return f"{what} raised {type(error).__name__}: {_first_line(error)}; {fix}"
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [""])[0]
 
 
 def _workload(workload_settings: Mapping[str, Any], config: Mapping[str, Any]) -> Any:
@@ -138,40 +168,11 @@ def _workload(workload_settings: Mapping[str, Any], config: Mapping[str, Any]) -
     return instantiate(dict(workload_settings), _convert_="all", _recursive_=False, **own)
 
 
-def _unbuildable(
-    workload_settings: Mapping[str, Any], configs: Sequence[Mapping[str, Any]]
-) -> str | None:
-    """Where the model builds on the meta device at one of ``configs``, one that fails to build
-    with an error of the code's own (``CODE_FAULTS``) fails for what it sets: every trial of it
-    would. Where none builds, or one fails otherwise (an operator with no meta kernel that only
-    that value reaches), the step is left to tell."""
-    if len(configs) < 2:
-        return None  # one configuration: nothing to tell its settings from the meta device by
-    failure, built = None, False
-    for config in configs:
-        try:
-            with torch.device("meta"):
-                _workload(workload_settings, config).build_model()
-            built = True
-        except CODE_FAULTS as e:
-            own = {k: v for k, v in config.items() if k not in GENERIC_KNOBS}
-            first = (str(e).strip().splitlines() or [""])[0]
-            setting = ", ".join(f"{k}={v!r}" for k, v in own.items())
-            failure = failure or (
-                f"build_model() with {setting} raised {type(e).__name__}: {first}; leave that "
-                "value out of the space, or add a constraint that excludes it"
-            )
-        except Exception:  # noqa: BLE001 - the meta device's own limit, maybe: the step tells
-            continue
-    return failure if built else None
-
-
 def _breach(workload: Any, model: torch.nn.Module, size: int) -> str | None:
     try:
         batch = workload.make_batch(size, torch.Generator().manual_seed(0))
     except Exception as e:  # every trial would raise it too
-        first = (str(e).strip().splitlines() or [""])[0]
-        return f"make_batch({size}, generator) raised {type(e).__name__}: {first}"
+        return f"make_batch({size}, generator) raised {type(e).__name__}: {_first_line(e)}"
     breach = _batch_breach(batch, size)
     if breach:
         return breach

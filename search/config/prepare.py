@@ -91,7 +91,10 @@ def load_space(
         prefix = f"space '{raw['name']}': "
         raise ConfigError(message if message.startswith(prefix) else prefix + message) from None
     if feasible is not None and not feasible:
-        never = space.never_holding(random.Random(0))
+        try:
+            never = space.never_holding(random.Random(0))
+        except SpaceError:  # a constraint that cannot be evaluated: said by the line below
+            never = []
         raise ConfigError(
             f"space '{space.name}': no configuration satisfies the constraints "
             f"{[c.text for c in space.constraints]}"
@@ -371,7 +374,7 @@ def control_config(space: SearchSpace, chosen: Mapping[str, Any] | None) -> dict
             return feasible[0]
     outside = [f"{name}={config[name]!r}" for name in space.outside(config)]
     why = (
-        f"{', '.join(outside)} outside the space's range"
+        f"{', '.join(outside)}: not among the values the space gives it"
         if outside
         else f"it breaks {'; '.join(space.violations(config))}"
     )

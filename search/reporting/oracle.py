@@ -97,8 +97,8 @@ def oracle_lines(
             )
             lines.append(
                 f"    {value_text(r.value)}: {si(m['throughput'])} [{si(m['throughput_ci_low'])}, "
-                f"{si(m['throughput_ci_high'])}] {unit}/s{figures}, #{r.best.number} "
-                f"({knobs_text(r.best.config, others)})"
+                f"{si(m['throughput_ci_high'])}] {unit}/s{figures}, #{r.best.number}"
+                + (f" ({knobs_text(r.best.config, others)})" if others else "")
             )
     return lines
 

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import filelock
 import optuna
-from mlflow.utils.uri import is_local_uri
 
 from search.config.compose import redact
 from search.config.settings import Settings
@@ -157,14 +156,6 @@ def _agree_on_heartbeat(study: optuna.Study, heartbeat_s: int) -> None:
 
 def _open_tracker(settings: Settings, runs_dir: Path) -> Tracker:
     uri = settings.tracking.uri
-    if is_local_uri(uri, is_tracking_or_registry_uri=True):
-        # MLflow's own test of a file store (a path, file:...; not sqlite:, databricks): MLflow 3
-        # refuses that store with a page on migrating it, which is not the fix here
-        raise ConfigError(
-            f"tracking.uri {redact(uri)!r} names a folder (MLflow's file store, which MLflow no "
-            "longer opens); give a database, e.g. tracking.uri=sqlite:///runs/mlflow.db, or a "
-            "server, http://HOST:5000"
-        )
     try:
         return with_retries(
             lambda: Tracker.open(uri, settings.tracking.experiment, runs_dir / "mlartifacts")

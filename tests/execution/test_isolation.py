@@ -344,8 +344,9 @@ def test_a_worker_s_progress_bars_take_no_semaphore_the_study_would_count_as_lea
 
 @pytest.mark.parametrize("fault", ["segv", "exit", "error"])
 def test_a_workload_read_before_the_study_cannot_take_the_study_with_it(fault):
-    # The contract check runs the workload's constructor and build_model: a fault there defers
-    # the check to the step, and this process goes on.
+    # The contract check runs the workload's constructor and build_model: a crash, an exit or an
+    # error the meta device could raise too (a RuntimeError) defers the check to the step, and
+    # this process goes on. (An error of the code's own is refused: tests/commands/test_cli.py.)
     read = run_in_a_worker(
         read_contract, {"_target_": "faults.Faulty", "fault": fault}, {}, 4, timeout_s=60
     )
