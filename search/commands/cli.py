@@ -76,6 +76,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(command, argv[1:] if command != "tune" else argv)
 
 
+def _refuse_a_file_store(uri: str) -> None:
+    """Before any command opens a store, and with ``--cfg``: a settings check that needs MLflow,
+    which the settings themselves must not import (re-validation and stability read them)."""
+    from search.config.compose import ConfigError
+    from search.tracking.connection import file_store_refusal
+
+    refusal = file_store_refusal(uri)
+    if refusal:
+        raise ConfigError(refusal)
+
+
 def _run(command: str, argv: list[str]) -> int:
     """``command`` with its overrides and options ``argv``: its exit code."""
     from search.config.compose import ConfigError, compose_config  # late: --help stays fast
@@ -83,6 +94,7 @@ def _run(command: str, argv: list[str]) -> int:
     try:
         overrides, config_dirs, show = _parse(argv)
         cfg = compose_config(overrides, config_dirs)
+        _refuse_a_file_store(str(cfg.tracking.uri))
         if show:
             import yaml
 

@@ -334,28 +334,6 @@ class TrackingSettings:
     def __post_init__(self) -> None:
         _not_blank("tracking.uri", self.uri, "an MLflow tracking URI")
         _not_blank("tracking.experiment", self.experiment, "an MLflow experiment name")
-        _require(
-            not _file_store(self.uri),
-            f"tracking.uri {self.uri!r} names a folder, MLflow's file store, which MLflow 3 "
-            "refuses (unless MLFLOW_ALLOW_FILE_STORE=true); give a database, e.g. "
-            "tracking.uri=sqlite:///runs/mlflow.db, or a server, http://HOST:5000",
-        )
-
-
-def _file_store(uri: str) -> bool:
-    """Whether MLflow would open ``uri`` as its file store and refuse it: MLflow's own test (a
-    path or ``file:``, not ``sqlite:`` or ``databricks``), where the user has not opted back in.
-    Imported here alone: a run opens MLflow anyway, and the settings of ``--help`` need not."""
-    import mlflow.environment_variables
-    from mlflow.utils.uri import is_local_uri
-
-    allowed = getattr(mlflow.environment_variables, "MLFLOW_ALLOW_FILE_STORE", None)
-    if allowed is None or allowed.get():
-        return False  # an MLflow that opens its file store, or a user who opted back in
-    try:
-        return is_local_uri(uri, is_tracking_or_registry_uri=True)
-    except Exception:  # noqa: BLE001 - a URI MLflow cannot read (a remote file:) is its to refuse
-        return False
 
 
 @dataclass(kw_only=True)

@@ -7,7 +7,9 @@ import os
 import re
 from urllib.parse import urlsplit
 
+import mlflow.environment_variables
 import requests
+from mlflow.utils.uri import is_local_uri
 
 from search.config.compose import redact
 
@@ -44,6 +46,27 @@ def limit_network() -> None:
 def is_local(uri: str) -> bool:
     """Whether ``uri`` names a store on this machine (a file or a database), not a server."""
     return not uri.startswith(("http://", "https://", "databricks"))
+
+
+def file_store_refusal(uri: str) -> str | None:
+    """Why ``uri`` is refused where MLflow would open it as its file store (a path or ``file:``,
+    by MLflow's own test; not ``sqlite:`` or ``databricks``), which MLflow 3 refuses with a page
+    on migrating it, not the fix here; None where the user opted back in, or where MLflow is one
+    that opens it."""
+    allowed = getattr(mlflow.environment_variables, "MLFLOW_ALLOW_FILE_STORE", None)
+    if allowed is None or allowed.get():
+        return None
+    try:
+        local = is_local_uri(uri, is_tracking_or_registry_uri=True)
+    except Exception:  # noqa: BLE001 - a URI MLflow cannot read (a remote file:) is its to refuse
+        return None
+    if not local:
+        return None
+    return (
+        f"tracking.uri {uri!r} names a folder, MLflow's file store, which MLflow 3 refuses "
+        "(unless MLFLOW_ALLOW_FILE_STORE=true); give a database, e.g. "
+        "tracking.uri=sqlite:///runs/mlflow.db, or a server, http://HOST:5000"
+    )
 
 
 def is_http(uri: str) -> bool:

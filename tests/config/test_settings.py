@@ -81,27 +81,6 @@ def test_nan_and_inf_are_refused(override, key):
     assert "nan" in message or "inf" in message  # says what was received
 
 
-@pytest.mark.parametrize("uri", ["mlruns", "./runs/mlruns", "file:///tmp/mlruns"])
-def test_a_tracking_uri_that_names_a_folder_is_refused(uri, monkeypatch):
-    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
-    message = _one_line_error(f"tracking.uri={uri}")
-    assert f"tracking.uri '{uri}' names a folder" in message
-    assert "tracking.uri=sqlite:///runs/mlflow.db" in message
-
-
-def test_a_folder_is_taken_where_the_user_opted_back_into_mlflows_file_store(monkeypatch):
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    compose_config(["+space=llm", "device=cpu", "tracking.uri=mlruns"])
-
-
-@pytest.mark.parametrize(
-    "uri", ["databricks", "databricks://profile", "sqlite:///runs/mlflow.db", "http://host:5000"]
-)
-def test_a_tracking_uri_that_is_no_folder_is_left_to_mlflow(uri, monkeypatch):
-    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
-    compose_config(["+space=llm", "device=cpu", f"tracking.uri={uri}"])
-
-
 def test_negative_seed_is_refused():
     message = _one_line_error("seed=-1")
     assert "seed must be an integer from 0 to 2147483647" in message and "-1" in message
