@@ -87,6 +87,15 @@ def test_a_step_times_each_micro_batch_for_the_stall_test():
         assert step.take_phases() == {"micro_batch_ms": []}, "a take empties the marks"
 
 
+def test_one_lane_runs_in_the_steps_own_thread():
+    # No thread to hand it to and wait for: that handoff was host time charged to every step.
+    threads = set()
+    with TrainStep(GPT(**TINY), Knobs(batch_size=8, micro_batch_size=2), CPU) as step:
+        record_forward_calls(step, lambda m, inputs: threads.add(threading.get_ident()))
+        step()
+    assert threads == {threading.get_ident()}
+
+
 def test_two_lanes_match_one_lane_and_run_on_two_threads():
     loss, grads = loss_and_grads(Knobs(batch_size=8, micro_batch_size=2))
     threads = set()
