@@ -105,7 +105,7 @@ def read_contract(
         with torch.device("meta"):
             model = workload.build_model()
     except Exception as e:  # noqa: BLE001 - the constructor is checked on its own; the rest defers
-        own = ", ".join(f"{k}={v!r}" for k, v in config.items() if k not in GENERIC_KNOBS)
+        own = ", ".join(f"{k}={v!r}" for k, v in _own_settings(config).items())
         fix = "fix the workload's settings or its build_model"
         what = f"build_model() with {own}" if own else "build_model()"
         return _code_fault(e, what, fix + (", or leave those values out" if own else "")), None
@@ -131,9 +131,7 @@ def read_unbuildable(
             with torch.device("meta"):
                 _workload(workload_settings, config).build_model()
         except (Exception, SystemExit) as e:  # noqa: BLE001 - told, or left to the step
-            others = ", ".join(
-                f"{k}={v!r}" for k, v in config.items() if k not in GENERIC_KNOBS and k != knob
-            )
+            others = ", ".join(f"{k}={v!r}" for k, v in _own_settings(config).items() if k != knob)
             fault = _code_fault(
                 e,
                 f"build_model() at {knob}={config[knob]!r}"
@@ -164,8 +162,13 @@ def _first_line(error: BaseException) -> str:
 
 
 def _workload(workload_settings: Mapping[str, Any], config: Mapping[str, Any]) -> Any:
-    own = {k: v for k, v in config.items() if k not in GENERIC_KNOBS}
+    own = _own_settings(config)
     return instantiate(dict(workload_settings), _convert_="all", _recursive_=False, **own)
+
+
+def _own_settings(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The values of ``config``'s knobs that are the workload's own (its constructor takes them)."""
+    return {k: v for k, v in config.items() if k not in GENERIC_KNOBS}
 
 
 def _breach(workload: Any, model: torch.nn.Module, size: int) -> str | None:

@@ -419,7 +419,7 @@ class StudyDriver:
             )
 
     def _reseed(self, offset: int) -> None:
-        seed = (self.settings.seed + offset) % 2**32  # a numpy seed, however many trials
+        seed = self.settings.seed + offset
         name = self.settings.study.sampler
         if name == GUIDED:
             self.study.sampler = GuidedSampler(
