@@ -37,7 +37,7 @@ CHECK_TIMEOUT_S = 120.0
 (a meta-device model builds in well under a second; a workload's imports may take some)."""
 
 
-def check_workload_contract(space: SearchSpace, feasible: list[dict[str, Any]] | None) -> None:
+def check_workload_contract(space: SearchSpace, feasible: Sequence[Mapping[str, Any]]) -> None:
     """At the space's smallest micro-batch: a training workload's ``make_batch(size, generator)``
     returns tensors with ``size`` samples along the first dimension, its ``loss`` one value that
     depends on the model's parameters (``backward()`` needs both), and each part's name that
@@ -45,7 +45,7 @@ def check_workload_contract(space: SearchSpace, feasible: list[dict[str, Any]] |
     workload's own knobs (``read_unbuildable``), in a worker of its own: a value whose build
     crashes or hangs there costs only that check."""
     if not feasible:
-        return  # too large to list: the step checks it
+        return  # none found to read: the step checks it
     config = min(feasible, key=lambda c: c.get("micro_batch_size") or c["batch_size"])
     size = config.get("micro_batch_size") or config["batch_size"]
     param = space.params.get("recompute")

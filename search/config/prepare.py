@@ -57,12 +57,20 @@ def prepare(settings: Settings) -> Prepared:
     device = resolve_device(settings.device)
     space, notes = load_space(settings.space, device, settings.slo)
     # Here, not in load_space: it runs the workload's code in a worker, which only a run needs.
-    check_workload_contract(space, space.feasible_configs())
+    check_workload_contract(space, _configs_to_check(space))
     chosen, budget = settings.noise.control, settings.noise.budget
     # A control of one's own is checked even where no control runs are made: a typo in it is
     # refused, not left to surprise the next run that makes them.
     control = control_config(space, chosen) if budget > 0 or chosen else None
     return Prepared(device, space, notes, control if budget > 0 else None)
+
+
+def _configs_to_check(space: SearchSpace) -> list[dict[str, Any]]:
+    """Every feasible configuration of ``space`` or, where it is too large to list or has a float
+    knob, the feasible ones among its corners and draws at random (each knob's ends are among the
+    corners): what the checks of the workload before a study read."""
+    configs = space.feasible_configs()
+    return space.feasible_sample(random.Random(0)) if configs is None else configs
 
 
 def load_space(
@@ -286,10 +294,7 @@ def _check_workload_settings(space: SearchSpace, slo: Mapping[str, Any]) -> None
     would fail every trial that draws it. The constructor runs here, in the study's process, once
     per value; it is meant to store settings, not to build the model."""
     own = [n for n in space.params if n not in GENERIC_KNOBS]
-    configs = space.feasible_configs()
-    if configs is None:  # too many to list: configurations drawn at random stand in
-        rng = random.Random(0)
-        configs = [c for c in (space.random_feasible(rng, tries=200) for _ in range(50)) if c]
+    configs = _configs_to_check(space)
     if not configs:
         return
     tried = [(configs[0], None), *one_config_per_own_value(space, configs)]

@@ -146,24 +146,32 @@ class SearchSpace:
         at most 512 combinations) and on ``draws`` random configurations: ``SpaceError`` when one
         cannot be evaluated (comparing a string with a number, say). For spaces too large to list,
         so that such a constraint is refused before the study, not in the middle of it."""
-        corners = [probe_values(p) for p in self.params.values()]
-        names = list(self.params)
-        for values in itertools.islice(itertools.product(*corners), 512):
-            self.violations(dict(zip(names, values, strict=True)))
-        for _ in range(draws):
-            self.violations({k: draw_value(p, rng) for k, p in self.params.items()})
+        for config in self._corners_and_draws(rng, draws):
+            self.violations(config)
 
     def never_holding(self, rng: random.Random, draws: int = 1000) -> list[str]:
         """The constraints that, each alone, hold for none of the space's corners and ``draws``
         random configurations: where no configuration satisfies them all, the ones to look at."""
+        tried = self._corners_and_draws(rng, draws)
+        return [c.text for c in self.constraints if not any(c.holds(t) for t in tried)]
+
+    def feasible_sample(self, rng: random.Random, draws: int = 1000) -> list[dict[str, Any]]:
+        """Feasible configurations among the space's corners (each knob's extremes and choices, at
+        most 512 combinations) and ``draws`` random ones: for a space too large to list, what the
+        checks before a study read in place of every configuration (``feasible_configs``)."""
+        return [c for c in self._corners_and_draws(rng, draws) if not self.violations(c)]
+
+    def _corners_and_draws(self, rng: random.Random, draws: int) -> list[dict[str, Any]]:
+        """The space's corners (each knob's extremes and choices, at most 512 combinations), then
+        ``draws`` random configurations."""
         corners = [probe_values(p) for p in self.params.values()]
         names = list(self.params)
         tried = [
             dict(zip(names, values, strict=True))
             for values in itertools.islice(itertools.product(*corners), 512)
         ]
-        tried += [{k: draw_value(p, rng) for k, p in self.params.items()} for _ in range(draws)]
-        return [c.text for c in self.constraints if not any(c.holds(t) for t in tried)]
+        drawn = [{k: draw_value(p, rng) for k, p in self.params.items()} for _ in range(draws)]
+        return tried + drawn
 
     def random_feasible(self, rng: random.Random, tries: int = 10_000) -> dict[str, Any] | None:
         """A uniformly drawn feasible configuration of a space too large to enumerate."""

@@ -320,6 +320,15 @@ BAD_INPUT = {
         "build_model() at activation='Gelu' raised AttributeError: module 'torch.nn' has no "
         "attribute 'Gelu'; leave that value out of the space, or add a constraint",
     ),
+    "a knob only build_model trips on, in a space too large to list (a float knob)": (
+        [
+            "+space=llm",
+            "space.workload._target_=contract_breaches.ActivationByName",
+            "+space.params.activation={type:categorical,choices:[GELU,Gelu]}",
+            "+space.params.dropout={type:float,low:0.0,high:0.1}",
+        ],
+        "build_model() at activation='Gelu' (with dropout=0.0) raised AttributeError",
+    ),
     "a model that cannot be built at any configuration": (
         ["+space=llm", "space.workload._target_=contract_breaches.WidthAsText"],
         "build_model() raised TypeError: empty(): argument 'size'",

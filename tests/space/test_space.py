@@ -622,6 +622,19 @@ def test_random_feasible_returns_only_feasible_configs():
     assert len(seen) > 10  # it explores, not one fixed answer
 
 
+def test_feasible_sample_holds_each_knobs_ends_where_they_are_feasible():
+    # What the checks before a study read of a space with a float knob: each value the workload
+    # might not take must be among it, and nothing infeasible.
+    params = {**KNOBS, "lr": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True}}
+    space = parse_space("t", space_dict(params=params, constraints=["a + b >= 4"]))
+    assert space.feasible_configs() is None
+    sample = space.feasible_sample(random.Random(0))
+    assert sample and all(space.violations(c) == [] for c in sample)
+    for name, ends in [("a", {0, 4}), ("b", {0, 4}), ("lr", {1e-4, 1e-2}), ("flag", {False, True})]:
+        assert ends <= {c[name] for c in sample}, name
+    assert {c["precision"] for c in sample} == set(params["precision"]["choices"])
+
+
 def test_random_feasible_is_reproducible_with_the_same_seed():
     space = parse_space("t", space_dict(params=KNOBS, constraints=["a < b"]))
     first = [space.random_feasible(random.Random(5)) for _ in range(3)]
