@@ -61,9 +61,13 @@ SETTINGS = [
 WORK = {
     # real compute: 200 products of 128x128 matrices per micro-batch, the machine's own noise
     "matmul": ["+space.workload.work=matmul", "+space.workload.base=200"],
-    # 4 ms of sleep per micro-batch: as steady as the operating system's timer, far steadier
-    # than compute on this shared CPU (a stand-in for a device whose runs agree closely)
-    "sleep": ["+space.workload.work=sleep", "+space.workload.base=4"],
+    # 40 ms of sleep per micro-batch: as steady as the operating system's timer, far steadier
+    # than compute on this shared CPU (a stand-in for a device whose runs agree closely). Long,
+    # so that the host's own work in the step stays a small part of it: that work runs slower
+    # just after a sleep, by a factor that differs between processes (100 small operations took
+    # 235-247 us back to back, 268-446 us after a 2 ms sleep), and at 4 ms a step's fresh
+    # processes spread by about 8%, at 40 ms by about 1%
+    "sleep": ["+space.workload.work=sleep", "+space.workload.base=40"],
 }
 
 
