@@ -67,10 +67,22 @@ def prepare(settings: Settings) -> Prepared:
 
 def _configs_to_check(space: SearchSpace) -> list[dict[str, Any]]:
     """Every feasible configuration of ``space`` or, where it is too large to list or has a float
-    knob, the feasible ones among its corners and draws at random (each knob's ends are among the
-    corners): what the checks of the workload before a study read."""
+    knob, the feasible ones among its corners and draws at random (``feasible_sample``; each
+    knob's ends and choices are among the corners), or one drawn until found where none is among
+    them: what the checks of the workload before a study read."""
     configs = space.feasible_configs()
-    return space.feasible_sample(random.Random(0)) if configs is None else configs
+    if configs is not None:
+        return configs
+    rng = random.Random(0)
+    try:
+        configs = space.feasible_sample(rng)
+        if not configs:  # feasible configurations are rare: draw on until one is found
+            found = space.random_feasible(rng)
+            configs = [found] if found else []
+    except SpaceError as e:  # a constraint the probe's fewer draws could evaluate
+        message, prefix = str(e), f"space '{space.name}': "
+        raise ConfigError(message if message.startswith(prefix) else prefix + message) from None
+    return configs
 
 
 def load_space(

@@ -156,19 +156,28 @@ class SearchSpace:
         return [c.text for c in self.constraints if not any(c.holds(t) for t in tried)]
 
     def feasible_sample(self, rng: random.Random, draws: int = 1000) -> list[dict[str, Any]]:
-        """Feasible configurations among the space's corners (each knob's extremes and choices, at
-        most 512 combinations) and ``draws`` random ones: for a space too large to list, what the
-        checks before a study read in place of every configuration (``feasible_configs``)."""
+        """Feasible configurations among the space's corners (``_corners_and_draws``: each knob's
+        extremes and choices among them) and ``draws`` random ones: for a space too large to list,
+        what the checks before a study read in place of every configuration
+        (``feasible_configs``)."""
         return [c for c in self._corners_and_draws(rng, draws) if not self.violations(c)]
 
     def _corners_and_draws(self, rng: random.Random, draws: int) -> list[dict[str, Any]]:
-        """The space's corners (each knob's extremes and choices, at most 512 combinations), then
-        ``draws`` random configurations."""
+        """The space's corners (the product of each knob's extremes and choices, at most 512
+        combinations), each knob's extremes and choices with every other knob at its first (the
+        product is cut where it varies only the last knobs), then ``draws`` random
+        configurations."""
         corners = [probe_values(p) for p in self.params.values()]
         names = list(self.params)
         tried = [
             dict(zip(names, values, strict=True))
             for values in itertools.islice(itertools.product(*corners), 512)
+        ]
+        first = {name: values[0] for name, values in zip(names, corners, strict=True) if values}
+        tried += [
+            {**first, name: value}
+            for name, values in zip(names, corners, strict=True)
+            for value in values[1:]
         ]
         drawn = [{k: draw_value(p, rng) for k, p in self.params.items()} for _ in range(draws)]
         return tried + drawn

@@ -357,3 +357,43 @@ def test_the_cpu_presets_search_compile_and_load_without_a_note():
     for name in ("llm", "llama", "vision"):
         space, notes = _load([f"+space={name}", "device=cpu"])
         assert list(space.params["compile"].values()) == ["off", "default"] and not notes
+
+
+# ---------------------------------------------------------------------------------------------
+# What the workload checks read of a space too large to list
+
+
+def _unlisted(params, constraints):
+    """A space with a float knob, which cannot be listed."""
+    knobs = {"batch_size": 4, **params, "lr": {"type": "float", "low": 0.0, "high": 1.0}}
+    raw = {
+        "workload": {"_target_": "x.Y"},
+        "params": knobs,
+        "constraints": constraints,
+        "objectives": {"throughput": "maximize"},
+    }
+    return parse_space("t", raw)
+
+
+def test_a_constraint_only_a_sampled_configuration_cannot_evaluate_is_refused_in_one_line():
+    from search.config.prepare import _configs_to_check
+
+    params = {
+        "x": {"type": "int", "low": 0, "high": 1000},
+        "mode": {"type": "categorical", "choices": ["a", "b"]},
+    }
+    space = _unlisted(params, ["x != 192 or mode < 1"])
+    space.probe_constraints(random.Random(0))  # its fewer draws never reach x=192
+    with pytest.raises(ConfigError) as caught:
+        _configs_to_check(space)
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith("space 't': constraint 'x != 192")
+
+
+def test_a_space_whose_feasible_configurations_are_rare_is_still_checked_on_one():
+    from search.config.prepare import _configs_to_check
+
+    space = _unlisted({"x": {"type": "int", "low": 0, "high": 3000}}, ["x == 1501"])
+    assert space.feasible_sample(random.Random(0)) == []  # none among corners and draws
+    (config,) = _configs_to_check(space)
+    assert config["x"] == 1501

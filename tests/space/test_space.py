@@ -635,6 +635,18 @@ def test_feasible_sample_holds_each_knobs_ends_where_they_are_feasible():
     assert {c["precision"] for c in sample} == set(params["precision"]["choices"])
 
 
+def test_feasible_sample_holds_the_ends_of_a_knob_listed_first_where_the_corners_are_cut():
+    # 2 * 2**10 corners: the first 512 of their product all take `width` at its low end.
+    params = {
+        "width": {"type": "int", "low": 1, "high": 1000},
+        **{f"flag{i}": {"type": "bool"} for i in range(10)},
+    }
+    space = parse_space("t", space_dict(params=params, constraints=[]))
+    sample = space.feasible_sample(random.Random(0), draws=0)
+    assert {c["width"] for c in sample} == {1, 1000}
+    assert all({c[f"flag{i}"] for c in sample} == {False, True} for i in range(10))
+
+
 def test_random_feasible_is_reproducible_with_the_same_seed():
     space = parse_space("t", space_dict(params=KNOBS, constraints=["a < b"]))
     first = [space.random_feasible(random.Random(5)) for _ in range(3)]
