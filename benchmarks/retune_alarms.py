@@ -66,7 +66,7 @@ WORK = {
     # so that the host's own work in the step stays a small part of it: that work runs slower
     # just after a sleep, by a factor that differs between processes (100 small operations took
     # 235-247 us back to back, 268-446 us after a 2 ms sleep), and at 4 ms a step's fresh
-    # processes spread by about 8%, at 40 ms by about 1%
+    # processes differed by up to 26%, at 40 ms by 2% at most
     "sleep": ["+space.workload.work=sleep", "+space.workload.base=40"],
 }
 
