@@ -40,7 +40,8 @@ from search.config.compose import (
 )
 from search.config.prepare import fingerprint, prepare
 from search.config.settings import Settings
-from search.execution.isolation import start_worker_server, wait_for_worker_server
+from search.execution.isolation import wait_for_worker_server
+from search.execution.worker_server import start_worker_server
 from search.measurement.energy import energy_unavailable_reason
 from search.measurement.environment import contention, environment
 from search.measurement.host_load import CpuMark, cpu_mark

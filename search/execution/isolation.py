@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import faulthandler
-import functools
 import multiprocessing
 import multiprocessing.forkserver
 import multiprocessing.reduction
@@ -31,6 +30,7 @@ from typing import Any
 from search.core.records import FAILED
 from search.execution.trial import TrialRequest, TrialResult
 from search.execution.worker import run_trial
+from search.execution.worker_server import worker_context
 
 __all__ = [
     "STDERR_KEPT_BYTES",
@@ -38,7 +38,6 @@ __all__ = [
     "die_with_parent",
     "run_in_a_worker",
     "run_isolated",
-    "start_worker_server",
     "wait_for_worker_server",
     "worker_context",
 ]
@@ -46,32 +45,6 @@ __all__ = [
 STDERR_TAIL_LINES = 20
 """How many lines of a worker's stderr a failed trial keeps (``TrialResult.stderr_tail``)."""
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-@functools.cache
-def worker_context() -> (
-    multiprocessing.context.ForkServerContext | multiprocessing.context.SpawnContext
-):
-    """How trial workers start: forked from a fork server that has imported this module (and with
-    it torch) once, so a fresh worker costs milliseconds, not the 2-3 s of importing torch again.
-    The server itself is started from a clean ``exec`` and runs no torch code (no threads, no CUDA),
-    so nothing of the study's own state reaches a worker, as with ``spawn``; ``spawn`` is used
-    where there is no fork server (not on POSIX)."""
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return multiprocessing.get_context("spawn")
-    context = multiprocessing.get_context("forkserver")
-    # read when the server starts (the first worker)
-    context.set_forkserver_preload(["search.execution._fork_server"])
-    return context
-
-
-def start_worker_server() -> None:
-    """Start the fork server now, without waiting for it. Its imports (torch and its compiler:
-    about 3.5 s of a core on a 2-core CPU) then overlap the study process's own start (the stores,
-    the parent run) instead of delaying the first trial (``docs/operations/failures.md``: a
-    one-trial invocation 17.2 s against 25.0 s). Nothing where workers are spawned."""
-    if worker_context().get_start_method() == "forkserver":
-        multiprocessing.forkserver.ensure_running()
 
 
 def wait_for_worker_server() -> None:

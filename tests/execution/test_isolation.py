@@ -289,11 +289,8 @@ def test_the_worker_server_started_early_is_ready_with_torch_once_waited_for():
     imported torch: a trial, or the peak's measurement, then has the CPU to itself."""
     import multiprocessing.forkserver
 
-    from search.execution.isolation import (
-        start_worker_server,
-        wait_for_worker_server,
-        worker_context,
-    )
+    from search.execution.isolation import wait_for_worker_server
+    from search.execution.worker_server import start_worker_server, worker_context
 
     if worker_context().get_start_method() != "forkserver" or not Path("/proc").is_dir():
         pytest.skip("workers are spawned here, or /proc is absent: there is no server to wait for")
