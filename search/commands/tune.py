@@ -41,7 +41,6 @@ from search.config.compose import (
 from search.config.prepare import fingerprint, prepare
 from search.config.settings import Settings
 from search.execution.isolation import wait_for_worker_server
-from search.execution.worker_server import start_worker_server
 from search.measurement.energy import energy_unavailable_reason
 from search.measurement.environment import contention, environment
 from search.measurement.host_load import CpuMark, cpu_mark
@@ -128,7 +127,6 @@ def _opened(checked: _Checked) -> _Opened:
     for note in checked.notes:
         checked.out.print(f"[yellow]note:[/] {note}")
     cpu_since = cpu_mark()
-    start_worker_server()  # its imports overlap the stores' opening, not the first trial
     recovery = Recovery(checked.settings.study.heartbeat_s)
     study, tracker = open_stores(checked.settings, checked.space, recovery)
     return _Opened(study, tracker, recovery, cpu_since)
