@@ -5,10 +5,11 @@
 The first baseline is the expert's first guess, what a careful engineer would write without a
 tuner: the lowest precision that computes the same (``PRECISION_ORDER``: bf16 first, never fp8;
 one that fails the fidelity check passes to the next), no recompute, one lane, compile off,
-torch's own optimizer and kernels where the space lists them, the largest batch the space allows,
-and the largest micro-batch that fits (probed from the largest down; an OOM moves to the next
-smaller one). The second is the same configuration compiled (``compile: default``), whatever the
-tuned one's compile setting; ``--no-compiled`` leaves it out (a workload that cannot compile).
+torch's own optimizer, kernels and attention kernel where the space lists them, the largest batch
+the space allows, and the largest micro-batch that fits (probed from the largest down; an OOM
+moves to the next smaller one). The second is the same configuration compiled (``compile:
+default``), whatever the tuned one's compile setting; ``--no-compiled`` leaves it out (a workload
+that cannot compile).
 
 All three are measured in ``--processes`` fresh worker processes each (the same isolated worker as
 a trial, run as a re-validation run is: no fidelity check or work count, which the study and the
@@ -61,9 +62,10 @@ PROBE = MeasureSettings(
 )
 """Enough steps to learn whether a configuration fits in memory, no more."""
 
-PLAIN = {"optimizer": "default", "kernels": "torch"}
-"""The first guess runs the step as written, as the study's opening does: torch's own optimizer
-and kernels where the space lists them (else its first choice); always eager (``compile: off``)."""
+PLAIN = {"optimizer": "default", "kernels": "torch", "attention": "default"}
+"""The first guess runs the step as written, as the study's opening does: torch's own optimizer,
+kernels and attention kernel where the space lists them (else its first choice); always eager
+(``compile: off``)."""
 
 COMPILED_MODE = "default"
 """The compiled baseline's ``compile`` setting: torch.compile's default mode."""

@@ -12,16 +12,9 @@ TRIALS_ONLY = [
     "noise.budget=0",
 ]
 """No fresh processes but the trials': an invocation's other runs are the same for every study."""
-TINY = [
+TINY_ANY_SPACE = [
     "device=cpu",
     "preset=cpu",
-    "space.workload.vocab_size=256",
-    "space.workload.seq_len=32",
-    "space.workload.d_model=32",
-    "space.workload.n_layers=1",
-    "space.workload.n_heads=2",
-    "space.params.batch_size.high=8",
-    "space.params.micro_batch_size.high=8",
     # Eager: a test not about the compiler must not pay a cold compile (20-30 s a trial on two
     # cores, every test with a cache of its own); the compiler's tests search it themselves.
     "space.params.compile.choices=[off]",
@@ -31,6 +24,22 @@ TINY = [
     "measure.max_time_s=1",
     *TRIALS_ONLY,
 ]
+"""The overrides of ``TINY`` that any built-in training or serving space takes: the device, no
+compiler, short measurements and no fresh processes but the trials'."""
+TINY = [
+    "space.workload.vocab_size=256",
+    "space.workload.seq_len=32",
+    "space.workload.d_model=32",
+    "space.workload.n_layers=1",
+    "space.workload.n_heads=2",
+    "space.params.batch_size.high=8",
+    "space.params.micro_batch_size.high=8",
+    # torch's own attention kernel: a test not about that knob must not spend a trial on math
+    # (tests/execution/test_attention.py and the order's tests cover it).
+    "space.params.attention.choices=[default]",
+    *TINY_ANY_SPACE,
+]
+"""A tiny ``llm`` study."""
 LENIENT = [
     "stable.excess_cv=10",
     "stable.excess_stalls=1",
@@ -54,6 +63,7 @@ KNOBS = {
     "recompute",
     "compile",
     "optimizer",
+    "attention",
 }
 """The llm space's knobs: the params every trial's MLflow run logs."""
 CONTRACT_METRICS = {

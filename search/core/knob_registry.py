@@ -127,6 +127,16 @@ KNOBS: tuple[Knob, ...] = (
         "for a workload that patches them in through ``Workload.use_kernels``).",
         unlabelled="torch",
     ),
+    Knob(
+        name="attention",
+        short="attn:",
+        tasks=("train", "serve"),
+        changes_numerics=True,
+        description="default | math | flash | efficient (CUDA) | cudnn (CUDA): the kernel that "
+        "runs ``scaled_dot_product_attention``, torch's own pick for each call or the one named; "
+        "moves only a model that calls it.",
+        unlabelled="default",
+    ),
 )
 """Every generic knob, in the order a configuration lists them."""
 

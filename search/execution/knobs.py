@@ -25,6 +25,7 @@ from torch import nn
 
 from search.core.errors import KnobError
 from search.core.knob_registry import NUMERIC_KNOBS
+from search.execution.attention import ATTENTION_KERNELS, attention_unsupported
 from search.execution.compiling import COMPILE_MODES, compile_unsupported
 from search.execution.fp8 import FP8_PRECISIONS, fp8_unsupported
 from search.execution.kernels import KERNELS, kernels_unsupported
@@ -55,6 +56,7 @@ KNOB_CHOICES: dict[str, tuple[str, ...]] = {
     "compile": COMPILE_MODES,
     "optimizer": OPTIMIZER_IMPLEMENTATIONS,
     "kernels": KERNELS,
+    "attention": ATTENTION_KERNELS,
 }
 """The values a knob that is a choice of names may take, by knob name."""
 
@@ -118,6 +120,9 @@ class Knobs:
     kernels: str = "torch"
     """torch | liger: the model's own operators or fused kernels patched in
     (``search.execution.kernels``)."""
+    attention: str = "default"
+    """default | math | flash | efficient (CUDA only) | cudnn (CUDA only): the kernel that runs
+    ``scaled_dot_product_attention`` (``search.execution.attention``)."""
 
     def __post_init__(self) -> None:
         if not (isinstance(self.batch_size, int) and self.batch_size >= 1):
@@ -137,7 +142,7 @@ class Knobs:
         object.__setattr__(self, "recompute", recompute_setting(self.recompute))
         if self.precision not in PRECISIONS:
             raise KnobError(f"`precision` must be one of {PRECISIONS}, but got {self.precision!r}.")
-        for name in ("compile", "optimizer", "kernels"):
+        for name in ("compile", "optimizer", "kernels", "attention"):
             if getattr(self, name) not in KNOB_CHOICES[name]:
                 raise KnobError(
                     f"`{name}` must be one of {KNOB_CHOICES[name]}, but got "
@@ -219,6 +224,7 @@ _DEVICE_REFUSALS: dict[str, Callable[[object, torch.device], str | None]] = {
     "compile": compile_unsupported,
     "optimizer": optimizer_unsupported,
     "kernels": kernels_unsupported,
+    "attention": attention_unsupported,
 }
 """Why a device cannot run a knob's value (None: it can), for the knobs that depend on the
 device."""

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from search.core.knob_registry import GENERIC_KNOBS, knob_names
+from search.execution.attention import attention_kernel, with_attention
 from search.execution.compiling import CompileStats, compiled, warm_up
 from search.execution.fp8 import FP8_PRECISIONS
 from search.execution.knobs import (
@@ -102,7 +103,8 @@ class ServeStep:
         self._previous_matmul_precision = torch.get_float32_matmul_precision()
         self._lanes = lane_threads(knobs.streams)
         self._marks: list[tuple[Mark, list[tuple[Mark, Mark]]]] = []
-        self._forward = compiled(workload.forward, knobs.compile)
+        self._eager_forward = with_attention(workload.forward, knobs.attention)
+        self._forward = compiled(self._eager_forward, knobs.compile)
         self.compile_stats: CompileStats | None = None
         """What compiling took (``compile`` on); None when the step runs eagerly."""
         if knobs.compile != "off":
@@ -192,10 +194,11 @@ class ServeStep:
         size = self.knobs.micro_samples
         forced_lane = None if forced is None else [forced[i * size : (i + 1) * size] for i in mine]
         # Work is counted on the eager function: the counters see every operator.
-        forward = self.workload.forward if is_counting() else self._forward
+        forward = self._eager_forward if is_counting() else self._forward
         with (
             torch.cuda.stream(stream) if stream is not None else nullcontext(),
             torch.inference_mode(),
+            attention_kernel(self.knobs.attention),
             # Autocast is thread-local, so each lane enters it; its weight-cast cache is one map
             # for the process, so with several lanes each casts its own (see TrainStep).
             torch.autocast(

@@ -17,6 +17,7 @@ from torch import nn
 
 from search.analysis.run_figures import MICRO_BATCH_PHASE
 from search.core.errors import WorkloadContractError
+from search.execution.attention import attention_kernel, with_attention
 from search.execution.compiling import CompileStats, compiled, warm_up
 from search.execution.fp8 import convert_fp8
 from search.execution.kernels import apply_kernels
@@ -68,7 +69,8 @@ class TrainStep:
         self._cuda_streams = [s for s in self._streams if s is not None]
         self._previous_matmul_precision = torch.get_float32_matmul_precision()
         self._lanes = lane_threads(knobs.streams)
-        self._loss = compiled(workload.loss, knobs.compile)
+        self._eager_loss = with_attention(workload.loss, knobs.attention)
+        self._loss = compiled(self._eager_loss, knobs.compile)
         self._marks: list[tuple[Mark, Mark]] = []
         """Each micro-batch's start and end since the last ``take_phases``."""
         self.compile_stats: CompileStats | None = None
@@ -155,7 +157,10 @@ class TrainStep:
         stream)."""
         stream = self._streams[lane]
         losses = []
-        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        with (
+            torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext(),
+            attention_kernel(self.knobs.attention),  # backward's recomputed forwards too
+        ):
             for batch in self._lane_batches[lane]:
                 start = mark(self.device)
                 batch = map_tensors(lambda t: t.to(self.device, non_blocking=True), batch)
@@ -171,7 +176,7 @@ class TrainStep:
                     cache_enabled=self.knobs.streams == 1,
                 ):
                     # Work is counted on the eager function: the counters see every operator.
-                    loss_fn = self.workload.loss if is_counting() else self._loss
+                    loss_fn = self._eager_loss if is_counting() else self._loss
                     loss = _a_tensor(loss_fn(self.model, batch)) / self.knobs.n_micro_batches
                 scaled = loss if self._grad_scaler is None else self._grad_scaler.scale(loss)
                 scaled.backward()

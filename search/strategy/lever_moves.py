@@ -1,5 +1,6 @@
 """The order's moves for the levers that change how a step executes, right after precision:
-the compiler, then the optimizer's implementation, then fused kernels and fp8 where they can gain.
+the compiler, then the optimizer's implementation and the attention kernel, then fused kernels and
+fp8 where they can gain.
 
 Each is tried once, at the fastest configuration so far, so that the rest of the order starts from
 whichever won; each move's line says why it is tried where it is. The model-based sampler and the
@@ -10,6 +11,10 @@ local search around the front take up whatever is left.
   the kernels (``max-autotune``); they are tried here only where the host bounds the step (twice
   the micro-batch cost little more time), where launch overhead is what there is to win.
 - **The optimizer's** implementations (``for-loop``, ``foreach``, ``fused``): each once.
+- **The attention kernels** (``math``, ``flash``, ``efficient``, ``cudnn``): each once, whatever
+  the regime. torch's own pick per call is not always the fastest: on the 2-core CPU its flash
+  kernel's backward took a third of the compiled ``llm`` step, and the math decomposition ran the
+  step at about 1.2x.
 - **Fused kernels and fp8** trade Triton kernels or casts for fewer bytes and FLOPs; both lose
   where the host bounds the step (small matrix products, too little work per kernel), so they are
   tried only where it does not. Fused kernels come first: on an H100 at the llama preset's wall,
@@ -28,7 +33,7 @@ from search.execution.fp8 import FP8_PRECISIONS
 from search.strategy.book import Book, Seen
 from search.strategy.move import Move, overhead_bound_near
 
-__all__ = ["compiler", "fp8", "fused_kernels", "optimizer"]
+__all__ = ["attention", "compiler", "fp8", "fused_kernels", "optimizer"]
 
 CHEAP_COMPILE_MODES = ("default",)
 """Compile modes tried whatever the regime."""
@@ -69,6 +74,21 @@ def optimizer(book: Book) -> Iterator[Move]:
             yield Move(
                 {**best.config, "optimizer": implementation},
                 f"the optimizer: {implementation} at the best so far",
+            )
+
+
+def attention(book: Book) -> Iterator[Move]:
+    """Each attention kernel the space searches, once, at the best so far, whatever the regime:
+    which kernel is fastest depends on the device and the shapes, and torch's own pick was not on
+    a CPU (``search.execution.attention``)."""
+    best = book.best()
+    if best is None or "attention" not in book.discrete:
+        return
+    for kernel in book.ladder("attention"):
+        if kernel != "default" and not book.tried("attention", kernel):
+            yield Move(
+                {**best.config, "attention": kernel},
+                f"the attention kernel: {kernel} at the best so far",
             )
 
 

@@ -10,18 +10,18 @@ of memory, breaks a constraint or is being measured by another process:
 
 1. **The expert's first guess**: the lowest precision that computes the same (bf16, then fp16,
    tf32, fp32, never fp8; a precision that failed the fidelity check is passed over), the largest
-   batch, one lane, no recompute, eager, torch's own optimizer and kernels, and the largest
-   micro-batch that fits, found by bisection over the OOM wall: the largest first, then halfway
-   between the largest that fitted and the smallest that did not. With no micro-batch fitting at
-   a batch, the next smaller batch.
+   batch, one lane, no recompute, eager, torch's own optimizer, kernels and attention kernel, and
+   the largest micro-batch that fits, found by bisection over the OOM wall: the largest first,
+   then halfway between the largest that fitted and the smallest that did not. With no
+   micro-batch fitting at a batch, the next smaller batch.
 2. **The other 16-bit precision** (fp16 for bf16, and back) at the best so far, once; **fp32**
    there once, at half its micro-batch (lower precision is fast only where the device has the
    units for it: not on a CPU without bf16 instructions); then **the levers**
    (``search.strategy.lever_moves``), each once at the best so far: the compiler's ``default`` mode
    (its other modes only where the host bounds the step), each implementation of the optimizer,
-   then fused kernels and fp8 precisions (compiled, where the space can compile) where the host
-   does not bound the step. The rest of the
-   order starts from whichever won.
+   each attention kernel, then fused kernels and fp8 precisions (compiled, where the space can
+   compile) where the host does not bound the step. The rest of the order starts from whichever
+   won.
 3. **The least recompute that lets a larger micro-batch fit**: at the micro-batch just above
    the wall, the space's recompute settings from the least recomputed up (as it lists them: a
    part of every block, every K-th block, all), each until one fits. Then **each other
@@ -89,6 +89,7 @@ def _order(book: Book) -> Iterator[Move]:
     yield from _reference_precision(book)
     yield from lever_moves.compiler(book)
     yield from lever_moves.optimizer(book)
+    yield from lever_moves.attention(book)
     yield from lever_moves.fused_kernels(book)
     yield from lever_moves.fp8(book)
     yield from recompute_past_the_wall(book)
@@ -97,8 +98,9 @@ def _order(book: Book) -> Iterator[Move]:
     yield from _local_search(book)
 
 
-_PLAIN = {"compile": "off", "optimizer": "default", "kernels": "torch"}
-"""The expert's first guess runs the step as written: eager, torch's own optimizer and kernels."""
+_PLAIN = {"compile": "off", "optimizer": "default", "kernels": "torch", "attention": "default"}
+"""The expert's first guess runs the step as written: eager, torch's own optimizer and kernels,
+and torch's own pick of attention kernel."""
 
 
 def _opening_base(book: Book) -> dict[str, Any]:

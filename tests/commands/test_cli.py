@@ -29,6 +29,10 @@ BAD_INPUT = {
         ["+space=llm", "device=cpu", "space.params.compile.choices=[reduce-overhead]"],
         "params.compile=reduce-overhead cannot run on cpu: reduce-overhead replays CUDA graphs",
     ),
+    "an attention kernel the device cannot run": (
+        ["+space=llm", "device=cpu", "space.params.attention.choices=[efficient]"],
+        "params.attention=efficient cannot run on cpu: the memory-efficient kernel is CUDA's only",
+    ),
     "a compile mode that does not exist": (
         ["+space=llm", "space.params.compile.choices=[off,fast]"],
         "params.compile must be one of off, default, reduce-overhead, max-autotune",

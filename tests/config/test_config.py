@@ -340,6 +340,7 @@ def _load(overrides):
         ("space.params.precision.choices=[fp32,tf32,bf16]", "tf32", "[fp32,bf16]"),
         ("space.params.precision.choices=[bf16,fp8-rowwise]", "fp8-rowwise", "[bf16]"),
         ("space.params.compile.choices=[off,reduce-overhead]", "reduce-overhead", "[off]"),
+        ("space.params.attention.choices=[default,math,cudnn]", "cudnn", "[default,math]"),
     ],
 )
 def test_a_searched_choice_a_cpu_cannot_run_is_refused_naming_the_override_that_leaves_it_out(

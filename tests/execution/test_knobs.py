@@ -59,7 +59,7 @@ def test_public_names():
         "recompute",
     )
     assert PRECISIONS == ("fp32", "tf32", "bf16", "fp16", "fp8-tensorwise", "fp8-rowwise")
-    assert GENERIC_KNOBS[5:] == ("compile", "optimizer", "kernels")
+    assert GENERIC_KNOBS[5:] == ("compile", "optimizer", "kernels", "attention")
     assert issubclass(KnobError, ValueError)
 
 

@@ -1,6 +1,6 @@
-"""The order's levers (search.strategy.lever_moves): the optimizer's implementations, fp8 and fused
-kernels, each tried once at the best so far, and fp8 and kernels only where the host does not
-bound the step."""
+"""The order's levers (search.strategy.lever_moves): the optimizer's implementations, the attention
+kernels, fp8 and fused kernels, each tried once at the best so far, and fp8 and kernels only where
+the host does not bound the step."""
 
 from __future__ import annotations
 
@@ -108,3 +108,43 @@ def test_where_another_precision_becomes_the_fastest_the_compiler_is_tried_again
     move = next_move(space, history)
     assert move is not None and move.why.startswith("the compiler")
     assert move.config["precision"] == "fp32" and move.config["compile"] == "default"
+
+
+def test_each_attention_kernel_is_tried_once_after_the_compiler_and_the_rest_starts_from_it():
+    compile_modes = {"type": "categorical", "choices": ["off", "default"]}
+    kernels = {"type": "categorical", "choices": ["default", "math"]}
+    space = llm_like(
+        batch=(8, 8), micro=(1, 8), precisions=("bf16",), compile=compile_modes, attention=kernels
+    )
+
+    def math_wins(c: dict[str, Any]) -> float:  # as on the 2-core CPU: math 1.2x, compiled 1.4x
+        gain = 1.2 if c["attention"] == "math" else 1.0
+        return compute_bound(c) * gain * (1.4 if c["compile"] != "off" else 1.0)
+
+    made = drive(space, walled(4, math_wins), budget=14)
+    first = made[0][0]
+    assert first["attention"] == "default" and first["compile"] == "off"
+    whys = [why for _, why in made]
+    compiler = next(i for i, why in enumerate(whys) if why.startswith("the compiler"))
+    kernel = [i for i, why in enumerate(whys) if why.startswith("the attention kernel")]
+    assert len(kernel) == 1 and kernel[0] > compiler
+    tried = made[kernel[0]][0]
+    assert tried["attention"] == "math" and tried["compile"] == "default"
+    assert "math at the best so far" in whys[kernel[0]]
+    # every move after it starts from the winner
+    after = [c for c, why in made[kernel[0] + 1 :] if "local search" not in why]
+    assert after and all(c["attention"] == "math" for c in after)
+
+
+def test_where_the_attention_kernel_loses_the_rest_keeps_torch_own_pick():
+    kernels = {"type": "categorical", "choices": ["default", "math"]}
+    space = llm_like(batch=(8, 8), micro=(1, 8), precisions=("bf16",), attention=kernels)
+
+    def math_loses(c: dict[str, Any]) -> float:  # as on a GPU at long sequences
+        return compute_bound(c) * (0.5 if c["attention"] == "math" else 1.0)
+
+    made = drive(space, walled(4, math_loses), budget=12)
+    kernel = [i for i, (_, why) in enumerate(made) if why.startswith("the attention kernel")]
+    assert len(kernel) == 1
+    after = [c for c, why in made[kernel[0] + 1 :] if "local search" not in why]
+    assert after and all(c["attention"] == "default" for c in after)

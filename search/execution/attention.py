@@ -1,0 +1,92 @@
+"""The ``attention`` knob: which of torch's kernels runs ``scaled_dot_product_attention``.
+
+torch picks a kernel for each call of ``F.scaled_dot_product_attention`` by its own priority
+(flash, then memory-efficient, cuDNN, and the math decomposition last), whatever the shapes cost.
+The pick is not always the fastest. On the 2-core AVX-512 CPU, at the ``llm`` CPU preset's shape
+(micro-batch 16, 4 heads of 32, sequence 128, bf16), the CPU's flash kernel's backward took
+14.4 ms a call against its forward's 2.2 ms, 32% of the compiled step; the math decomposition
+(two matrix products and a softmax, which the compiler fuses) ran the whole step at about 1.2x,
+compiled or eager. On a GPU at long sequences the math decomposition is the slow one, and which
+fused kernel wins (flash, memory-efficient, cuDNN) depends on the GPU and the shape. So the knob
+is measured, not assumed, and only a model that calls ``scaled_dot_product_attention`` is moved
+by it.
+
+The kernel is set twice, for two reasons:
+
+- around the whole micro-batch, forward and backward (``attention_kernel``): a recomputed block's
+  forward runs again inside backward, where it must pick the kernel its first pass picked;
+- inside the compiled function (``with_attention``): the compiler records the choice in its graph
+  then, so that a graph compiled under one kernel is never taken from the compiler's on-disk cache
+  for another (set only around the call, the cache handed back the flash graph to a math step).
+
+The kernels compute the same attention and round differently: the fidelity check compares a
+configuration that sets one with the plain fp32 step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+
+__all__ = ["ATTENTION_KERNELS", "attention_kernel", "attention_unsupported", "with_attention"]
+
+ATTENTION_KERNELS = ("default", "math", "flash", "efficient", "cudnn")
+"""``default``: torch's own pick for each call; the others force that kernel."""
+
+_CUDA_ONLY = {
+    "efficient": "the memory-efficient kernel is CUDA's only",
+    "cudnn": "cuDNN's attention needs a CUDA device",
+}
+"""The kernels a CPU has none of, and why."""
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def attention_unsupported(value: object, device: torch.device) -> str | None:
+    """Why ``device`` cannot run ``attention=value`` (None: it can). A kernel that a call's
+    shapes or dtype rule out (flash in fp32 on CUDA, say) fails that trial with torch's reason."""
+    if device.type != "cuda" and value in _CUDA_ONLY:
+        return _CUDA_ONLY[str(value)]
+    return None
+
+
+def _backend(kernel: str) -> Any:
+    from torch.nn.attention import SDPBackend
+
+    return {
+        "math": SDPBackend.MATH,
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+    }[kernel]
+
+
+def attention_kernel(kernel: str) -> contextlib.AbstractContextManager[Any]:
+    """``scaled_dot_product_attention`` runs ``kernel`` inside (nothing changes for ``default``).
+    The setting is the process's, not the thread's: every lane runs the same kernel."""
+    if kernel == "default":
+        return contextlib.nullcontext()
+    from torch.nn.attention import sdpa_kernel
+
+    return sdpa_kernel([_backend(kernel)])
+
+
+def with_attention(fn: F, kernel: str) -> F:
+    """``fn`` itself for ``default``; else ``fn`` called under ``kernel``, as a function the
+    compiler traces with the choice in its graph (module docstring)."""
+    if kernel == "default":
+        return fn
+    from torch.nn.attention import sdpa_kernel
+
+    backends = [_backend(kernel)]
+
+    @functools.wraps(fn)
+    def under_kernel(*args: Any, **kwargs: Any) -> Any:
+        with sdpa_kernel(backends):
+            return fn(*args, **kwargs)
+
+    return under_kernel  # type: ignore[return-value]

@@ -1,0 +1,121 @@
+"""The ``attention`` knob: the step runs the kernel it names, eager, recomputed and compiled (a
+graph compiled under one kernel is not taken from the compiler's cache for another), computes the
+same as torch's own pick, serves the same tokens, is refused in one line where a CPU has no such
+kernel, and, on a GPU, runs each of CUDA's kernels."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+from torch.profiler import profile
+
+from search.core.records import config_name
+from search.execution import train_step as train_step_module
+from search.execution.attention import ATTENTION_KERNELS, attention_unsupported
+from search.execution.compiling import use_compile_cache
+from search.execution.fidelity import check_fidelity
+from search.execution.knobs import KnobError, Knobs
+from search.execution.serving import ServeStep
+from search.execution.train_step import TrainStep
+from search.workloads import GPT, GPTServe
+
+CPU = torch.device("cpu")
+TINY = dict(vocab_size=64, seq_len=16, d_model=32, n_layers=2, n_heads=2)
+CPU_FLASH = "aten::_scaled_dot_product_flash_attention_for_cpu"
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def attention_ops(step: TrainStep) -> set[str]:
+    """The attention operators one call of ``step`` runs (the math kernel's are matrix
+    products)."""
+    with profile() as prof:
+        step()
+    return {e.key for e in prof.key_averages() if "attention" in e.key or e.key == "aten::bmm"}
+
+
+def test_a_cpu_has_no_efficient_or_cudnn_kernel_and_says_so_in_one_line():
+    for kernel in ("efficient", "cudnn"):
+        reason = attention_unsupported(kernel, CPU)
+        assert reason and "\n" not in reason and "CUDA" in reason
+        with pytest.raises(KnobError, match=f"attention='{kernel}' cannot run on cpu"):
+            TrainStep(GPT(**TINY), Knobs(batch_size=2, attention=kernel), CPU)
+    for kernel in ("default", "math", "flash"):
+        assert attention_unsupported(kernel, CPU) is None
+    with pytest.raises(KnobError, match="attention"):
+        Knobs(batch_size=2, attention="sdpa")
+
+
+def test_the_choices_and_the_label():
+    assert ATTENTION_KERNELS == ("default", "math", "flash", "efficient", "cudnn")
+    assert config_name({"batch_size": 8, "attention": "default"}) == "bs8"
+    assert config_name({"batch_size": 8, "attention": "math"}) == "bs8·attn:math"
+
+
+@pytest.mark.parametrize("recompute", ["none", "all"])
+def test_the_step_runs_the_kernel_it_names(recompute):
+    for kernel, runs_flash in (("default", True), ("flash", True), ("math", False)):
+        knobs = Knobs(batch_size=4, attention=kernel, recompute=recompute)
+        with TrainStep(GPT(**TINY), knobs, CPU) as step:
+            ops = attention_ops(step)
+        assert (CPU_FLASH in ops) is runs_flash, (kernel, ops)
+        assert ("aten::bmm" in ops) is not runs_flash, (kernel, ops)
+
+
+def test_a_recomputed_forward_runs_the_kernel_its_first_pass_ran(monkeypatch):
+    # the kernel set only inside the loss: backward's recomputed forward picks flash, whose saved
+    # tensors differ from the math pass's, and torch's checkpoint refuses the step
+    monkeypatch.setattr(train_step_module, "attention_kernel", lambda kernel: _nothing())
+    knobs = Knobs(batch_size=4, recompute="all", attention="math")
+    with TrainStep(GPT(**TINY), knobs, CPU) as step, pytest.raises(Exception, match="metadata"):
+        step()
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+
+def test_math_computes_the_step_torch_own_pick_computes():
+    report = check_fidelity(GPT(**TINY), Knobs(batch_size=4, attention="math"), CPU)
+    assert report.ok, report
+    assert report.loss_rel_error < 1e-5
+
+
+def test_a_compiled_step_is_not_handed_another_kernels_graph_from_the_cache(tmp_path):
+    use_compile_cache(tmp_path)  # empty: the first compile fills it, the second may read it
+    runs_flash = {}
+    for kernel in ("default", "math"):
+        torch._dynamo.reset()
+        knobs = Knobs(batch_size=4, attention=kernel, compile="default")
+        with TrainStep(GPT(**TINY), knobs, CPU) as step:
+            runs_flash[kernel] = any("flash" in op for op in attention_ops(step))
+    torch._dynamo.reset()
+    assert runs_flash == {"default": True, "math": False}
+
+
+def test_serving_under_math_generates_what_torch_own_pick_generates():
+    workload = GPTServe(vocab_size=64, prompt_len=8, gen_len=4, d_model=32, n_layers=2, n_heads=2)
+    generated = {}
+    for kernel in ("default", "math"):
+        with ServeStep(workload, Knobs(batch_size=2, attention=kernel), CPU) as step:
+            generated[kernel] = step.generate()
+    assert torch.equal(generated["math"].tokens, generated["default"].tokens)
+    torch.testing.assert_close(generated["math"].logits, generated["default"].logits)
+
+
+@cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["math", "flash", "efficient", "cudnn"])
+def test_each_cuda_kernel_trains_and_computes_the_fp32_step(kernel):
+    gpu = torch.device("cuda")
+    workload = GPT(vocab_size=512, seq_len=128, d_model=128, n_layers=2, n_heads=2)
+    knobs = Knobs(batch_size=4, precision="bf16", attention=kernel)
+    report = check_fidelity(workload, knobs, gpu)
+    assert report.ok, report
+    with TrainStep(workload, knobs, gpu) as step:
+        step()
+        torch.cuda.synchronize()
