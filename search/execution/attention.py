@@ -4,12 +4,13 @@ torch picks a kernel for each call of ``F.scaled_dot_product_attention`` by its 
 (flash, then memory-efficient, cuDNN, and the math decomposition last), whatever the shapes cost.
 The pick is not always the fastest. On the 2-core AVX-512 CPU, at the ``llm`` CPU preset's shape
 (micro-batch 16, 4 heads of 32, sequence 128, bf16), the CPU's flash kernel's backward took
-14.4 ms a call against its forward's 2.2 ms, 32% of the compiled step; the math decomposition
-(two matrix products and a softmax, which the compiler fuses) ran the whole step at about 1.2x,
-compiled or eager. On a GPU at long sequences the math decomposition is the slow one, and which
-fused kernel wins (flash, memory-efficient, cuDNN) depends on the GPU and the shape. So the knob
-is measured, not assumed, and only a model that calls ``scaled_dot_product_attention`` is moved
-by it.
+14.4 ms a call against its forward's 2.2 ms, 32% of the compiled step's host time. Compiled, the
+math decomposition (two matrix products and a softmax, which the compiler fuses with their
+neighbours) ran the expert's first guess at 1.18x its flash step; eager it tied (6 fresh
+processes each, docs/guide/levers.md). On a GPU at long sequences the math decomposition is the
+slow one, and which fused kernel wins (flash, memory-efficient, cuDNN) depends on the GPU and the
+shape. So the knob is measured, not assumed; only a model that calls
+``scaled_dot_product_attention`` is moved by it.
 
 The kernel is set twice, for two reasons:
 

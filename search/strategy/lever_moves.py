@@ -14,7 +14,7 @@ local search around the front take up whatever is left.
 - **The attention kernels** (``math``, ``flash``, ``efficient``, ``cudnn``): each once, whatever
   the regime. torch's own pick per call is not always the fastest: on the 2-core CPU its flash
   kernel's backward took a third of the compiled ``llm`` step, and the math decomposition ran the
-  step at about 1.2x.
+  compiled step at 1.18x.
 - **Fused kernels and fp8** trade Triton kernels or casts for fewer bytes and FLOPs; both lose
   where the host bounds the step (small matrix products, too little work per kernel), so they are
   tried only where it does not. Fused kernels come first: on an H100 at the llama preset's wall,
