@@ -1,7 +1,8 @@
 """The ``attention`` knob: which of torch's kernels runs ``scaled_dot_product_attention``.
 
 torch picks a kernel for each call of ``F.scaled_dot_product_attention`` by its own priority
-(flash, then memory-efficient, cuDNN, and the math decomposition last), whatever the shapes cost.
+(flash, then memory-efficient, then the math decomposition; cuDNN only when asked for), whatever
+the shapes cost.
 The pick is not always the fastest. On the 2-core AVX-512 CPU, at the ``llm`` CPU preset's shape
 (micro-batch 16, 4 heads of 32, sequence 128, bf16), the CPU's flash kernel's backward took
 14.4 ms a call against its forward's 2.2 ms, 32% of the compiled step's host time. Compiled, the
@@ -14,8 +15,10 @@ shape. So the knob is measured, not assumed; only a model that calls
 
 The kernel is set twice, for two reasons:
 
-- around the whole micro-batch, forward and backward (``attention_kernel``): a recomputed block's
-  forward runs again inside backward, where it must pick the kernel its first pass picked;
+- around the whole step, every lane's forward and backward (``attention_kernel``, in the calling
+  thread): a recomputed block's forward runs again inside backward, where it must pick the kernel
+  its first pass picked. The setting is the process's, so it is set once around the lanes: set
+  in each lane, the first to finish would restore it under the others;
 - inside the compiled function (``with_attention``): the compiler records the choice in its graph
   then, so that a graph compiled under one kernel is never taken from the compiler's on-disk cache
   for another (set only around the call, the cache handed back the flash graph to a math step).
@@ -68,7 +71,8 @@ def _backend(kernel: str) -> Any:
 
 def attention_kernel(kernel: str) -> contextlib.AbstractContextManager[Any]:
     """``scaled_dot_product_attention`` runs ``kernel`` inside (nothing changes for ``default``).
-    The setting is the process's, not the thread's: every lane runs the same kernel."""
+    The setting is the process's, not the thread's: enter it in the thread that starts the
+    lanes, around all of them."""
     if kernel == "default":
         return contextlib.nullcontext()
     from torch.nn.attention import sdpa_kernel

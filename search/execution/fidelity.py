@@ -402,6 +402,8 @@ def _describe(knobs: Knobs) -> str:
         + ([f"recompute {knobs.recompute}"] if knobs.recompute != RECOMPUTE_NONE else [])
         + ([f"compile={knobs.compile}"] if knobs.compile != "off" else [])
         + ([f"optimizer={knobs.optimizer}"] if knobs.optimizer != "default" else [])
+        + ([f"kernels={knobs.kernels}"] if knobs.kernels != "torch" else [])
+        + ([f"attention={knobs.attention}"] if knobs.attention != "default" else [])
     )
     return knobs.precision + (f" ({', '.join(extras)})" if extras else "")
 

@@ -174,13 +174,14 @@ class ServeStep:
             main = torch.cuda.current_stream(self.device)
             for stream in cuda_streams:
                 stream.wait_stream(main)  # the last batch's work must end first
-        lanes = concurrently(
-            self._lanes,
-            [
-                functools.partial(self._serve_lane, lane, forced, record)
-                for lane in range(self.knobs.streams)
-            ],
-        )
+        with attention_kernel(self.knobs.attention):  # the process's setting: see TrainStep
+            lanes = concurrently(
+                self._lanes,
+                [
+                    functools.partial(self._serve_lane, lane, forced, record)
+                    for lane in range(self.knobs.streams)
+                ],
+            )
         for stream in cuda_streams:
             main.wait_stream(stream)
         return lanes
@@ -198,7 +199,6 @@ class ServeStep:
         with (
             torch.cuda.stream(stream) if stream is not None else nullcontext(),
             torch.inference_mode(),
-            attention_kernel(self.knobs.attention),
             # Autocast is thread-local, so each lane enters it; its weight-cast cache is one map
             # for the process, so with several lanes each casts its own (see TrainStep).
             torch.autocast(

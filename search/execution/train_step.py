@@ -142,10 +142,14 @@ class TrainStep:
             main = torch.cuda.current_stream(self.device)
             for stream in streams:
                 stream.wait_stream(main)  # the last optimizer step must end before new grads land
-        lanes = concurrently(
-            self._lanes,
-            [functools.partial(self._run_lane, lane) for lane in range(self.knobs.streams)],
-        )
+        # The kernel setting is the process's: set here, in the calling thread, around every lane
+        # (forward and backward, whose recomputed forwards must pick what their first pass did).
+        # Set in each lane, the first lane to finish would restore it under the others.
+        with attention_kernel(self.knobs.attention):
+            lanes = concurrently(
+                self._lanes,
+                [functools.partial(self._run_lane, lane) for lane in range(self.knobs.streams)],
+            )
         losses = [loss for lane in lanes for loss in lane]
         if streams:
             for stream in streams:
@@ -157,10 +161,7 @@ class TrainStep:
         stream)."""
         stream = self._streams[lane]
         losses = []
-        with (
-            torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext(),
-            attention_kernel(self.knobs.attention),  # backward's recomputed forwards too
-        ):
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             for batch in self._lane_batches[lane]:
                 start = mark(self.device)
                 batch = map_tensors(lambda t: t.to(self.device, non_blocking=True), batch)

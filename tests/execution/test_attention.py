@@ -5,6 +5,9 @@ kernel, and, on a GPU, runs each of CUDA's kernels."""
 
 from __future__ import annotations
 
+import os
+from contextlib import nullcontext
+
 import pytest
 import torch
 import torch._dynamo
@@ -65,18 +68,21 @@ def test_the_step_runs_the_kernel_it_names(recompute):
 def test_a_recomputed_forward_runs_the_kernel_its_first_pass_ran(monkeypatch):
     # the kernel set only inside the loss: backward's recomputed forward picks flash, whose saved
     # tensors differ from the math pass's, and torch's checkpoint refuses the step
-    monkeypatch.setattr(train_step_module, "attention_kernel", lambda kernel: _nothing())
+    monkeypatch.setattr(train_step_module, "attention_kernel", lambda kernel: nullcontext())
     knobs = Knobs(batch_size=4, recompute="all", attention="math")
     with TrainStep(GPT(**TINY), knobs, CPU) as step, pytest.raises(Exception, match="metadata"):
         step()
 
 
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc_info: object) -> None:
-        return None
+def test_lanes_share_the_setting_and_leave_torch_own_pick_as_found():
+    # the setting is the process's: entered in each lane, the first lane to end restored it under
+    # the other, whose recomputed forwards then picked flash, and the last left math set for good
+    knobs = Knobs(batch_size=8, micro_batch_size=2, streams=2, recompute="all", attention="math")
+    with TrainStep(GPT(**TINY), knobs, CPU) as step:
+        for _ in range(5):
+            step()
+    assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.math_sdp_enabled()
+    assert torch.backends.cuda.mem_efficient_sdp_enabled()
 
 
 def test_math_computes_the_step_torch_own_pick_computes():
@@ -85,16 +91,29 @@ def test_math_computes_the_step_torch_own_pick_computes():
     assert report.loss_rel_error < 1e-5
 
 
-def test_a_compiled_step_is_not_handed_another_kernels_graph_from_the_cache(tmp_path):
-    use_compile_cache(tmp_path)  # empty: the first compile fills it, the second may read it
+def compiled_runs_flash(kernels: tuple[str, ...]) -> dict[str, bool]:
+    """Whether each of ``kernels``' compiled steps runs the CPU's flash kernel, compiled one after
+    the other into one compiler cache."""
     runs_flash = {}
-    for kernel in ("default", "math"):
-        torch._dynamo.reset()
+    for kernel in kernels:
+        torch._dynamo.reset()  # as a fresh process: only the on-disk cache is shared
         knobs = Knobs(batch_size=4, attention=kernel, compile="default")
         with TrainStep(GPT(**TINY), knobs, CPU) as step:
             runs_flash[kernel] = any("flash" in op for op in attention_ops(step))
     torch._dynamo.reset()
-    assert runs_flash == {"default": True, "math": False}
+    return runs_flash
+
+
+def test_a_compiled_step_is_not_handed_another_kernels_graph_from_the_cache(tmp_path, monkeypatch):
+    # an empty cache of this test's own (restored after it): the first compile fills it
+    for variable in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        monkeypatch.setenv(variable, os.environ.get(variable, ""))
+    use_compile_cache(tmp_path / "kept")
+    assert compiled_runs_flash(("default", "math")) == {"default": True, "math": False}
+    # the control: with the kernel set only around the call, the cache hands math flash's graph
+    use_compile_cache(tmp_path / "control")
+    monkeypatch.setattr(train_step_module, "with_attention", lambda fn, kernel: fn)
+    assert compiled_runs_flash(("default", "math")) == {"default": True, "math": True}
 
 
 def test_serving_under_math_generates_what_torch_own_pick_generates():
