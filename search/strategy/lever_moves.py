@@ -69,12 +69,7 @@ def optimizer(book: Book) -> Iterator[Move]:
     best = book.best()
     if best is None or "optimizer" not in book.discrete:
         return
-    for implementation in book.ladder("optimizer"):
-        if not book.tried("optimizer", implementation):
-            yield Move(
-                {**best.config, "optimizer": implementation},
-                f"the optimizer: {implementation} at the best so far",
-            )
+    yield from _each_once(book, best, "optimizer", "the optimizer: {} at the best so far")
 
 
 def attention(book: Book) -> Iterator[Move]:
@@ -84,12 +79,9 @@ def attention(book: Book) -> Iterator[Move]:
     best = book.best()
     if best is None or "attention" not in book.discrete:
         return
-    for kernel in book.ladder("attention"):
-        if kernel != "default" and not book.tried("attention", kernel):
-            yield Move(
-                {**best.config, "attention": kernel},
-                f"the attention kernel: {kernel} at the best so far",
-            )
+    yield from _each_once(
+        book, best, "attention", "the attention kernel: {} at the best so far", plain="default"
+    )
 
 
 def fp8(book: Book) -> Iterator[Move]:
@@ -129,9 +121,18 @@ def fused_kernels(book: Book) -> Iterator[Move]:
     best = book.best()
     if best is None or "kernels" not in book.discrete or _host_bound(book, best):
         return
-    for kernels in book.ladder("kernels"):
-        if kernels != "torch" and not book.tried("kernels", kernels):
-            yield Move(
-                {**best.config, "kernels": kernels},
-                f"fused kernels: {kernels} at the best so far, whose step the host does not bound",
-            )
+    yield from _each_once(
+        book,
+        best,
+        "kernels",
+        "fused kernels: {} at the best so far, whose step the host does not bound",
+        plain="torch",
+    )
+
+
+def _each_once(book: Book, best: Seen, knob: str, why: str, plain: object = None) -> Iterator[Move]:
+    """Each value of ``knob`` the space searches but ``plain`` (the step as written), not tried
+    yet, at ``best``; ``why`` says so, ``{}`` standing for the value."""
+    for value in book.ladder(knob):
+        if value != plain and not book.tried(knob, value):
+            yield Move({**best.config, knob: value}, why.format(value))
