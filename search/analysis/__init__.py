@@ -16,7 +16,13 @@ from search.analysis.diagnosis import (
     work_metrics,
 )
 from search.analysis.noise_floor import MIN_BETWEEN_DF, NoiseFloor, by_device
-from search.analysis.pareto import check_slo, constraint_values, meets_slo, pareto_mask
+from search.analysis.pareto import (
+    check_slo,
+    closest_to_slo,
+    constraint_values,
+    meets_slo,
+    pareto_mask,
+)
 from search.analysis.racing import Race, Samples, can_race, out_of_reach, race_against
 from search.analysis.run_figures import (
     BUSY,
@@ -43,6 +49,7 @@ __all__ = [
     "by_device",
     "can_race",
     "check_slo",
+    "closest_to_slo",
     "constraint_values",
     "count_work",
     "diagnose",

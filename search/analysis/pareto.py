@@ -13,7 +13,14 @@ from numpy.typing import ArrayLike
 
 from search.core.metrics import MAXIMIZE, METRICS, MINIMIZE
 
-__all__ = ["check_slo", "constraint_values", "meets_slo", "pareto_mask", "recommend"]
+__all__ = [
+    "check_slo",
+    "closest_to_slo",
+    "constraint_values",
+    "meets_slo",
+    "pareto_mask",
+    "recommend",
+]
 
 
 def pareto_mask(values: ArrayLike, directions: Sequence[str]) -> np.ndarray:
@@ -43,6 +50,24 @@ def meets_slo(metrics: Mapping[str, float], slo: Mapping[str, float]) -> bool:
         if (value < limit) if METRICS[metric].direction == MAXIMIZE else (value > limit):
             return False
     return True
+
+
+def closest_to_slo(measured: Sequence[Mapping[str, float]], slo: Mapping[str, float]) -> str:
+    """For each ``slo`` limit, the best any of ``measured`` came to it, to say how far off a limit
+    nothing met is (``latency_p95_ms <= 1: the lowest measured is 9.6``)."""
+    parts = []
+    for metric, limit in slo.items():
+        values = [m[metric] for m in measured if metric in m]
+        if not values:
+            continue
+        up = METRICS[metric].direction == MAXIMIZE
+        best = max(values) if up else min(values)
+        met = sum((v >= limit) if up else (v <= limit) for v in values)
+        parts.append(
+            f"{metric} {'>=' if up else '<='} {limit:g}: the {'highest' if up else 'lowest'} "
+            f"measured is {best:.4g}, met by {met} of {len(values)}"
+        )
+    return "; ".join(parts)
 
 
 def constraint_values(stable: bool) -> dict[str, float]:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from search.analysis.diagnosis import Diagnosis, doubling
 from search.analysis.noise_floor import NoiseFloor
+from search.analysis.pareto import closest_to_slo
 from search.commands.context import Context, sync_command
 from search.commands.revalidation_rounds import revalidate_front
 from search.config.compose import redact
@@ -381,4 +382,9 @@ def _print_front(ctx: Context, found: StudyResult) -> None:
             "see the trial lines above"
         )
     if best is None and front:
-        out.print("[yellow]no Pareto configuration meets the slo[/]; best.yaml records none")
+        closest = closest_to_slo([r.metrics for r in front], ctx.settings.slo)
+        out.print(
+            f"[yellow]no Pareto configuration meets the slo[/] ({closest}); best.yaml records "
+            "none: loosen the slo, or widen the space toward it",
+            highlight=False,
+        )

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from search.analysis.pareto import check_slo, meets_slo, pareto_mask, recommend
+from search.analysis.pareto import check_slo, closest_to_slo, meets_slo, pareto_mask, recommend
 from search.space.search_space import METRIC_DIRECTIONS
 
 MAX_MIN = ["maximize", "minimize"]  # e.g. throughput, latency
@@ -103,6 +103,22 @@ def test_meets_slo_upper_limit_for_a_minimized_metric(metric):
     assert meets_slo({metric: 150.0}, {metric: 200})
     assert meets_slo({metric: 200.0}, {metric: 200})
     assert not meets_slo({metric: 201.0}, {metric: 200})
+
+
+def test_closest_to_slo_names_the_best_figure_each_way_and_how_many_meet_each_limit():
+    measured = [
+        {"throughput": 900.0, "latency_p95_ms": 12.5, "peak_memory_mb": 40.0},
+        {"throughput": 1100.0, "latency_p95_ms": 30.0, "peak_memory_mb": 80.0},
+    ]
+    said = closest_to_slo(measured, {"throughput": 2000, "latency_p95_ms": 10})
+    assert said == (
+        "throughput >= 2000: the highest measured is 1100, met by 0 of 2; "
+        "latency_p95_ms <= 10: the lowest measured is 12.5, met by 0 of 2"
+    )
+    assert closest_to_slo(measured, {"peak_memory_mb": 50}) == (
+        "peak_memory_mb <= 50: the lowest measured is 40, met by 1 of 2"
+    )
+    assert closest_to_slo(measured, {"ttft_p95_ms": 5}) == ""  # a figure none has: nothing to say
 
 
 def test_meets_slo_needs_every_limit():
