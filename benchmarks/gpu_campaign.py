@@ -31,6 +31,11 @@ window takes up what is not yet recorded (``--again`` measures them anew). The s
 - ``llama_fp8``: the same wall, compiled (``default``), over fp8 training (``fp8-tensorwise``,
   ``fp8-rowwise`` against ``bf16``): torchao's casts fuse only compiled (eager, fp8-tensorwise
   ran at half bf16's speed on an H100).
+- ``llm_attention``: a short ``llm`` study of its own (``llm_attention-cuda``) at the default
+  run's H100 recommendation (batch 64, micro-batch 64, bf16, compiled, fused AdamW) over the
+  kernel of ``scaled_dot_product_attention`` (torch's pick, flash, memory-efficient, cuDNN, math),
+  each tried once at the best so far; ``llm_attention_versus`` compares its recommendation with
+  the first guess at that batch, eager and compiled.
 
 docs/operations/gpu.md is generated from these records (docs/gen_gpu.py).
 """
@@ -135,6 +140,28 @@ FP8 = (
     "space.params.compile.choices=[default]",
 )
 
+AT_LLM_BEST = (
+    "+space=llm",
+    # the default llm run's recommendation on an H100 (batch 64, micro-batch 64, bf16, compiled,
+    # fused AdamW), so that a window's budget goes to the kernels, each tried once at the best
+    "~space.params.batch_size",
+    "+space.params.batch_size=64",
+    "~space.params.micro_batch_size",
+    "+space.params.micro_batch_size=64",
+    "space.params.streams.high=1",
+    "space.memory_grows_with=[]",
+    "space.params.recompute.type=categorical",
+    "+space.params.recompute.choices=[false]",
+    "space.params.precision.choices=[bf16]",
+    "space.params.compile.choices=[default]",
+    "space.params.optimizer.choices=[fused]",
+)
+ATTENTION = (
+    "study.name=llm_attention-cuda",
+    "space.params.attention.choices=[default,flash,efficient,cudnn,math]",
+)
+"""The attention kernels: the CUDA presets leave torch to pick one until each is measured."""
+
 
 def _fidelity_errors(runs: Path) -> list[str]:
     script = ROOT / "benchmarks" / "fidelity_errors.py"
@@ -215,6 +242,19 @@ STEPS = (
         420,
         _search(*AT_THE_WALL, *FP8, "study.timeout_s=270", *ONE_WINDOW),
         study="llama_fp8-cuda",
+    ),
+    Step(
+        "llm_attention",
+        300,
+        _search(*AT_LLM_BEST, *ATTENTION, "study.timeout_s=180", *ONE_WINDOW),
+        study="llm_attention-cuda",
+    ),
+    # the kernel found against the first guess at the same batch, eager and compiled
+    Step(
+        "llm_attention_versus",
+        300,
+        _versus("llm", "llm_attention-cuda", *AT_LLM_BEST[1:5], "space.memory_grows_with=[]"),
+        needs="llm_attention",
     ),
 )
 

@@ -38,6 +38,8 @@ STEP_ORDER = (
     "llama_levers",
     "llama_levers_versus",
     "llama_fp8",
+    "llm_attention",
+    "llm_attention_versus",
 )
 
 
@@ -219,10 +221,12 @@ RENDER = {
     "llm_serve": _study,
     "llama_levers": _study,
     "llama_fp8": _study,
+    "llm_attention": _study,
     "llm_versus": _versus,
     "llama_versus": _versus,
     "llama_versus_eager": _versus,
     "llama_levers_versus": _versus,
+    "llm_attention_versus": _versus,
 }
 
 

@@ -217,6 +217,8 @@ def test_the_gpu_page_renders_both_ratios_and_old_records_with_one(monkeypatch):
     assert "Tuned / baseline: 3.000" in text and "compiled" not in text.lower()
     assert "llama_levers" in gen.STEP_ORDER and gen.RENDER["llama_levers"] is gen._study
     assert gen.RENDER["llama_levers_versus"] is gen._versus
+    assert gen.RENDER["llm_attention"] is gen._study
+    assert gen.RENDER["llm_attention_versus"] is gen._versus
 
 
 def test_the_campaign_compares_with_both_baselines_and_studies_the_gpu_levers(
@@ -231,7 +233,7 @@ def test_the_campaign_compares_with_both_baselines_and_studies_the_gpu_levers(
     spec.loader.exec_module(campaign)
     steps = {s.name: s for s in campaign.STEPS}
     names = [s.name for s in campaign.STEPS]
-    assert names[-3:] == ["llama_levers", "llama_levers_versus", "llama_fp8"], "after the others"
+    assert names[-5:-2] == ["llama_levers", "llama_levers_versus", "llama_fp8"], "after the rest"
     versus = steps["llama_versus"].argv(tmp_path)
     assert "--no-compiled" not in versus and "--processes" in versus
     levers = steps["llama_levers"]
@@ -257,6 +259,15 @@ def test_the_campaign_compares_with_both_baselines_and_studies_the_gpu_levers(
     compared_argv = compared.argv(tmp_path)
     assert str(tmp_path / levers.study / "best.yaml") in compared_argv
     assert wall[1] in compared_argv and str(tmp_path / "llama_levers_versus.json") in compared_argv
+    # the attention kernels last, at the llm recommendation, each compared with the first guess
+    assert names[-2:] == ["llm_attention", "llm_attention_versus"]
+    kernels = steps["llm_attention"].argv(tmp_path)
+    at = ("+space.params.batch_size=64", "+space.params.micro_batch_size=64")
+    assert "space.params.attention.choices=[default,flash,efficient,cudnn,math]" in kernels
+    assert all(a in kernels for a in at) and "space.params.compile.choices=[default]" in kernels
+    kernels_compared = steps["llm_attention_versus"].argv(tmp_path)
+    assert str(tmp_path / "llm_attention-cuda" / "best.yaml") in kernels_compared
+    assert all(a in kernels_compared for a in (*at, "space.memory_grows_with=[]"))
     lines = "[1/9] #0 batch_size=32 kernels=liger -> 50k tokens/s\ntime: 90% of 300 s\n"
     figures = campaign.read_figures(levers, tmp_path, lines)
     assert figures["trial_lines"] == ["[1/9] #0 batch_size=32 kernels=liger -> 50k tokens/s"]
