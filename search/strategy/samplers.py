@@ -72,7 +72,8 @@ def optuna_names(study: optuna.Study, space: SearchSpace) -> tuple[dict[str, str
     (``batch_size~2``), the first whose stored distribution is compatible, or a new one. Earlier
     measurements stay (they are kept by configuration, not by Optuna name) and are reused; only the
     sampler learns that knob afresh. A compatible change (an int or float range, widened or
-    narrowed) keeps its name.
+    narrowed, but not a power-of-two one: that is drawn as a categorical of its values) keeps its
+    name.
     """
     stored: dict[str, BaseDistribution] = {}
     for t in study.get_trials(deepcopy=False):
