@@ -25,7 +25,11 @@ from torch import nn
 
 from search.core.errors import KnobError
 from search.core.knob_registry import NUMERIC_KNOBS
-from search.execution.attention import ATTENTION_KERNELS, attention_unsupported
+from search.execution.attention import (
+    ATTENTION_KERNELS,
+    attention_precision_unsupported,
+    attention_unsupported,
+)
 from search.execution.compiling import COMPILE_MODES, compile_unsupported
 from search.execution.fp8 import FP8_PRECISIONS, fp8_unsupported
 from search.execution.kernels import KERNELS, kernels_unsupported
@@ -241,7 +245,8 @@ def unsupported_reason(knob: str, value: object, device: torch.device) -> str | 
 
 
 def refuse_unsupported(knobs: Knobs, device: torch.device) -> None:
-    """Raise ``KnobError`` for the first knob ``device`` cannot run (``unsupported_reason``)."""
+    """Raise ``KnobError`` for the first knob ``device`` cannot run (``unsupported_reason``), or
+    for two that it cannot run together."""
     for name in _DEVICE_REFUSALS:
         value = getattr(knobs, name)
         reason = unsupported_reason(name, value, device)
@@ -249,6 +254,12 @@ def refuse_unsupported(knobs: Knobs, device: torch.device) -> None:
             raise KnobError(
                 f"{name}={value!r} cannot run on {device}: {reason}; pick another {name}."
             )
+    reason = attention_precision_unsupported(knobs.attention, knobs.precision, device)
+    if reason:
+        raise KnobError(
+            f"attention={knobs.attention!r} with precision={knobs.precision!r} cannot run on "
+            f"{device}: {reason}; pick precision bf16 or fp16, or another attention."
+        )
 
 
 def build_model(workload: Workload | ServingWorkload, device: torch.device, seed: int) -> nn.Module:

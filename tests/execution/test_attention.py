@@ -15,10 +15,15 @@ from torch.profiler import profile
 
 from search.core.records import config_name
 from search.execution import train_step as train_step_module
-from search.execution.attention import ATTENTION_KERNELS, attention_unsupported
+from search.execution.attention import (
+    ATTENTION_KERNELS,
+    attention_kernel,
+    attention_precision_unsupported,
+    attention_unsupported,
+)
 from search.execution.compiling import use_compile_cache
 from search.execution.fidelity import check_fidelity
-from search.execution.knobs import KnobError, Knobs
+from search.execution.knobs import KnobError, Knobs, refuse_unsupported
 from search.execution.serving import ServeStep
 from search.execution.train_step import TrainStep
 from search.workloads import GPT, GPTServe
@@ -47,6 +52,27 @@ def test_a_cpu_has_no_efficient_or_cudnn_kernel_and_says_so_in_one_line():
         assert attention_unsupported(kernel, CPU) is None
     with pytest.raises(KnobError, match="attention"):
         Knobs(batch_size=2, attention="sdpa")
+
+
+def test_cuda_flash_and_cudnn_with_fp32_inputs_are_infeasible_not_a_fault():
+    # torch would fail every call ("No available kernel"), a fault counted against the study;
+    # refused as the step starts, the trial is infeasible (one line, not counted)
+    gpu = torch.device("cuda")  # only named: nothing here runs on it
+    for kernel in ("flash", "cudnn"):
+        for precision in ("fp32", "tf32"):
+            reason = attention_precision_unsupported(kernel, precision, gpu)
+            assert reason == (
+                f"CUDA's {kernel} kernel takes fp16 and bf16 inputs only, and a {precision} step "
+                "runs attention in fp32"
+            )
+        with pytest.raises(KnobError, match=f"attention='{kernel}' with precision='fp32' cannot"):
+            refuse_unsupported(Knobs(batch_size=2, attention=kernel), gpu)
+        for precision in ("bf16", "fp16", "fp8-tensorwise"):
+            assert attention_precision_unsupported(kernel, precision, gpu) is None
+        assert attention_precision_unsupported(kernel, "fp32", CPU) is None
+    for kernel in ("default", "math", "efficient"):
+        assert attention_precision_unsupported(kernel, "fp32", gpu) is None
+        refuse_unsupported(Knobs(batch_size=2, attention=kernel), gpu)
 
 
 def test_the_choices_and_the_label():
@@ -124,6 +150,18 @@ def test_serving_under_math_generates_what_torch_own_pick_generates():
             generated[kernel] = step.generate()
     assert torch.equal(generated["math"].tokens, generated["default"].tokens)
     torch.testing.assert_close(generated["math"].logits, generated["default"].logits)
+
+
+@cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["flash", "cudnn"])
+def test_cuda_refuses_fp32_inputs_to_the_kernels_the_knob_refuses_them_for(kernel):
+    # the premise of attention_precision_unsupported, on this torch: fp32 gets no such kernel
+    q = torch.randn(2, 128, 2, 64, device="cuda").transpose(1, 2)  # heads split as GPT's are
+    with attention_kernel(kernel), pytest.raises(RuntimeError, match="No available kernel"):
+        torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    with attention_kernel(kernel):
+        torch.nn.functional.scaled_dot_product_attention(*(q.bfloat16(),) * 3, is_causal=True)
 
 
 @cuda
