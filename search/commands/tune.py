@@ -26,7 +26,6 @@ import yaml
 from omegaconf import DictConfig
 from rich.console import Console
 
-from search.analysis.pareto import closest_to_slo, meets_slo
 from search.commands.callbacks import study_driver
 from search.commands.conclusion import conclude_tuning
 from search.commands.context import Context, Spent, command_line
@@ -53,13 +52,7 @@ from search.revalidation.pooling import Pooled
 from search.space.search_space import SearchSpace
 from search.storage.liveness import Heartbeat, Recovery, owner
 from search.storage.optuna_private import study_storage
-from search.storage.stores import (
-    open_stores,
-    quiet_libraries,
-    recover_runs,
-    require_study,
-    stored_figures,
-)
+from search.storage.stores import open_stores, quiet_libraries, recover_runs, require_study
 from search.storage.trial_store import set_aside
 from search.tracking.tracker import Tracker
 
@@ -72,24 +65,7 @@ def run_tune(cfg_node: DictConfig) -> int:
     study = checked.settings.study
     if study.n_trials == 0:  # a summary of what workers stored: a study must exist
         require_study(study.name, study.storage)
-        _require_slo_met(checked)
     return _invocation(checked, _opened(checked), None)
-
-
-def _require_slo_met(checked: _Checked) -> None:
-    """A summary (``n_trials=0``) measures nothing new: an slo that no stored configuration meets
-    is bad input, refused before anything (``best.yaml`` among it) is written."""
-    settings = checked.settings
-    if not settings.slo:
-        return
-    study = settings.study
-    measured = stored_figures(study.name, study.storage, checked.space)
-    if measured and not any(meets_slo(m, settings.slo) for m in measured):
-        raise ConfigError(
-            f"slo: no configuration measured in study '{study.name}' meets it "
-            f"({closest_to_slo(measured, settings.slo)}) and study.n_trials=0 measures none: "
-            "loosen the slo, or measure more with study.n_trials > 0"
-        )
 
 
 def run_retune(cfg_node: DictConfig) -> int:

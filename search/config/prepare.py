@@ -28,7 +28,7 @@ from search.core.errors import ConfigError, KnobError, SpaceError
 from search.core.knob_registry import GENERIC_KNOBS
 from search.core.metrics import METRICS
 from search.execution.fp8 import FP8_PRECISIONS
-from search.execution.knobs import Knobs, unsupported_reason, value_rule
+from search.execution.knobs import Knobs, together_unsupported, unsupported_reason, value_rule
 from search.execution.recompute import named_by, recompute_setting
 from search.measurement.energy import energy_unavailable_reason
 from search.space.params import CategoricalParam, FloatParam, IntParam, Param
@@ -123,7 +123,7 @@ def load_space(
             + "; loosen them or widen the ranges"
         )
     _check_generic_knobs(space)
-    _check_some_config_passes_the_step(space, feasible)
+    _check_some_config_passes_the_step(space, feasible, device)
     _check_fixed_knobs_run_here(space, device)
     _check_workload(space)
     _check_workload_settings(space, slo or {})
@@ -177,17 +177,21 @@ def _check_generic_knobs(space: SearchSpace) -> None:
 
 
 def _check_some_config_passes_the_step(
-    space: SearchSpace, feasible: list[dict[str, Any]] | None
+    space: SearchSpace, feasible: list[dict[str, Any]] | None, device: torch.device
 ) -> None:
     """A listed space where every configuration breaks the step's own rules (a micro-batch that
-    divides no batch, an unknown recompute setting) is refused: its study could only fail."""
+    divides no batch, an unknown recompute setting) or pairs two knobs ``device`` cannot run
+    together is refused: its study could only fail."""
     if not feasible:
         return  # too large to list (or nothing feasible, refused above)
-    first_error = None
+    first_error: Exception | None = None
     for config in feasible:
         try:
-            Knobs(**{k: v for k, v in config.items() if k in GENERIC_KNOBS})
-            return
+            knobs = Knobs(**{k: v for k, v in config.items() if k in GENERIC_KNOBS})
+            together = together_unsupported(knobs, device)
+            if together is None:
+                return
+            first_error = first_error or KnobError(together)
         except (KnobError, TypeError) as e:
             first_error = first_error or e
     raise ConfigError(

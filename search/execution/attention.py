@@ -80,8 +80,8 @@ def attention_precision_unsupported(
     configuration that cannot exist (infeasible, and not counted as a failure)."""
     if device.type == "cuda" and kernel in _HALF_INPUTS_ON_CUDA and precision in _FP32_INPUTS:
         return (
-            f"CUDA's {kernel} kernel takes fp16 and bf16 inputs only, and a {precision} step runs "
-            "attention in fp32"
+            f"CUDA's {kernel} kernel takes fp16 and bf16 inputs only, and a step in {precision} "
+            "runs attention in fp32"
         )
     return None
 

@@ -50,6 +50,7 @@ __all__ = [
     "make_streams",
     "map_tensors",
     "refuse_unsupported",
+    "together_unsupported",
     "unsupported_reason",
     "value_rule",
 ]
@@ -254,12 +255,21 @@ def refuse_unsupported(knobs: Knobs, device: torch.device) -> None:
             raise KnobError(
                 f"{name}={value!r} cannot run on {device}: {reason}; pick another {name}."
             )
-    reason = attention_precision_unsupported(knobs.attention, knobs.precision, device)
+    reason = together_unsupported(knobs, device)
     if reason:
-        raise KnobError(
-            f"attention={knobs.attention!r} with precision={knobs.precision!r} cannot run on "
-            f"{device}: {reason}; pick precision bf16 or fp16, or another attention."
-        )
+        raise KnobError(reason)
+
+
+def together_unsupported(knobs: Knobs, device: torch.device) -> str | None:
+    """Why ``device`` cannot run two of ``knobs`` together, each of which it can run (None: it
+    can): an attention kernel that takes no input of the step's precision."""
+    reason = attention_precision_unsupported(knobs.attention, knobs.precision, device)
+    if reason is None:
+        return None
+    return (
+        f"attention={knobs.attention!r} with precision={knobs.precision!r} cannot run on "
+        f"{device}: {reason}; pick a half precision (bf16, fp16) or another attention."
+    )
 
 
 def build_model(workload: Workload | ServingWorkload, device: torch.device, seed: int) -> nn.Module:

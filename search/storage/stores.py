@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 
 import filelock
@@ -19,20 +19,12 @@ import optuna
 from search.config.compose import redact
 from search.config.settings import Settings
 from search.core.errors import ConfigError
-from search.core.records import COMPLETE
 from search.space.search_space import SearchSpace
-from search.storage.liveness import Recovery, agree_on_heartbeat, engine_kwargs, stale_runs
+from search.storage.liveness import Recovery, agree_on_heartbeat, stale_runs
 from search.storage.opening import open_study, storage_error, study_id, with_retries
 from search.tracking.tracker import Tracker, quoted
 
-__all__ = [
-    "CREATION_WAIT_S",
-    "open_stores",
-    "quiet_libraries",
-    "recover_runs",
-    "require_study",
-    "stored_figures",
-]
+__all__ = ["CREATION_WAIT_S", "open_stores", "quiet_libraries", "recover_runs", "require_study"]
 
 
 def quiet_libraries() -> None:
@@ -217,21 +209,3 @@ def require_study(name: str, storage: str) -> None:
             f"no study '{name}' in {redact(storage)}; run the tuning first "
             f"(studies there: {', '.join(sorted(names)) or 'none'})"
         )
-
-
-def stored_figures(name: str, storage: str, space: SearchSpace) -> list[Mapping[str, float]]:
-    """The figures of every complete measured trial of the existing study ``name`` that still lies
-    in ``space``, whichever machine measured it; read only (``require_study`` first)."""
-    try:
-        backend = optuna.storages.RDBStorage(storage, engine_kwargs=engine_kwargs(storage))
-        study = with_retries(lambda: optuna.load_study(study_name=name, storage=backend))
-        trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    except Exception as e:  # sqlalchemy, driver and connection errors alike: all about the URL
-        raise storage_error(storage, e) from None
-    return [
-        t.user_attrs["metrics"]
-        for t in trials
-        if t.user_attrs.get("state") == COMPLETE
-        and "metrics" in t.user_attrs
-        and space.contains(t.user_attrs["config"])
-    ]

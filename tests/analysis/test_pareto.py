@@ -118,7 +118,13 @@ def test_closest_to_slo_names_the_best_figure_each_way_and_how_many_meet_each_li
     assert closest_to_slo(measured, {"peak_memory_mb": 50}) == (
         "peak_memory_mb <= 50: the lowest measured is 40, met by 1 of 2"
     )
-    assert closest_to_slo(measured, {"ttft_p95_ms": 5}) == ""  # a figure none has: nothing to say
+    assert closest_to_slo(measured, {"ttft_p95_ms": 5}) == "ttft_p95_ms <= 5: measured by none of 2"
+    # each limit alone is met, by another configuration: the line says so
+    assert closest_to_slo(measured, {"throughput": 1000, "latency_p95_ms": 20}) == (
+        "throughput >= 1000: the highest measured is 1100, met by 1 of 2; "
+        "latency_p95_ms <= 20: the lowest measured is 12.5, met by 1 of 2; "
+        "each limit is met by some, none meets all 2"
+    )
 
 
 def test_meets_slo_needs_every_limit():

@@ -13,6 +13,8 @@ import torch
 import torch._dynamo
 from torch.profiler import profile
 
+from search.config.prepare import load_space
+from search.core.errors import ConfigError
 from search.core.records import config_name
 from search.execution import train_step as train_step_module
 from search.execution.attention import (
@@ -62,8 +64,8 @@ def test_cuda_flash_and_cudnn_with_fp32_inputs_are_infeasible_not_a_fault():
         for precision in ("fp32", "tf32"):
             reason = attention_precision_unsupported(kernel, precision, gpu)
             assert reason == (
-                f"CUDA's {kernel} kernel takes fp16 and bf16 inputs only, and a {precision} step "
-                "runs attention in fp32"
+                f"CUDA's {kernel} kernel takes fp16 and bf16 inputs only, and a step in "
+                f"{precision} runs attention in fp32"
             )
         with pytest.raises(KnobError, match=f"attention='{kernel}' with precision='fp32' cannot"):
             refuse_unsupported(Knobs(batch_size=2, attention=kernel), gpu)
@@ -73,6 +75,24 @@ def test_cuda_flash_and_cudnn_with_fp32_inputs_are_infeasible_not_a_fault():
     for kernel in ("default", "math", "efficient"):
         assert attention_precision_unsupported(kernel, "fp32", gpu) is None
         refuse_unsupported(Knobs(batch_size=2, attention=kernel), gpu)
+
+
+def test_a_cuda_space_whose_every_configuration_pairs_them_is_refused_before_its_study():
+    raw = {
+        "name": "flash32",
+        "workload": {"_target_": "search.workloads.GPT", **TINY},
+        "params": {
+            "batch_size": {"type": "int", "low": 2, "high": 4, "pow2": True},
+            "precision": {"type": "categorical", "choices": ["fp32"]},
+            "attention": {"type": "categorical", "choices": ["flash", "cudnn"]},
+        },
+        "objectives": {"throughput": "maximize"},
+    }
+    gpu = torch.device("cuda")  # only named: the checks read its type
+    with pytest.raises(ConfigError, match="no configuration can run, e.g. attention='flash' with"):
+        load_space(raw, gpu)
+    raw["params"]["attention"]["choices"] = ["flash", "efficient"]  # efficient takes fp32
+    assert load_space(raw, gpu)[0].params["attention"].values() == ["flash", "efficient"]
 
 
 def test_the_choices_and_the_label():
@@ -156,6 +176,8 @@ def test_serving_under_math_generates_what_torch_own_pick_generates():
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel", ["flash", "cudnn"])
 def test_cuda_refuses_fp32_inputs_to_the_kernels_the_knob_refuses_them_for(kernel):
+    if torch.cuda.get_device_capability() < (8, 0):
+        pytest.skip("flash and cuDNN attention need compute capability 8.0 or newer")
     # the premise of attention_precision_unsupported, on this torch: fp32 gets no such kernel
     q = torch.randn(2, 128, 2, 64, device="cuda").transpose(1, 2)  # heads split as GPT's are
     with attention_kernel(kernel), pytest.raises(RuntimeError, match="No available kernel"):
