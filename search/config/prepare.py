@@ -128,14 +128,31 @@ def load_space(
     _check_workload(space)
     _check_workload_settings(space, slo or {})
     _check_metrics_apply(space, slo or {})
-    if any(o.metric == "energy_per_item_j" for o in space.objectives):
-        reason = energy_unavailable_reason(device)
-        if reason:
-            raise ConfigError(
-                f"space '{space.name}': objective energy_per_item_j cannot be measured here "
-                f"({reason}); remove it from objectives"
-            )
+    _check_energy_measurable(space, slo or {}, device)
     return space, notes
+
+
+def _check_energy_measurable(
+    space: SearchSpace, slo: Mapping[str, Any], device: torch.device
+) -> None:
+    """An energy objective, or an energy limit (which no configuration could then meet), where
+    this device's energy cannot be measured is refused."""
+    objective = any(o.metric == "energy_per_item_j" for o in space.objectives)
+    if not (objective or "energy_per_item_j" in slo):
+        return
+    reason = energy_unavailable_reason(device)
+    if reason is None:
+        return
+    if objective:
+        raise ConfigError(
+            f"space '{space.name}': objective energy_per_item_j cannot be measured here "
+            f"({reason}); remove it from objectives"
+        )
+    if "energy_per_item_j" in slo:
+        raise ConfigError(
+            f"slo.energy_per_item_j cannot be measured here ({reason}), so no configuration "
+            "could meet it; remove it from the slo"
+        )
 
 
 def _refuse_foreign_choices(space: SearchSpace, device: torch.device) -> None:

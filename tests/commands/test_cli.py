@@ -587,6 +587,13 @@ def test_energy_objective_where_energy_is_not_measurable_exits_2(tmp_path, capsy
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "energy_per_item_j cannot be measured here" in err
     assert not (tmp_path / "r").exists()
+    # a limit on it too: no configuration could meet it
+    argv = ["+space=llm", "device=cpu", "+slo.energy_per_item_j=1", f"runs_dir={tmp_path / 'r'}"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "slo.energy_per_item_j cannot be measured here (" in err
+    assert "so no configuration could meet it; remove it from the slo" in err
+    assert not (tmp_path / "r").exists()
 
 
 def test_malformed_space_yaml_exits_2_naming_the_file_and_line(tmp_path, capsys):
