@@ -148,11 +148,10 @@ def _check_energy_measurable(
             f"space '{space.name}': objective energy_per_item_j cannot be measured here "
             f"({reason}); remove it from objectives"
         )
-    if "energy_per_item_j" in slo:
-        raise ConfigError(
-            f"slo.energy_per_item_j cannot be measured here ({reason}), so no configuration "
-            "could meet it; remove it from the slo"
-        )
+    raise ConfigError(
+        f"slo.energy_per_item_j cannot be measured here ({reason}), so no configuration "
+        "could meet it; remove it from the slo"
+    )
 
 
 def _refuse_foreign_choices(space: SearchSpace, device: torch.device) -> None:

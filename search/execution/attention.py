@@ -38,8 +38,8 @@ import torch
 
 __all__ = [
     "ATTENTION_KERNELS",
+    "HALF_INPUTS_ON_CUDA",
     "attention_kernel",
-    "attention_precision_unsupported",
     "attention_unsupported",
     "with_attention",
 ]
@@ -52,37 +52,21 @@ _CUDA_ONLY = {
     "cudnn": "cuDNN's attention needs a CUDA device",
 }
 """The kernels a CPU has none of, and why."""
+HALF_INPUTS_ON_CUDA = ("flash", "cudnn")
+"""CUDA's kernels that take fp16 and bf16 inputs only (torch's ``sdp_utils.cpp``); the
+memory-efficient kernel and the math decomposition take fp32 as well
+(``search.execution.knobs.attention_precision_unsupported``)."""
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-_HALF_INPUTS_ON_CUDA = ("flash", "cudnn")
-"""CUDA's kernels that take fp16 and bf16 inputs only (torch's ``sdp_utils.cpp``); the
-memory-efficient kernel and the math decomposition take fp32 as well."""
-_FP32_INPUTS = ("fp32", "tf32")
-"""The precisions whose steps feed attention fp32 (the others autocast it to bf16 or fp16)."""
 
 
 def attention_unsupported(value: object, device: torch.device) -> str | None:
     """Why ``device`` cannot run ``attention=value`` (None: it can). A kernel that a call's
     shapes rule out (a head size it has no kernel for, say) fails that trial with torch's
-    reason; one that the precision rules out is ``attention_precision_unsupported``."""
+    reason; one that the precision rules out is
+    ``search.execution.knobs.attention_precision_unsupported``."""
     if device.type != "cuda" and value in _CUDA_ONLY:
         return _CUDA_ONLY[str(value)]
-    return None
-
-
-def attention_precision_unsupported(
-    kernel: str, precision: str, device: torch.device
-) -> str | None:
-    """Why ``kernel`` cannot run a step of ``precision`` on ``device`` (None: it can): run, torch
-    would fail every call with "No available kernel", a fault of the trial, where this is a
-    configuration that cannot exist (infeasible, and not counted as a failure)."""
-    if device.type == "cuda" and kernel in _HALF_INPUTS_ON_CUDA and precision in _FP32_INPUTS:
-        return (
-            f"CUDA's {kernel} kernel takes fp16 and bf16 inputs only, and a step in {precision} "
-            "runs attention in fp32"
-        )
     return None
 
 

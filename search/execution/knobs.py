@@ -27,7 +27,7 @@ from search.core.errors import KnobError
 from search.core.knob_registry import NUMERIC_KNOBS
 from search.execution.attention import (
     ATTENTION_KERNELS,
-    attention_precision_unsupported,
+    HALF_INPUTS_ON_CUDA,
     attention_unsupported,
 )
 from search.execution.compiling import COMPILE_MODES, compile_unsupported
@@ -39,6 +39,7 @@ from search.workloads.base import Batch, ServingWorkload, Workload, is_counting
 
 __all__ = [
     "AUTOCAST_DTYPES",
+    "attention_precision_unsupported",
     "KNOB_CHOICES",
     "Knobs",
     "MATMUL_PRECISIONS",
@@ -258,6 +259,21 @@ def refuse_unsupported(knobs: Knobs, device: torch.device) -> None:
     reason = together_unsupported(knobs, device)
     if reason:
         raise KnobError(reason)
+
+
+def attention_precision_unsupported(
+    kernel: str, precision: str, device: torch.device
+) -> str | None:
+    """Why ``kernel`` cannot run a step of ``precision`` on ``device`` (None: it can): run, torch
+    would fail every call with "No available kernel", a fault of the trial, where this is a
+    configuration that cannot exist (infeasible, and not counted as a failure). A precision
+    without autocast (fp32, tf32) runs attention in fp32."""
+    if device.type == "cuda" and kernel in HALF_INPUTS_ON_CUDA and precision not in AUTOCAST_DTYPES:
+        return (
+            f"CUDA's {kernel} kernel takes fp16 and bf16 inputs only, and a step in {precision} "
+            "runs attention in fp32"
+        )
+    return None
 
 
 def together_unsupported(knobs: Knobs, device: torch.device) -> str | None:

@@ -20,12 +20,16 @@ from search.execution import train_step as train_step_module
 from search.execution.attention import (
     ATTENTION_KERNELS,
     attention_kernel,
-    attention_precision_unsupported,
     attention_unsupported,
 )
 from search.execution.compiling import use_compile_cache
 from search.execution.fidelity import check_fidelity
-from search.execution.knobs import KnobError, Knobs, refuse_unsupported
+from search.execution.knobs import (
+    KnobError,
+    Knobs,
+    attention_precision_unsupported,
+    refuse_unsupported,
+)
 from search.execution.serving import ServeStep
 from search.execution.train_step import TrainStep
 from search.workloads import GPT, GPTServe
