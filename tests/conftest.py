@@ -34,6 +34,13 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     if config.getoption("collectonly", False):
         return  # nothing runs: no study needs a peak
+    # OpenMP's threads (torch's intra-op pool) spin at each barrier before they sleep, by default.
+    # With the workers and their studies' processes on two cores, a thread spins out its time slice
+    # while the one it waits for is descheduled: a test whose step has many small operations (256
+    # linear layers) took 131 s beside two busy processes, 15 s with waiting threads that sleep.
+    # The workers, and every process they start, inherit this; the tests run alone keep OpenMP's
+    # default, as the tool's users run it.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from invoke import MACHINE_PEAK_ENV, measure_machine_peak
 
     path = Path(tempfile.gettempdir()) / f"search-tests-peaks-{os.getuid()}-{os.getpid()}.json"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from invoke import measured, seed_peak  # tests/ is on sys.path
+from invoke import measured, seed_peak, seed_runs_dir  # tests/ is on sys.path
 from mlflow.tracking import MlflowClient
 from servers import MlflowServer, Postgres, postgres_bin
 
@@ -353,7 +353,7 @@ def test_one_worker_per_gpu_then_one_summary_on_a_cpu_stand_in(tmp_path):
         f"runs_dir={tmp_path / 'runs'}",
     ]
     args[args.index("revalidate.processes=0")] = "revalidate.processes=2"
-    seed_peak(tmp_path / "runs")
+    seed_runs_dir(tmp_path / "runs")
     result = subprocess.run(
         ["bash", str(CLUSTER / "one_node.sh"), *args],
         cwd=tmp_path,
@@ -376,7 +376,9 @@ def test_one_worker_per_gpu_then_one_summary_on_a_cpu_stand_in(tmp_path):
 def _recipe_args(tmp_path: Path) -> list[str]:
     # The summary re-validates (asserted below) but confirms nothing: its 4 confirmation runs, each
     # after a run of the reference step, were a third of the recipe's time (20 of 58 s with Ray).
-    seed_peak(tmp_path / "runs")
+    # The MLflow store is seeded empty, as for the other tests: the two workers would otherwise each
+    # build its schema at once (about 3 s of migrations each), one of them waiting out the other.
+    seed_runs_dir(tmp_path / "runs")
     return [
         *[a for a in FAST if a != "revalidate.processes=0"],
         "--config-dir",
