@@ -11,10 +11,10 @@ local search around the front take up whatever is left.
   the kernels (``max-autotune``); they are tried here only where the host bounds the step (twice
   the micro-batch cost little more time), where launch overhead is what there is to win.
 - **The optimizer's** implementations (``for-loop``, ``foreach``, ``fused``): each once.
-- **The attention kernels** (``math``, ``flash``, ``efficient``, ``cudnn``): each once, whatever
-  the regime. torch's own pick per call is not always the fastest: on the 2-core CPU its flash
-  kernel's backward took a third of the compiled ``llm`` step, and the math decomposition ran the
-  compiled step at 1.18x.
+- **The attention kernels** (``math``, ``flash``, ``efficient``, ``cudnn``): each once per
+  precision of the best so far, whatever the regime. torch's own pick per call is not always the
+  fastest: on the 2-core CPU its flash kernel's backward took a third of the compiled ``llm`` step,
+  and the math decomposition ran the compiled step at 1.18x.
 - **Fused kernels and fp8** trade Triton kernels or casts for fewer bytes and FLOPs; both lose
   where the host bounds the step (small matrix products, too little work per kernel), so they are
   tried only where it does not. Fused kernels come first: on an H100 at the llama preset's wall,
@@ -73,14 +73,22 @@ def optimizer(book: Book) -> Iterator[Move]:
 
 
 def attention(book: Book) -> Iterator[Move]:
-    """Each attention kernel the space searches, once, at the best so far, whatever the regime:
-    which kernel is fastest depends on the device and the shapes, and torch's own pick was not on
-    a CPU (``search.execution.attention``)."""
+    """Each attention kernel the space searches, once per precision, at the best so far, whatever
+    the regime: which kernel is fastest depends on the device and the shapes, and torch's own pick
+    was not on a CPU (``search.execution.attention``)."""
     best = book.best()
     if best is None or "attention" not in book.discrete:
         return
+    # Once per precision, as the compiler is: a kernel's half-precision path is other code than
+    # its fp32 one, and on CUDA flash and cuDNN take no fp32 input at all, so a kernel refused at
+    # an fp32 best (infeasible, not run) is still measured once a half precision is the fastest.
     yield from _each_once(
-        book, best, "attention", "the attention kernel: {} at the best so far", plain="default"
+        book,
+        best,
+        "attention",
+        "the attention kernel: {} at the best so far",
+        plain="default",
+        same={"precision": best.config.get("precision")},
     )
 
 
@@ -130,9 +138,17 @@ def fused_kernels(book: Book) -> Iterator[Move]:
     )
 
 
-def _each_once(book: Book, best: Seen, knob: str, why: str, plain: object = None) -> Iterator[Move]:
+def _each_once(
+    book: Book,
+    best: Seen,
+    knob: str,
+    why: str,
+    plain: object = None,
+    same: dict[str, object] | None = None,
+) -> Iterator[Move]:
     """Each value of ``knob`` the space searches but ``plain`` (the step as written), not tried
-    yet, at ``best``; ``why`` says so, ``{}`` standing for the value."""
+    yet (with the values ``same`` gives for other knobs), at ``best``; ``why`` says so, ``{}``
+    standing for the value."""
     for value in book.ladder(knob):
-        if value != plain and not book.tried(knob, value):
+        if value != plain and not book.tried(knob, value, **(same or {})):
             yield Move({**best.config, knob: value}, why.format(value))

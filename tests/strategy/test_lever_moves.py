@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from search.core.records import COMPLETE
-from search.strategy.book import Seen
+from search.strategy.book import FAILED, Seen
 from search.strategy.order import next_move
 from tests.strategy.test_strategy import drive, llm_like, walled
 
@@ -149,3 +149,24 @@ def test_where_the_attention_kernel_loses_the_rest_keeps_torch_own_pick():
     assert len(kernel) == 1
     after = [c for c, why in made[kernel[0] + 1 :] if "local search" not in why]
     assert after and all(c["attention"] == "default" for c in after)
+
+
+def test_a_kernel_refused_at_an_fp32_best_is_tried_again_where_a_half_precision_wins():
+    # On CUDA flash takes no fp32 input: at an fp32 best it was infeasible (not run); once bf16 is
+    # the fastest, flash is measured there, once
+    kernels = {"type": "categorical", "choices": ["default", "flash"]}
+    space = llm_like(batch=(8, 8), micro=(1, 8), precisions=("bf16", "fp32"), attention=kernels)
+    base = {"batch_size": 8, "micro_batch_size": 8, "streams": 1, "recompute": False}
+
+    def seen(precision: str, kernel: str, outcome: str, throughput: float = 0.0) -> Seen:
+        config = {**base, "precision": precision, "attention": kernel}
+        figures = {"throughput": throughput, "latency_p95_ms": 1.0, "peak_memory_mb": 1.0}
+        return Seen(config, outcome, figures if outcome == COMPLETE else {})
+
+    at_fp32 = [seen("fp32", "default", COMPLETE, 900.0), seen("fp32", "flash", FAILED)]
+    move = next_move(space, [*at_fp32, seen("bf16", "default", COMPLETE, 1000.0)])
+    assert move is not None and move.why == "the attention kernel: flash at the best so far"
+    assert move.config["precision"] == "bf16" and move.config["attention"] == "flash"
+    measured = seen("bf16", "flash", COMPLETE, 1100.0)
+    then = next_move(space, [*at_fp32, seen("bf16", "default", COMPLETE, 1000.0), measured])
+    assert then is not None and not then.why.startswith("the attention kernel"), then
