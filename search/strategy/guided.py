@@ -144,8 +144,7 @@ def seen_of(
         attrs = t.user_attrs
         state, failure = attrs.get("state"), str(attrs.get("failure", ""))
         if state == COMPLETE:
-            figures = {k: float(v) for k, v in attrs.get("metrics", {}).items() if k in metrics}
-            seen.append(Seen(attrs["config"], COMPLETE, figures))
+            seen.append(Seen(attrs["config"], COMPLETE, _figures(attrs, metrics)))
         elif state == FAILED and fault_kind(failure) == "oom":
             seen.append(Seen(attrs["config"], OOM, {}))
         elif state == INFEASIBLE and failure.startswith("fidelity:"):
@@ -153,3 +152,17 @@ def seen_of(
         else:
             seen.append(Seen(attrs["config"], FAILED, {}))
     return seen + [Seen(t.user_attrs["config"], OOM, {}) for t in ran_out]
+
+
+def _figures(attrs: Mapping[str, Any], metrics: set[str]) -> dict[str, float]:
+    """A complete trial's figures of ``metrics`` as its line shows them and the study is told:
+    where a second fresh process measured it too (a compiled trial), its throughput is the mean of
+    the two (``search.stability.judge``). Read from the first process alone, the order once went on
+    from a kernel whose line read 11.5k tokens/s over one at 11.7k, on its first run's 11.9k
+    against 11.4k."""
+    figures = {k: float(v) for k, v in attrs.get("metrics", {}).items() if k in metrics}
+    second = attrs.get("second_process") or {}
+    again = second.get("metrics", {}).get("throughput")
+    if second.get("state") == COMPLETE and again is not None and "throughput" in figures:
+        figures["throughput"] = (figures["throughput"] + float(again)) / 2
+    return figures

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+from optuna.trial import FrozenTrial, create_trial
+
 from search.core.records import COMPLETE
-from search.strategy.book import FAILED, Seen
+from search.strategy.book import FAILED, Book, Seen
+from search.strategy.guided import seen_of
 from search.strategy.order import next_move
 from tests.strategy.test_strategy import drive, llm_like, walled
 
@@ -170,3 +174,33 @@ def test_a_kernel_refused_at_an_fp32_best_is_tried_again_where_a_half_precision_
     measured = seen("bf16", "flash", COMPLETE, 1100.0)
     then = next_move(space, [*at_fp32, seen("bf16", "default", COMPLETE, 1000.0), measured])
     assert then is not None and not then.why.startswith("the attention kernel"), then
+
+
+def test_the_order_reads_a_trial_measured_in_two_processes_as_its_line_does():
+    # A default run on the 2-core CPU: math's first process read 11.9k and its second 11.0k
+    # (its line: 11.5k), torch's pick 11.4k then 12.0k (11.7k). Read from the first process
+    # alone, math was the best so far and every later move started from it.
+    kernels = {"type": "categorical", "choices": ["default", "math"]}
+    space = llm_like(batch=(32, 32), micro=(16, 16), precisions=("fp32",), attention=kernels)
+    base = {"batch_size": 32, "micro_batch_size": 16, "precision": "fp32", "streams": 1}
+
+    def trial(kernel: str, first: float, second: float | None) -> FrozenTrial:
+        figures = {"throughput": first, "latency_p95_ms": 370.0, "peak_memory_mb": 250.0}
+        attrs = {
+            "state": COMPLETE,
+            "config": {**base, "recompute": False, "attention": kernel},
+            "metrics": figures,
+        }
+        if second is not None:
+            again = {"throughput": second}
+            attrs["second_process"] = {"state": COMPLETE, "time_s": 0.0, "metrics": again}
+        return create_trial(values=[first, 370.0, 250.0], user_attrs=attrs)
+
+    both = [trial("default", 11421.7, 11979.0), trial("math", 11943.1, 11012.9)]
+    best = Book(space, seen_of(both, [], space), [], {}).best()
+    assert best is not None and best.config["attention"] == "default"
+    assert best.figures["throughput"] == pytest.approx(11700.35)
+    # one process each: the first runs' figures, as before
+    first_only = [trial("default", 11421.7, None), trial("math", 11943.1, None)]
+    best = Book(space, seen_of(first_only, [], space), [], {}).best()
+    assert best is not None and best.config["attention"] == "math"
