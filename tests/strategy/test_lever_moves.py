@@ -33,6 +33,17 @@ def host_bound(c: dict[str, Any]) -> float:
     return compute_bound(c) * (c["micro_batch_size"] + 0.05) / (c["micro_batch_size"] + 8)
 
 
+AT_8 = {"batch_size": 8, "micro_batch_size": 8, "streams": 1, "recompute": False}
+"""Batch and micro-batch 8, one lane, no recompute: where the histories below were measured."""
+
+
+def seen_at(throughput: float, outcome: str = COMPLETE, **knobs: Any) -> Seen:
+    """An outcome at ``AT_8`` with ``knobs``: a complete one at ``throughput`` (unit latency and
+    memory), or ``outcome`` with no figures."""
+    figures = {"throughput": throughput, "latency_p95_ms": 1.0, "peak_memory_mb": 1.0}
+    return Seen({**AT_8, **knobs}, outcome, figures if outcome == COMPLETE else {})
+
+
 def lever_moves(made: list[tuple[dict[str, Any], str]]) -> list[tuple[dict[str, Any], str]]:
     levers = ("the optimizer", "fp8", "fused kernels")
     return [(c, why) for c, why in made if any(word in why for word in levers)]
@@ -100,15 +111,12 @@ def test_where_the_host_bounds_the_step_fp8_and_fused_kernels_wait():
 def test_where_another_precision_becomes_the_fastest_the_compiler_is_tried_again_there():
     compile_modes = {"type": "categorical", "choices": ["off", "default"]}
     space = llm_like(batch=(8, 8), micro=(1, 8), precisions=("fp32", "bf16"), compile=compile_modes)
-    base = {"batch_size": 8, "micro_batch_size": 8, "streams": 1, "recompute": False}
-
-    def seen(precision: str, compile_mode: str, throughput: float) -> Seen:
-        config = {**base, "precision": precision, "compile": compile_mode}
-        figures = {"throughput": throughput, "latency_p95_ms": 1.0, "peak_memory_mb": 1.0}
-        return Seen(config, COMPLETE, figures)
-
     # a CPU without bf16 instructions: the first guess and its compiled twin are slow, fp32 fast
-    history = [seen("bf16", "off", 50.0), seen("bf16", "default", 60.0), seen("fp32", "off", 900.0)]
+    history = [
+        seen_at(50.0, precision="bf16", compile="off"),
+        seen_at(60.0, precision="bf16", compile="default"),
+        seen_at(900.0, precision="fp32", compile="off"),
+    ]
     move = next_move(space, history)
     assert move is not None and move.why.startswith("the compiler")
     assert move.config["precision"] == "fp32" and move.config["compile"] == "default"
@@ -160,19 +168,16 @@ def test_a_kernel_refused_at_an_fp32_best_is_tried_again_where_a_half_precision_
     # the fastest, flash is measured there, once
     kernels = {"type": "categorical", "choices": ["default", "flash"]}
     space = llm_like(batch=(8, 8), micro=(1, 8), precisions=("bf16", "fp32"), attention=kernels)
-    base = {"batch_size": 8, "micro_batch_size": 8, "streams": 1, "recompute": False}
-
-    def seen(precision: str, kernel: str, outcome: str, throughput: float = 0.0) -> Seen:
-        config = {**base, "precision": precision, "attention": kernel}
-        figures = {"throughput": throughput, "latency_p95_ms": 1.0, "peak_memory_mb": 1.0}
-        return Seen(config, outcome, figures if outcome == COMPLETE else {})
-
-    at_fp32 = [seen("fp32", "default", COMPLETE, 900.0), seen("fp32", "flash", FAILED)]
-    move = next_move(space, [*at_fp32, seen("bf16", "default", COMPLETE, 1000.0)])
+    at_fp32 = [
+        seen_at(900.0, precision="fp32", attention="default"),
+        seen_at(0.0, FAILED, precision="fp32", attention="flash"),
+    ]
+    bf16 = seen_at(1000.0, precision="bf16", attention="default")
+    move = next_move(space, [*at_fp32, bf16])
     assert move is not None and move.why == "the attention kernel: flash at the best so far"
     assert move.config["precision"] == "bf16" and move.config["attention"] == "flash"
-    measured = seen("bf16", "flash", COMPLETE, 1100.0)
-    then = next_move(space, [*at_fp32, seen("bf16", "default", COMPLETE, 1000.0), measured])
+    measured = seen_at(1100.0, precision="bf16", attention="flash")
+    then = next_move(space, [*at_fp32, bf16, measured])
     assert then is not None and not then.why.startswith("the attention kernel"), then
 
 
