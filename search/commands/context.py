@@ -24,6 +24,7 @@ from search.analysis.diagnosis import Diagnosis, diagnose, doubling
 from search.config.compose import redact
 from search.config.settings import Settings
 from search.core.records import COMPLETE, TrialRecord
+from search.execution.phases import PHASE_LABELS
 from search.execution.trial import TrialRequest
 from search.measurement.peak import Peak
 from search.space.search_space import SearchSpace
@@ -58,10 +59,14 @@ class Spent:
     cold_compiles: int = 0
     """Compiled trials whose graphs were not in the compiler's cache: one per new shape and mode."""
     warm_compiles: int = 0
+    phases_s: dict[str, float] = field(default_factory=dict)
+    """Of ``new_s``, each phase's (``search.execution.phases.PHASE_LABELS``): timed windows,
+    warm-up, compile, build, the fidelity check, process start, second processes, ..."""
 
     def took(self, driver: StudyDriver) -> None:
         """Take the study driver's figures (after its last control run)."""
         self.new_s, self.control_s = driver.new_s, driver.control_s
+        self.phases_s = dict(driver.phases.seconds)
         self.new_trials = len(driver.outcome.records)
         for record in driver.outcome.records:
             first, second = (
@@ -90,9 +95,23 @@ class Spent:
         )
         return (
             f"time: {self.new_s / total:.0%} of {total:.0f} s measured {self.new_trials} new "
-            f"configuration(s) ({self.new_s:.0f} s{compiling}); {', '.join(parts)}, the rest "
-            f"{other:.0f} s (start-up, stores, files)"
+            f"configuration(s) ({self.new_s:.0f} s{compiling}){self._split(total)}; "
+            f"{', '.join(parts)}, the rest {other:.0f} s (start-up, stores, files)"
         )
+
+    def _split(self, total_s: float) -> str:
+        """The new configurations' time by phase, and the share of the run in timed windows
+        (with their warm-up): what a run spends measuring rather than waiting."""
+        if not self.phases_s:
+            return ""
+        shown = [
+            f"{label} {self.phases_s[name]:.0f} s"
+            for name, label in PHASE_LABELS.items()
+            if self.phases_s.get(name, 0.0) >= 0.5
+        ]
+        timed = self.phases_s.get("windows", 0.0) + self.phases_s.get("warmup", 0.0)
+        share = timed / total_s
+        return f": {', '.join(shown)}; timed windows and their warm-up {share:.0%} of the run"
 
     def metrics(self) -> dict[str, float]:
         return {
@@ -107,6 +126,7 @@ class Spent:
                 else {}
             ),
             **({"time_baseline_s": self.baseline_s} if self.baseline_s else {}),
+            **{f"time_trials_{name}_s": seconds for name, seconds in self.phases_s.items()},
         }
 
 

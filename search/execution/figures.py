@@ -8,6 +8,7 @@ from __future__ import annotations
 from search.analysis.run_figures import micro_batch_metrics, stall_steps
 from search.core.metrics import latency_quantiles
 from search.core.records import COMPLETE, SCREENED, with_requests
+from search.execution.phases import phase_metrics
 from search.execution.trial import TrialResult
 
 __all__ = ["trial_metrics"]
@@ -42,6 +43,8 @@ def trial_metrics(result: TrialResult, confidence: float) -> dict[str, float]:
         # 1: racing stopped it early, out of reach of the front (``search.analysis.racing``)
         "screened": float(m.stop_reason == SCREENED),
         "trial_time_s": result.duration_s,
+        # where the worker's time went (build, compile, fidelity check, warm-up, windows, ...)
+        **phase_metrics(result.phases_s),
     }
     if result.items_per_request is not None:
         # requests/s is throughput in other units: the same interval and CV, scaled

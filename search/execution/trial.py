@@ -90,3 +90,7 @@ class TrialResult:
     compile: Mapping[str, float] = field(default_factory=dict)
     """What compiling the step took (``compile_time_s``, graphs, breaks, recompiles, whether the
     cache was warm: ``search.execution.compiling.CompileStats``); empty when it ran eagerly."""
+    phases_s: Mapping[str, float] = field(default_factory=dict)
+    """The worker's wall time by phase (``search.execution.phases.PHASE_LABELS``: build, compile,
+    fidelity check, warm-up, timed windows, ...), s; their sum is ``duration_s``. Empty where
+    the worker never answered (a crash, a timeout)."""

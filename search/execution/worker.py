@@ -13,7 +13,7 @@ import gc
 import time
 import traceback
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from search.execution.faults import MemoryLimit, OnExceeded, classify, over_memo
 from search.execution.fidelity import changes_numerics, check_fidelity
 from search.execution.host_figures import host_busy, probe_metrics
 from search.execution.knobs import Knobs
+from search.execution.phases import PhaseClock
 from search.execution.readings import MonitoredTimer, telemetry_metrics
 from search.execution.serving import ServeStep
 from search.execution.train_step import TrainStep
@@ -60,38 +61,48 @@ def run_trial(request: TrialRequest, on_memory_exceeded: OnExceeded | None = Non
     it a trial over the limit is still ``oom``, judged from its peak once it ends.
     """
     started = time.perf_counter()
+    clock = PhaseClock()
     device = torch.device(request.device)
     unit = "items"
     limit = None
     try:
-        knobs, settings = split_config(request.config)
-        # Not recursive: only the workload class is built (the space refuses nested targets, and
-        # this keeps it so for anything that reaches here another way).
-        workload = instantiate(
-            dict(request.workload), _convert_="all", _recursive_=False, **settings
-        )
-        unit = workload.unit
-        if request.compile_cache_dir and knobs.compile != "off":
-            use_compile_cache(Path(request.compile_cache_dir))
-        _prime(device)
+        with clock.phase("build"):
+            knobs, settings = split_config(request.config)
+            # Not recursive: only the workload class is built (the space refuses nested targets,
+            # and this keeps it so for anything that reaches here another way).
+            workload = instantiate(
+                dict(request.workload), _convert_="all", _recursive_=False, **settings
+            )
+            unit = workload.unit
+            if request.compile_cache_dir and knobs.compile != "off":
+                use_compile_cache(Path(request.compile_cache_dir))
+            _prime(device)
         probe = MemoryProbe(device)
         probe.start()
         limit = MemoryLimit(device, request.memory_limit_mb, on_memory_exceeded, started)
-        measured = _measure(request, workload, knobs, device, probe)
+        measured = _measure(request, workload, knobs, device, probe, clock)
         # the fidelity check's fp32 reference may need more than the configuration did
         limit.release()
         oom = over_memory_limit(measured.peak_mb, request.memory_limit_mb, unit, started)
         if oom is not None:
-            return oom
-        return _checked(request, workload, knobs, device, measured, started)
+            return replace(oom, phases_s=clock.split())
+        return _checked(request, workload, knobs, device, measured, clock)
     except KnobError as e:
         return TrialResult(
-            state=INFEASIBLE, failure=str(e), unit=unit, duration_s=time.perf_counter() - started
+            state=INFEASIBLE,
+            failure=str(e),
+            unit=unit,
+            duration_s=time.perf_counter() - started,
+            phases_s=clock.split(),
         )
     except Exception as e:  # a fault of this configuration, not of the study
         traceback.print_exc()  # into the worker's stderr: its tail is kept with the failure
         return TrialResult(
-            state=FAILED, failure=classify(e), unit=unit, duration_s=time.perf_counter() - started
+            state=FAILED,
+            failure=classify(e),
+            unit=unit,
+            duration_s=time.perf_counter() - started,
+            phases_s=clock.split(),
         )
     finally:
         if limit is not None:
@@ -133,26 +144,36 @@ def _measure(
     knobs: Knobs,
     device: torch.device,
     probe: MemoryProbe,
+    clock: PhaseClock,
 ) -> _Measured:
-    """Build the step, measure it as ``request.measure`` says, read its peak memory, count it."""
+    """Build the step, measure it as ``request.measure`` says, read its peak memory, count it;
+    each part's wall time on ``clock``."""
     timer = MonitoredTimer(make_timer(device), make_monitor(device))
     try:
-        with _make_step(workload, knobs, device, request.seed) as step:
+        with clock.phase("build"):
+            step = _make_step(workload, knobs, device, request.seed)
+        with step:
+            if step.compile_stats is not None:  # the step compiled as it was built
+                clock.move("build", "compile", step.compile_stats.first_pass_s)
             phases = step.take_phases
             screen = _screen(request.race, probe, getattr(step, "items_per_request", None))
             with host_busy() as busy:
                 measurement = measure(
                     step, step.items_per_step, request.measure, timer, phases, screen
                 )
+            clock.add("warmup", measurement.warmup_s)
+            clock.add("windows", measurement.elapsed_s - measurement.warmup_s)
             peak_mb = probe.peak_mb()
             compiling = _compile_figures(step, measurement)
             # After the windows and the memory reading, as cheap as one more step or two
-            work = _counted(step) if request.count else {}
+            with clock.phase("count"):
+                work = _counted(step) if request.count else {}
     finally:
         timer.close()
     host = {"host_busy": busy.value}
     if request.probe_compute:  # after the step is gone: the probe has the device to itself
-        host |= _probed(device, request)
+        with clock.phase("probe"):
+            host |= _probed(device, request)
     return _Measured(
         measurement=measurement,
         peak_mb=peak_mb,
@@ -190,7 +211,7 @@ def _checked(
     knobs: Knobs,
     device: torch.device,
     measured: _Measured,
-    started: float,
+    clock: PhaseClock,
 ) -> TrialResult:
     """The result of a measured trial: its telemetry, and its fidelity check unless asked not to;
     throughput counts the workload's ``unit``."""
@@ -206,25 +227,26 @@ def _checked(
     state, failure = COMPLETE, ""
     if request.fidelity:
         _free(device)  # the measured step's memory, before the check builds two models
-        report = check_fidelity(workload, knobs, device, seed=request.seed)
+        with clock.phase("fidelity"):
+            report = check_fidelity(workload, knobs, device, seed=request.seed)
         if changes_numerics(workload, knobs):
             errors = report.errors
         if not report.ok:
             state, failure = INFEASIBLE, f"fidelity: {report.reason}"
-    duration_s = time.perf_counter() - started
     return TrialResult(
         state=state,
         measurement=measurement,
         peak_memory_mb=measured.peak_mb,
         failure=failure,
         unit=workload.unit,
-        duration_s=duration_s,
+        duration_s=clock.elapsed_s(),
         telemetry=readings,
         throttle_reasons=throttles,
         fidelity=errors,
         work=measured.work,
         items_per_request=measured.items_per_request,
         compile=measured.compile,
+        phases_s=clock.split(),
     )
 
 

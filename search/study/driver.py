@@ -65,6 +65,7 @@ from search.strategy.samplers import GUIDED, SAMPLERS, optuna_names, suggest
 from search.study.driver_inputs import Bench, DriverCallbacks, control_run, repeat_run
 from search.study.guards import KnownOutcomes, Proposal, Ruling, guards
 from search.study.outcome import StudyOutcome, workload_fault
+from search.study.phase_time import PhaseTime
 
 if TYPE_CHECKING:
     from search.config.settings import Settings
@@ -134,6 +135,7 @@ class StudyDriver:
         """Time spent on control runs in this invocation, s."""
         self.new_s = 0.0
         """Time spent measuring the configurations of this invocation's trials, s."""
+        self.phases = PhaseTime()  # of new_s, each phase's (search.execution.phases)
         self.control_runs = 0
         self.session = (
             f"{owner()['host']}-{owner()['pid']}-{time.time():.0f}-{uuid.uuid4().hex[:8]}"
@@ -310,7 +312,8 @@ class StudyDriver:
             trial.set_user_attr("measured_on", self.where)
         started = time.monotonic()
         result = run_isolated(request)
-        again = again_if_compiled(request, result, run_isolated)
+        self.phases.first(result, time.monotonic() - started)
+        again = self.phases.second(lambda: again_if_compiled(request, result, run_isolated))
         second = second_process(again, request.measure.confidence) if again else None
         self.new_s += time.monotonic() - started
         why = self._why(trial)
@@ -344,7 +347,8 @@ class StudyDriver:
             self.run_control()
             measured = judged(second=second)
         started = time.monotonic()
-        confirm = None if second else again_if_dispersed(request, measured.record, run_isolated)
+        again = partial(again_if_dispersed, request, measured.record, run_isolated)
+        confirm = None if second else self.phases.second(again)
         self.new_s += time.monotonic() - started
         return measured if confirm is None else judged(second=confirm)
 

@@ -61,6 +61,12 @@ def test_a_compiled_trial_computes_the_same_and_keeps_its_compile_time_apart():
     assert c["compile_graphs"] >= 1 and c["compile_graph_breaks"] == 0
     assert c["compile_recompiles"] == 0  # every micro-batch has one shape
     assert c["compile_cache_warm"] in (0.0, 1.0)
+    # the first pass (compile_time_s and one step) is the compile phase of the time line, not
+    # the build's
+    step_s = result.measurement.latency_mean_ms / 1e3
+    phases = result.phases_s
+    assert phases["compile"] == pytest.approx(c["compile_time_s"] + step_s, rel=1e-6)
+    assert phases["build"] < phases["compile"]
     # compared with eager fp32 within fp32's tolerance, and the errors kept
     assert result.fidelity["fidelity_loss_rel_error"] < 1e-5
     assert run_trial(request(target(Small))).compile == {}  # eager: nothing to report

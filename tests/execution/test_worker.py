@@ -35,6 +35,24 @@ def test_complete_trial_has_a_measurement_with_an_interval():
     assert result.unit == "tokens" and result.peak_memory_mb is not None
 
 
+def test_the_worker_s_phases_add_up_to_its_wall_time_and_the_windows_are_the_measured_ones():
+    result = run_trial(request(TINY_GPT, precision="bf16", micro_batch_size=2))
+    assert result.state == COMPLETE, result.failure
+    phases, m = result.phases_s, result.measurement
+    assert sum(phases.values()) == pytest.approx(result.duration_s, rel=1e-3)
+    assert phases["windows"] == pytest.approx(m.elapsed_s - m.warmup_s, rel=1e-6)
+    assert phases["warmup"] == pytest.approx(m.warmup_s, rel=1e-6)
+    # an eager bf16 configuration: built, checked against fp32, counted; nothing compiled
+    assert phases["build"] > 0 and phases["fidelity"] > 0 and phases["count"] > 0
+    assert "compile" not in phases
+
+
+def test_a_failed_trial_keeps_the_phases_it_ran():
+    result = run_trial(request(target(Raises)))
+    assert result.state == FAILED and "build" in result.phases_s
+    assert sum(result.phases_s.values()) == pytest.approx(result.duration_s, rel=1e-3)
+
+
 def test_knob_the_device_cannot_run_is_infeasible():
     result = run_trial(request(TINY_GPT, precision="tf32"))
     assert result.state == INFEASIBLE and "tf32" in result.failure and "CUDA" in result.failure
