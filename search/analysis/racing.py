@@ -25,14 +25,25 @@ it holds, and the trial's worker applies it between windows (``search.execution.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from search.analysis.noise_floor import NoiseFloor
 from search.analysis.pareto import pareto_mask
-from search.core.metrics import METRICS, quantile_lower_bound
+from search.core.metrics import METRICS, quantile_lower_bound, ranked_on
+from search.core.records import COMPLETE, TrialRecord
 from search.measurement.statistics import summarize
 
-__all__ = ["Race", "Samples", "best_case", "can_race", "out_of_reach", "race_against"]
+__all__ = [
+    "Race",
+    "Samples",
+    "best_case",
+    "can_race",
+    "front_race",
+    "out_of_reach",
+    "race_against",
+]
 
 _THROUGHPUTS = ("throughput", "requests_per_s")
 
@@ -143,3 +154,28 @@ def out_of_reach(race: Race, samples: Samples) -> bool:
         return False
     directions = [METRICS[name].direction for name in race.objectives]
     return not pareto_mask([*race.front, best], directions)[-1]
+
+
+def front_race(
+    objectives: Sequence[str],
+    history: Sequence[TrialRecord],
+    floor: NoiseFloor,
+    confidence: float,
+    where: str = "",
+) -> Race:
+    """The race against the stable, complete configurations of ``history``, with the noise floor
+    as it stands: its between-run spread where known, and its drift level now on device
+    ``where``."""
+    keys = [ranked_on(m) for m in objectives]
+    measured = [
+        [r.metrics[k] for k in keys]
+        for r in history
+        if r.state == COMPLETE and r.stable and all(k in r.metrics for k in keys)
+    ]
+    return race_against(
+        objectives,
+        measured,
+        confidence,
+        between_rel=floor.one_run_spread(confidence) if floor.between_known else 0.0,
+        level=floor.level(time.time(), where)[0],
+    )

@@ -29,6 +29,7 @@ from search.execution.trial import TrialRequest
 from search.measurement.peak import Peak
 from search.space.search_space import SearchSpace
 from search.study.driver import StudyDriver, repeat_run
+from search.study.phase_time import SECOND_TIMED
 
 __all__ = [
     "COMMAND_WORDS",
@@ -104,12 +105,19 @@ class Spent:
         (with their warm-up): what a run spends measuring rather than waiting."""
         if not self.phases_s:
             return ""
+        phases = self.phases_s
+        second_timed = phases.get(SECOND_TIMED, 0.0)
         shown = [
-            f"{label} {self.phases_s[name]:.0f} s"
+            f"{label} {phases[name]:.0f} s"
+            + (
+                f" ({second_timed:.0f} s of it timed windows and warm-up)"
+                if name == "second"
+                else ""
+            )
             for name, label in PHASE_LABELS.items()
-            if self.phases_s.get(name, 0.0) >= 0.5
+            if phases.get(name, 0.0) >= 0.5
         ]
-        timed = self.phases_s.get("windows", 0.0) + self.phases_s.get("warmup", 0.0)
+        timed = phases.get("windows", 0.0) + phases.get("warmup", 0.0) + second_timed
         share = timed / total_s
         return f": {', '.join(shown)}; timed windows and their warm-up {share:.0%} of the run"
 

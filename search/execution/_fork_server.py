@@ -17,15 +17,20 @@ die_with_parent()
 
 
 def _import_the_compiler() -> None:
-    """Import ``torch._dynamo`` here, once: torch's optimizers import it when the first one is
-    built (``torch._compile``), which every trial does, so each worker would pay 1-1.5 s for it on
-    a 2-core CPU. Meanwhile CUDA availability is asked through NVML (none is asked today), which
-    cannot initialise CUDA in the server: a forked worker could then not use CUDA."""
+    """Import ``torch._dynamo`` and inductor here, once. torch's optimizers import dynamo when the
+    first one is built (``torch._compile``), which every trial does, so each worker would pay
+    1-1.5 s for it on a 2-core CPU; inductor is imported by ``torch.compile`` itself, 1.4-1.7 s
+    more in every compiled trial's process (its first and second, re-validation's, the
+    confirmation's). Meanwhile CUDA availability is asked through NVML (none is asked today),
+    which cannot initialise CUDA in the server: a forked worker could then not use CUDA.
+    Inductor's modules ask no device when imported, and its pool of compile workers starts only
+    at a compile, in the worker."""
     name = "PYTORCH_NVML_BASED_CUDA_CHECK"
     before = os.environ.get(name)
     os.environ[name] = "1"
     try:
         import torch._dynamo  # noqa: F401
+        import torch._inductor.compile_fx  # noqa: F401
     finally:
         if before is None:
             del os.environ[name]

@@ -172,6 +172,8 @@ def _compiled_text(m: Mapping[str, float]) -> str:
             f", {m['compile_time_warm_s']:.1f} s in a second process, the two "
             f"{m['compile_between_process_cv']:.1%} apart (CV)"
         )
+    elif m.get("compile_second_skipped"):
+        text += ", no second process (out of reach of the front: a second could not change it)"
     errors = ("fidelity_loss_rel_error", "fidelity_logits_rel_error")
     error = next((m[k] for k in errors if k in m), None)
     return text + (f", fidelity ok ({error:.1g} off eager fp32)" if error is not None else "")

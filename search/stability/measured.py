@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from search.analysis.noise_floor import NoiseFloor
+from search.analysis.racing import Samples, out_of_reach
 from search.config.compose import redact
 from search.core.metrics import objective_values
 from search.core.records import COMPLETE, FAILED, SCREENED, TrialRecord
@@ -25,11 +26,13 @@ if TYPE_CHECKING:
 __all__ = [
     "Judging",
     "MeasuredTrial",
+    "SECOND_SKIPPED",
     "again_if_compiled",
     "again_if_dispersed",
     "measured_record",
     "run_tags",
     "second_process",
+    "unless_out_of_reach",
 ]
 
 
@@ -78,20 +81,49 @@ def run_tags(result: TrialResult) -> dict[str, str]:
     return tags
 
 
+SECOND_SKIPPED = "compile_second_skipped"
+"""A compiled trial's figure: 1 where its second process was not run, its first run's best case
+out of reach of the front (``again_if_compiled``)."""
+
+
 def again_if_compiled(
     request: TrialRequest, result: TrialResult, run: Callable[[TrialRequest], TrialResult]
 ) -> TrialResult | None:
     """A compiled configuration measured again by ``run`` in a second fresh process, on the
-    compiler's cache the first one filled; None for an eager one, or one that did not complete or
-    was screened. Compiled code's speed varies from process to process more than eager code's
-    (the compiler's choices differ between runs), so every compiled trial is judged on two
-    processes, and its compile time is known warm as well as cold."""
+    compiler's cache the first one filled, as a repeat of a configuration measured before
+    (``repeat``: the budget of a re-validation run); None for an eager one, one that did not
+    complete or was screened, and one marked ``SECOND_SKIPPED`` (``unless_out_of_reach``).
+    Compiled code's speed varies from process to process more than eager code's (the
+    compiler's choices differ between runs), so a compiled trial that may reach the front is
+    judged on two processes, and its compile time is known warm as well as cold."""
     m = result.measurement
     if str(request.config.get("compile", "off")) == "off" or result.state != COMPLETE:
         return None
-    if m is None or m.stop_reason == SCREENED:
+    if m is None or m.stop_reason == SCREENED or result.compile.get(SECOND_SKIPPED):
         return None
     return run(_again(request))
+
+
+def unless_out_of_reach(request: TrialRequest, result: TrialResult) -> TrialResult:
+    """``result`` marked ``SECOND_SKIPPED`` where it is a compiled run whose best case, at the end
+    of its windows, the front it raced against dominates: a second process could not put it on
+    the front, and would cost a fresh process, a compile and its windows. Racing asks the same
+    between windows but not after the last (a run that ended on its interval or its budget), so
+    the answer can differ from the race's."""
+    m = result.measurement
+    eager = str(request.config.get("compile", "off")) == "off"
+    if eager or request.race is None or m is None or result.state != COMPLETE:
+        return result
+    samples = Samples(
+        window_throughputs=m.window_throughputs,
+        step_latencies_ms=m.step_latencies_ms,
+        phase_samples_ms=m.phase_samples_ms,
+        peak_memory_mb=result.peak_memory_mb,
+        items_per_request=result.items_per_request,
+    )
+    if m.stop_reason == SCREENED or not out_of_reach(request.race, samples):
+        return result
+    return replace(result, compile={**result.compile, SECOND_SKIPPED: 1.0})
 
 
 def again_if_dispersed(

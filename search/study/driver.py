@@ -33,8 +33,7 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 
 from search.analysis.noise_floor import NoiseFloor, RunFigures
 from search.analysis.pareto import constraint_values
-from search.analysis.racing import Race, can_race, race_against
-from search.core.metrics import ranked_on
+from search.analysis.racing import Race, can_race, front_race
 from search.core.records import COMPLETE, FAILED, TrialRecord, fault_kind
 from search.execution.figures import trial_metrics
 from search.execution.isolation import run_isolated
@@ -48,6 +47,7 @@ from search.stability.measured import (
     again_if_dispersed,
     measured_record,
     second_process,
+    unless_out_of_reach,
 )
 from search.storage.liveness import Liveness, measuring_here, owner
 from search.storage.machine_runs import keep_machine_run
@@ -311,9 +311,9 @@ class StudyDriver:
         if self.where:
             trial.set_user_attr("measured_on", self.where)
         started = time.monotonic()
-        result = run_isolated(request)
+        result = unless_out_of_reach(request, run_isolated(request))
         self.phases.first(result, time.monotonic() - started)
-        again = self.phases.second(lambda: again_if_compiled(request, result, run_isolated))
+        again = again_if_compiled(request, result, self.phases.second(self._repeat))
         second = second_process(again, request.measure.confidence) if again else None
         self.new_s += time.monotonic() - started
         why = self._why(trial)
@@ -347,10 +347,14 @@ class StudyDriver:
             self.run_control()
             measured = judged(second=second)
         started = time.monotonic()
-        again = partial(again_if_dispersed, request, measured.record, run_isolated)
-        confirm = None if second else self.phases.second(again)
+        again = self.phases.second(run_isolated)
+        confirm = None if second else again_if_dispersed(request, measured.record, again)
         self.new_s += time.monotonic() - started
         return measured if confirm is None else judged(second=confirm)
+
+    def _repeat(self, request: TrialRequest) -> TrialResult:
+        """A compiled trial's second process, as any repeat of a configuration is measured."""
+        return run_isolated(repeat_run(request, self.settings))
 
     def _store(self, trial: Trial, measured: MeasuredTrial) -> FrozenTrial | None:
         """Keep ``measured`` on ``trial`` and tell it; None when another process had already
@@ -379,20 +383,8 @@ class StudyDriver:
         objectives = [o.metric for o in self.space.objectives]
         if not self.settings.measure.race or not can_race(objectives):
             return None
-        keys = [ranked_on(m) for m in objectives]
-        measured = [
-            [r.metrics[k] for k in keys]
-            for r in self.history()
-            if r.state == COMPLETE and r.stable and all(k in r.metrics for k in keys)
-        ]
-        floor, confidence = self.floor(), self.settings.measure.confidence
-        return race_against(
-            objectives,
-            measured,
-            confidence,
-            between_rel=floor.one_run_spread(confidence) if floor.between_known else 0.0,
-            level=floor.level(time.time(), self.where)[0],
-        )
+        confidence = self.settings.measure.confidence
+        return front_race(objectives, self.history(), self.floor(), confidence, self.where)
 
     def _why(self, trial: Trial) -> str:
         """Why ``trial``'s configuration was proposed: the guided sampler's reason or what queued

@@ -7,14 +7,15 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from typing import TypeVar
 
 from search.execution.phases import PHASE_SECOND, PHASE_START
-from search.execution.trial import TrialResult
+from search.execution.trial import TrialRequest, TrialResult
 
-__all__ = ["PhaseTime"]
+__all__ = ["SECOND_TIMED", "PhaseTime"]
 
-T = TypeVar("T")
+SECOND_TIMED = "second_timed"
+"""Of the second processes' wall time, their timed windows and warm-up, s: they measure the
+configuration too (its figure is both processes')."""
 
 
 class PhaseTime:
@@ -34,10 +35,20 @@ class PhaseTime:
             self.seconds[name] += seconds
         self.seconds[PHASE_START] += max(wall_s - result.duration_s, 0.0)
 
-    def second(self, run: Callable[[], T]) -> T:
-        """``run()``, a trial's second process, its wall time counted as ``PHASE_SECOND``."""
-        started = time.monotonic()
-        try:
-            return run()
-        finally:
-            self.seconds[PHASE_SECOND] += time.monotonic() - started
+    def second(
+        self, run: Callable[[TrialRequest], TrialResult]
+    ) -> Callable[[TrialRequest], TrialResult]:
+        """``run`` as it measures a trial's second process: its wall time counted as
+        ``PHASE_SECOND``, and of it the timed windows and their warm-up as ``SECOND_TIMED``."""
+
+        def timed(request: TrialRequest) -> TrialResult:
+            started = time.monotonic()
+            try:
+                result = run(request)
+            finally:
+                self.seconds[PHASE_SECOND] += time.monotonic() - started
+            phases = result.phases_s
+            self.seconds[SECOND_TIMED] += phases.get("warmup", 0.0) + phases.get("windows", 0.0)
+            return result
+
+        return timed

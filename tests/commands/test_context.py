@@ -233,10 +233,20 @@ def test_the_summary_gives_an_mfu_against_a_peak_under_load_as_an_upper_bound():
 
 def test_the_time_line_splits_the_new_configurations_by_phase_with_the_share_in_windows():
     spent = Spent(started_s=time.monotonic() - 100, new_s=60, new_trials=2, confirmation_s=30)
-    spent.phases_s = {"windows": 20.0, "warmup": 5.0, "compile": 25.0, "second": 10.0}
+    spent.phases_s = {
+        "windows": 20.0,
+        "warmup": 5.0,
+        "compile": 25.0,
+        "second": 10.0,
+        "second_timed": 4.0,
+    }
     line = spent.line()
-    assert "compile 25 s, warm-up 5 s, timed windows 20 s, second processes 10 s" in line
-    assert "timed windows and their warm-up 25% of the run" in line
+    assert (
+        "compile 25 s, warm-up 5 s, timed windows 20 s, second processes 10 s (4 s of it timed "
+        "windows and warm-up)"
+    ) in line
+    # the second processes' windows measure the configuration too
+    assert "timed windows and their warm-up 29% of the run" in line
     metrics = spent.metrics()
     assert metrics["time_trials_windows_s"] == 20 and metrics["time_trials_second_s"] == 10
 
@@ -250,7 +260,9 @@ def test_the_driver_s_phase_time_counts_the_start_the_worker_did_not_see_and_sec
     answered = TrialResult(state=COMPLETE, duration_s=8.0, phases_s={"build": 3.0, "windows": 5.0})
     phases.first(answered, wall_s=9.5)
     phases.first(TrialResult(state=FAILED, failure="crash: worker killed"), wall_s=4.0)
-    assert phases.second(lambda: "again") == "again"
+    again = TrialResult(state=COMPLETE, duration_s=6.0, phases_s={"warmup": 1.0, "windows": 3.0})
+    assert phases.second(lambda request: again)("a request") is again
     seconds = phases.seconds
     assert seconds["start"] == pytest.approx(1.5) and seconds["other"] == pytest.approx(4.0)
     assert seconds["build"] == 3.0 and seconds["windows"] == 5.0 and seconds["second"] >= 0
+    assert seconds["second_timed"] == 4.0

@@ -4,21 +4,25 @@ process too, and judged on both; so is one whose run failed the window-dispersio
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 
 import pytest
 from factories import llm_settings, measurement, noise_floor
 from tiny_overrides import TINY_GPT
 
+from search.analysis.racing import Race
 from search.config.settings import MeasureSettings
 from search.core.records import COMPLETE, SCREENED
 from search.execution.trial import TrialRequest, TrialResult
 from search.stability.judge import DISPERSED
 from search.stability.measured import (
+    SECOND_SKIPPED,
     Judging,
     again_if_compiled,
     again_if_dispersed,
     measured_record,
     second_process,
+    unless_out_of_reach,
 )
 
 SETTINGS = llm_settings()
@@ -64,6 +68,40 @@ def test_only_a_compiled_trial_that_completed_unscreened_runs_again_warm_without
     (second,) = asked
     assert second.config == request().config and second.seed == 8
     assert not second.fidelity and not second.count and second.race is None
+
+
+def test_a_compiled_run_out_of_reach_of_the_front_at_its_end_gets_no_second_process():
+    objectives = ("throughput", "peak_memory_mb")
+    # a front configuration faster and smaller than the run's best case (100 tokens/s, 100 MB)
+    ahead = Race(objectives=objectives, front=((200.0, 50.0),), confidence=0.95)
+    # one faster but larger: the run may still join the front on memory
+    beside = Race(objectives=objectives, front=((200.0, 150.0),), confidence=0.95)
+    asked: list[TrialRequest] = []
+
+    def run(r: TrialRequest) -> TrialResult:
+        asked.append(r)
+        return result(101.0, compile_s=2.0)
+
+    raced = replace(request(), race=ahead)
+    skipped = unless_out_of_reach(raced, result(100.0))
+    assert skipped.compile[SECOND_SKIPPED] == 1.0
+    assert again_if_compiled(raced, skipped, run) is None and asked == []
+    for kept in (
+        unless_out_of_reach(replace(request(), race=beside), result(100.0)),
+        unless_out_of_reach(request(), result(100.0)),  # not raced: nothing to be out of reach of
+        unless_out_of_reach(replace(request("off"), race=ahead), result(100.0, compile_s=0.0)),
+    ):
+        assert SECOND_SKIPPED not in kept.compile
+    eager = replace(result(100.0), compile={})
+    assert unless_out_of_reach(replace(request("off"), race=ahead), eager) is eager
+    assert again_if_compiled(raced, result(100.0), run) is not None and len(asked) == 1
+
+
+def test_the_line_of_a_compiled_trial_without_a_second_process_says_why():
+    from search.reporting.report import _compiled_text
+
+    text = _compiled_text({"compile_time_s": 9.0, "compile_cache_warm": 0.0, SECOND_SKIPPED: 1.0})
+    assert "no second process (out of reach of the front" in text
 
 
 def record(first: TrialResult, again: TrialResult | None, between_cv: float = 0.02):
@@ -224,3 +262,23 @@ def test_a_dispersed_trial_read_back_from_the_study_is_judged_with_its_second_pr
         assert read.stable == measured.stable and read.reason == measured.reason
         assert read.metrics["throughput"] == pytest.approx(measured.metrics["throughput"])
     assert judged[0][1].stable and not judged[1][1].stable
+
+
+def test_a_compiled_trial_s_second_process_is_measured_on_a_repeat_run_s_budget(monkeypatch):
+    from types import SimpleNamespace
+
+    from search.study import driver
+
+    asked: list[TrialRequest] = []
+    monkeypatch.setattr(driver, "run_isolated", lambda r: asked.append(r) or result(101.0))
+    first = replace(request(), measure=MeasureSettings(max_time_s=8.0))
+    again = again_if_compiled(
+        first,
+        result(100.0),
+        partial(driver.StudyDriver._repeat, SimpleNamespace(settings=SETTINGS)),
+    )
+    assert again is not None
+    (second,) = asked
+    # as re-validation and the control runs measure a configuration again: revalidate.max_time_s
+    assert second.measure.max_time_s == min(8.0, SETTINGS.revalidate.max_time_s) < 8.0
+    assert not second.fidelity and not second.count and second.seed == first.seed + 1
