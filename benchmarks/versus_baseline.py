@@ -67,6 +67,9 @@ PLAIN = {"optimizer": "default", "kernels": "torch", "attention": "default"}
 kernels and attention kernel where the space lists them (else its first choice); always eager
 (``compile: off``)."""
 
+RATIOS = (("ratio", "baseline"), ("ratio_compiled", "compiled"), ("ratio_against", "against"))
+"""Each ratio of the report (tuned / the arm named), by its key."""
+
 COMPILED_MODE = "default"
 """The compiled baseline's ``compile`` setting: torch.compile's default mode."""
 
@@ -209,6 +212,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seeds the interleaving order")
     parser.add_argument("--json", type=Path, help="write every figure here")
     parser.add_argument(
+        "--against",
+        type=Path,
+        help="another best.yaml (an earlier version's recommendation, say), measured as a fourth "
+        "arm in the same interleaving: the ratio tuned / against",
+    )
+    parser.add_argument(
         "--no-compiled",
         action="store_true",
         help="leave out the compiled baseline (a workload that cannot compile)",
@@ -268,6 +277,12 @@ def main(argv: list[str]) -> int:
     named = {"tuned": tuned, "baseline": baseline}
     if not args.no_compiled:
         named["compiled"] = compiled_baseline(baseline)
+    if args.against is not None:
+        earlier = yaml.safe_load(args.against.read_text())["recommended"]
+        if earlier is None:
+            print(f"{args.against}: the study recommended nothing", file=sys.stderr)
+            return 2
+        named["against"] = dict(earlier["config"])
     schedule = interleaved(list(named), args.processes, args.seed)
     results: dict[str, list[TrialResult]] = {name: [] for name in named}
     dropped: dict[str, str] = {}
@@ -332,7 +347,7 @@ def main(argv: list[str]) -> int:
             figures["model_tflops"] = figures["throughput"] * flops / 1e12
             figures["mfu_vs_measured_matmul"] = figures["model_tflops"] / peak
         report[name] = figures
-    for key, against in (("ratio", "baseline"), ("ratio_compiled", "compiled")):
+    for key, against in RATIOS:
         if against in named:
             r = ratio(
                 report["tuned"]["process_means"],
@@ -372,7 +387,7 @@ def main(argv: list[str]) -> int:
         print(line)
     if "compiled" in dropped:
         print(f"compiled  left out: {dropped['compiled']}")
-    for key, against in (("ratio", "baseline"), ("ratio_compiled", "compiled")):
+    for key, against in RATIOS:
         if key in report:
             r = report[key]
             print(

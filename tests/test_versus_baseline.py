@@ -145,6 +145,27 @@ def test_no_compiled_leaves_the_compiled_baseline_out(versus, monkeypatch, tmp_p
     assert report["ratio"]["tuned_over_baseline"] == pytest.approx(3.0, rel=0.02)
 
 
+def test_against_another_recommendation_measures_it_in_the_same_interleaving(
+    versus, monkeypatch, tmp_path, capsys
+):
+    earlier = tmp_path / "earlier.yaml"
+    config = {"batch_size": 16, "micro_batch_size": 4, "precision": "fp32", "streams": 1}
+    earlier.write_text(yaml.safe_dump({"recommended": {"trial": 9, "config": config}}))
+
+    def speeds(config, n):  # the earlier recommendation at 2/3 of the tuned one's speed
+        return (
+            2000.0 * (1.0 + 0.01 * (n % 3 - 1))
+            if config["micro_batch_size"] == 4
+            else _speed(config, n)
+        )
+
+    rc, report, requests = _run(versus, monkeypatch, tmp_path, speeds, ["--against", str(earlier)])
+    assert rc == 0 and report["configs"]["against"] == config
+    assert Counter(name for name in report["schedule"])["against"] == 3
+    assert report["ratio_against"]["tuned_over_against"] == pytest.approx(1.5, rel=0.02)
+    assert "tuned / against throughput: 1.5" in capsys.readouterr().out
+
+
 def test_a_compiled_baseline_that_fails_is_left_out_with_its_reason(versus, monkeypatch, tmp_path):
     def speeds(config, n):
         if config["compile"] == "default":
