@@ -13,15 +13,17 @@ slow one, and which fused kernel wins (flash, memory-efficient, cuDNN) depends o
 shape. So the knob is measured, not assumed; only a model that calls
 ``scaled_dot_product_attention`` is moved by it.
 
-The kernel is set twice, for two reasons:
-
-- around the whole step, every lane's forward and backward (``attention_kernel``, in the calling
-  thread): a recomputed block's forward runs again inside backward, where it must pick the kernel
-  its first pass picked. The setting is the process's, so it is set once around the lanes: set
-  in each lane, the first to finish would restore it under the others;
-- inside the compiled function (``with_attention``): the compiler records the choice in its graph
-  then, so that a graph compiled under one kernel is never taken from the compiler's on-disk cache
-  for another (set only around the call, the cache handed back the flash graph to a math step).
+The kernel is set around the whole step, every lane's forward and backward
+(``attention_kernel``, in the calling thread): a recomputed block's forward runs again inside
+backward, where it must pick the kernel its first pass picked. The setting is the process's, so
+it is set once around the lanes: set in each lane, the first to finish would restore it under the
+others. A compiled step traces under it, so its graph holds the kernel chosen; the compiler's
+on-disk caches do not key on that setting, though (set only around the call, the cache handed
+back the flash graph to a math step), so each kernel compiles into a cache of its own
+(``kernel_cache_dir``). It was set inside the compiled function before, which put the choice in
+the graph's key, but AOTAutograd refuses to cache a graph that calls the setting
+(``_backend_from_string``): every warm compile of a math step then traced forward and backward
+again, about 2 s of its 5-6 s on the 2-core CPU.
 
 The kernels compute the same attention and round differently: the fidelity check compares a
 configuration that sets one with the plain fp32 step.
@@ -30,9 +32,8 @@ configuration that sets one with the plain fp32 step.
 from __future__ import annotations
 
 import contextlib
-import functools
-from collections.abc import Callable
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -41,7 +42,7 @@ __all__ = [
     "HALF_INPUTS_ON_CUDA",
     "attention_kernel",
     "attention_unsupported",
-    "with_attention",
+    "kernel_cache_dir",
 ]
 
 ATTENTION_KERNELS = ("default", "math", "flash", "efficient", "cudnn")
@@ -56,8 +57,6 @@ HALF_INPUTS_ON_CUDA = ("flash", "cudnn")
 """CUDA's kernels that take fp16 and bf16 inputs only (torch's ``sdp_utils.cpp``); the
 memory-efficient kernel and the math decomposition take fp32 as well
 (``search.execution.knobs.attention_precision_unsupported``)."""
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 def attention_unsupported(value: object, device: torch.device) -> str | None:
@@ -92,18 +91,8 @@ def attention_kernel(kernel: str) -> contextlib.AbstractContextManager[Any]:
     return sdpa_kernel([_backend(kernel)])
 
 
-def with_attention(fn: F, kernel: str) -> F:
-    """``fn`` itself for ``default``; else ``fn`` called under ``kernel``, as a function the
-    compiler traces with the choice in its graph (module docstring)."""
-    if kernel == "default":
-        return fn
-    from torch.nn.attention import sdpa_kernel
-
-    backends = [_backend(kernel)]
-
-    @functools.wraps(fn)
-    def under_kernel(*args: Any, **kwargs: Any) -> Any:
-        with sdpa_kernel(backends):
-            return fn(*args, **kwargs)
-
-    return under_kernel  # type: ignore[return-value]
+def kernel_cache_dir(directory: Path, kernel: str) -> Path:
+    """Where a step under ``kernel`` keeps what it compiles, given the device's compiler cache
+    ``directory``: ``directory`` for torch's own pick, a folder of its own for each kernel set
+    (module docstring)."""
+    return directory if kernel == "default" else directory / f"attention-{kernel}"

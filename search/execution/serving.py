@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from search.core.knob_registry import GENERIC_KNOBS, knob_names
-from search.execution.attention import attention_kernel, with_attention
+from search.execution.attention import attention_kernel
 from search.execution.compiling import CompileStats, compiled, warm_up
 from search.execution.fp8 import FP8_PRECISIONS
 from search.execution.knobs import (
@@ -103,7 +103,7 @@ class ServeStep:
         self._previous_matmul_precision = torch.get_float32_matmul_precision()
         self._lanes = lane_threads(knobs.streams)
         self._marks: list[tuple[Mark, list[tuple[Mark, Mark]]]] = []
-        self._eager_forward = with_attention(workload.forward, knobs.attention)
+        self._eager_forward = workload.forward
         self._forward = compiled(self._eager_forward, knobs.compile)
         self.compile_stats: CompileStats | None = None
         """What compiling took (``compile`` on); None when the step runs eagerly."""

@@ -17,7 +17,7 @@ from torch import nn
 
 from search.analysis.run_figures import MICRO_BATCH_PHASE
 from search.core.errors import WorkloadContractError
-from search.execution.attention import attention_kernel, with_attention
+from search.execution.attention import attention_kernel
 from search.execution.compiling import CompileStats, compiled, warm_up
 from search.execution.fp8 import convert_fp8
 from search.execution.kernels import apply_kernels
@@ -69,7 +69,7 @@ class TrainStep:
         self._cuda_streams = [s for s in self._streams if s is not None]
         self._previous_matmul_precision = torch.get_float32_matmul_precision()
         self._lanes = lane_threads(knobs.streams)
-        self._eager_loss = with_attention(workload.loss, knobs.attention)
+        self._eager_loss = workload.loss
         self._loss = compiled(self._eager_loss, knobs.compile)
         self._marks: list[tuple[Mark, Mark]] = []
         """Each micro-batch's start and end since the last ``take_phases``."""

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import os
 from contextlib import nullcontext
+from pathlib import Path
 
 import pytest
 import torch
 import torch._dynamo
+from torch._dynamo.utils import counters
 from torch.profiler import profile
 
 from search.config.prepare import load_space
@@ -21,6 +23,7 @@ from search.execution.attention import (
     ATTENTION_KERNELS,
     attention_kernel,
     attention_unsupported,
+    kernel_cache_dir,
 )
 from search.execution.compiling import use_compile_cache
 from search.execution.fidelity import check_fidelity
@@ -141,30 +144,36 @@ def test_math_computes_the_step_torch_own_pick_computes():
     assert report.loss_rel_error < 1e-5
 
 
-def compiled_runs_flash(kernels: tuple[str, ...]) -> dict[str, bool]:
+def compiled_runs_flash(kernels: tuple[str, ...], cache: Path, own: bool) -> dict[str, bool]:
     """Whether each of ``kernels``' compiled steps runs the CPU's flash kernel, compiled one after
-    the other into one compiler cache."""
+    the other with the compiler's caches under ``cache`` (in a folder of each kernel's own where
+    ``own``, as a trial's worker keeps them)."""
     runs_flash = {}
     for kernel in kernels:
         torch._dynamo.reset()  # as a fresh process: only the on-disk cache is shared
+        use_compile_cache(kernel_cache_dir(cache, kernel) if own else cache)
         knobs = Knobs(batch_size=4, attention=kernel, compile="default")
         # one layer: each compile here is a cold one, and their graphs' size is their cost
         with TrainStep(GPT(**{**TINY, "n_layers": 1}), knobs, CPU) as step:
             runs_flash[kernel] = any("flash" in op for op in attention_ops(step))
+            # the graph is one AOTAutograd can keep: a warm compile need not trace it again
+            assert not counters["aot_autograd"]["autograd_cache_bypass"], kernel
     torch._dynamo.reset()
     return runs_flash
 
 
 def test_a_compiled_step_is_not_handed_another_kernels_graph_from_the_cache(tmp_path, monkeypatch):
-    # an empty cache of this test's own (restored after it): the first compile fills it
+    # empty caches of this test's own (restored after it): the first compile fills them
     for variable in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
         monkeypatch.setenv(variable, os.environ.get(variable, ""))
-    use_compile_cache(tmp_path / "kept")
-    assert compiled_runs_flash(("default", "math")) == {"default": True, "math": False}
-    # the control: with the kernel set only around the call, the cache hands math the graph
-    # compiled above for torch's own pick, which runs flash
-    monkeypatch.setattr(train_step_module, "with_attention", lambda fn, kernel: fn)
-    assert compiled_runs_flash(("math",)) == {"math": True}
+    kept = tmp_path / "kept"
+    assert compiled_runs_flash(("default", "math"), kept, own=True) == {
+        "default": True,
+        "math": False,
+    }
+    # the control: in one cache for both, the cache hands math the graph compiled above for
+    # torch's own pick, which runs flash
+    assert compiled_runs_flash(("math",), kept, own=False) == {"math": True}
 
 
 def test_serving_under_math_generates_what_torch_own_pick_generates():
