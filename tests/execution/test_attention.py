@@ -119,11 +119,22 @@ def test_the_step_runs_the_kernel_it_names(recompute):
 
 
 def test_a_recomputed_forward_runs_the_kernel_its_first_pass_ran(monkeypatch):
-    # the kernel set only inside the loss: backward's recomputed forward picks flash, whose saved
-    # tensors differ from the math pass's, and torch's checkpoint refuses the step
-    monkeypatch.setattr(train_step_module, "attention_kernel", lambda kernel: nullcontext())
+    # the kernel set only around the forward: backward's recomputed forward picks flash, whose
+    # saved tensors differ from the math pass's, and torch's checkpoint refuses the step; set
+    # around the whole step (forward and backward), it runs
     knobs = Knobs(batch_size=4, recompute="all", attention="math")
-    with TrainStep(GPT(**TINY), knobs, CPU) as step, pytest.raises(Exception, match="metadata"):
+    with TrainStep(GPT(**TINY), knobs, CPU) as step:
+        step()
+    monkeypatch.setattr(train_step_module, "attention_kernel", lambda kernel: nullcontext())
+    workload = GPT(**TINY)
+    loss = workload.loss
+
+    def under_math_only(model, batch):
+        with attention_kernel("math"):
+            return loss(model, batch)
+
+    monkeypatch.setattr(workload, "loss", under_math_only)
+    with TrainStep(workload, knobs, CPU) as step, pytest.raises(Exception, match="metadata"):
         step()
 
 
