@@ -28,7 +28,7 @@ from search.reporting.report import (
     write_noise_plot,
 )
 from search.reporting.study_result import StudyResult
-from search.reporting.walls import memory_walls, wall_lines
+from search.reporting.walls import memory_walls, prediction_lines, wall_lines
 from search.revalidation import candidates
 from search.revalidation.pooling import Pooled
 from search.storage.repeat_runs import judged_revalidations
@@ -90,7 +90,7 @@ def finish(ctx: Context, driver: StudyDriver, outcome: StudyOutcome, tracker: Tr
     _print_front(ctx, found)
     regimes = _regime_lines(found.diagnoses, best, ctx.peak.source if ctx.peak else None)
     compiling = compile_lines(final, best, done, floor)
-    walls = wall_lines(memory_walls(history))
+    walls = wall_lines(memory_walls(history)) + prediction_lines(ours)
     for line in regimes + compiling + walls:
         out.print(line, markup=False)
     oracle_text = _print_oracle(ctx, tracker, final, unit, study_dir)

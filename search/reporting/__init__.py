@@ -33,7 +33,7 @@ if TYPE_CHECKING:
         write_noise_plot,
     )
     from search.reporting.study_result import StudyResult
-    from search.reporting.walls import memory_walls, wall_lines
+    from search.reporting.walls import memory_walls, predicted_text, prediction_lines, wall_lines
 
 __all__ = [
     "DESCRIPTION_CHARS",
@@ -48,6 +48,8 @@ __all__ = [
     "oracle_lines",
     "oracle_values",
     "pareto_table",
+    "predicted_text",
+    "prediction_lines",
     "shown_metrics",
     "summary_lines",
     "summary_markdown",
@@ -77,6 +79,6 @@ __getattr__ = lazy_exports(
             "write_noise_plot",
         ],
         "study_result": ["StudyResult"],
-        "walls": ["memory_walls", "wall_lines"],
+        "walls": ["memory_walls", "predicted_text", "prediction_lines", "wall_lines"],
     },
 )

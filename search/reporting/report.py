@@ -35,6 +35,7 @@ from search.core.records import (
     value_text,
 )
 from search.reporting.study_result import StudyResult
+from search.reporting.walls import predicted_text
 from search.space.search_space import SearchSpace
 
 __all__ = [
@@ -141,8 +142,7 @@ def trial_line(
             f"{m['n_windows']:.0f} windows, {m['n_steps']:.0f} steps) "
             f"cv {m['throughput_cv']:.1%}, {figures}, {verdict}"
             + (f", mfu {diagnosis.mfu_text()} {diagnosis.regime}" if diagnosis is not None else "")
-            + _again_text(m)
-            + _compiled_text(m)
+            + "".join(note(m) for note in (_again_text, _compiled_text, predicted_text))
         )
     else:
         body = f"{record.state.upper()}: {record.failure}"

@@ -8,14 +8,17 @@ one above the second will not fit either; lanes hold one micro-batch's activatio
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from search.analysis.memory_model import PREDICTED
 from search.core.records import COMPLETE, FAILED, TrialRecord
 from search.execution.recompute import recompute_setting
 
-__all__ = ["Wall", "memory_walls", "wall_lines"]
+__all__ = ["Wall", "memory_walls", "predicted_text", "prediction_lines", "wall_lines"]
 
 
 @dataclass(frozen=True)
@@ -100,3 +103,32 @@ def _group(record: TrialRecord) -> tuple[str, str | None]:
         str(record.config.get("precision", "")),
         None if recompute is None else recompute_setting(recompute),
     )
+
+
+def predicted_text(metrics: Mapping[str, float]) -> str:
+    """A trial line's peak memory as predicted before it ran, and how far off it was ('' where
+    none was: fewer than two micro-batches of its group measured before)."""
+    predicted, peak = metrics.get(PREDICTED), metrics.get("peak_memory_mb")
+    if predicted is None or not peak:
+        return ""
+    return f", mem predicted {_memory(predicted)} ({(predicted - peak) / peak:+.0%})"
+
+
+def prediction_lines(records: Sequence[TrialRecord]) -> list[str]:
+    """How well the memory model (``search.analysis.memory_model``) predicted this invocation's
+    peaks before they ran: how many, the median and the largest error; none where it predicted
+    none."""
+    errors = {
+        r.number: (r.metrics[PREDICTED] - r.metrics["peak_memory_mb"]) / r.metrics["peak_memory_mb"]
+        for r in records
+        if r.state == COMPLETE and PREDICTED in r.metrics and r.metrics.get("peak_memory_mb")
+    }
+    if not errors:
+        return []
+    worst = max(errors, key=lambda n: abs(errors[n]))
+    median = float(np.median([abs(e) for e in errors.values()]))
+    return [
+        f"memory model: predicted {len(errors)} of {len(records)} trials' peak memory before they "
+        f"ran (from the trials of the same other knobs at two micro-batches or more), off by "
+        f"{median:.0%} (median), at most {errors[worst]:+.0%} (#{worst})"
+    ]

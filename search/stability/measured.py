@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from search.analysis.memory_model import PREDICTED, PeakPrediction
 from search.analysis.noise_floor import NoiseFloor
 from search.analysis.racing import Samples, out_of_reach
 from search.config.compose import redact
@@ -33,6 +34,7 @@ __all__ = [
     "run_tags",
     "second_process",
     "unless_out_of_reach",
+    "with_predicted_peak",
 ]
 
 
@@ -102,6 +104,15 @@ def again_if_compiled(
     if m is None or m.stop_reason == SCREENED or result.compile.get(SECOND_SKIPPED):
         return None
     return run(_again(request))
+
+
+def with_predicted_peak(result: TrialResult, predicted: PeakPrediction | None) -> TrialResult:
+    """``result`` with its peak memory as predicted before it ran (``PREDICTED``), where it
+    completed and read its peak, so that the prediction's error is known for every measured
+    peak; as it is otherwise."""
+    if predicted is None or result.state != COMPLETE or result.peak_memory_mb is None:
+        return result
+    return replace(result, telemetry={**result.telemetry, PREDICTED: predicted.peak_mb})
 
 
 def unless_out_of_reach(request: TrialRequest, result: TrialResult) -> TrialResult:

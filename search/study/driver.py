@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
+from search.analysis.memory_model import MemoryModel
 from search.analysis.noise_floor import NoiseFloor, RunFigures
 from search.analysis.pareto import constraint_values
 from search.analysis.racing import Race, can_race, front_race
@@ -48,6 +49,7 @@ from search.stability.measured import (
     measured_record,
     second_process,
     unless_out_of_reach,
+    with_predicted_peak,
 )
 from search.storage.liveness import Liveness, measuring_here, owner
 from search.storage.machine_runs import keep_machine_run
@@ -311,7 +313,9 @@ class StudyDriver:
         if self.where:
             trial.set_user_attr("measured_on", self.where)
         started = time.monotonic()
-        result = unless_out_of_reach(request, run_isolated(request))
+        predicted = MemoryModel.of(self.history()).predict(config)
+        result = with_predicted_peak(run_isolated(request), predicted)
+        result = unless_out_of_reach(request, result)
         self.phases.first(result, time.monotonic() - started)
         again = again_if_compiled(request, result, self.phases.second(self._repeat))
         second = second_process(again, request.measure.confidence) if again else None

@@ -1,0 +1,103 @@
+"""A configuration's peak memory, predicted from the trials measured so far.
+
+An out-of-memory trial costs a fresh process, a build (and a compile) and tells one bit. Peak
+memory is close to a fixed part (weights, gradients, optimizer state, the runtime) plus a part
+per sample of the micro-batch (activations) for every other setting held: precision, recompute,
+compile mode, lanes, kernels. So the trials of each such group give a line, fitted by least
+squares over their micro-batches, and a configuration of the group is predicted on it before it
+runs. The batch is left out of the group: the gradients it accumulates take the same memory at
+any batch (measured on the ``llm`` CPU preset: batch 16 and 32 at micro-batch 16 peaked 4% apart).
+
+Pure numbers, no torch: the study predicts each trial before it runs and reports the error
+against every measured peak (``search.study.driver``); a guard skips a configuration predicted to
+run out by a clear margin (``search.study.guards``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from search.core.records import COMPLETE, TrialRecord
+
+__all__ = ["PREDICTED", "MemoryModel", "PeakPrediction", "group_key"]
+
+PREDICTED = "peak_memory_predicted_mb"
+"""A trial's figure: its peak memory as the trials before it predicted it, MB."""
+
+_PER_SAMPLE = ("batch_size", "micro_batch_size")
+"""The knobs a group's line is drawn over (the micro-batch) or leaves out (the batch)."""
+
+
+def group_key(config: Mapping[str, Any]) -> str:
+    """The group whose line predicts ``config``: every knob but the batch and the micro-batch."""
+    return repr(sorted((k, str(v)) for k, v in config.items() if k not in _PER_SAMPLE))
+
+
+@dataclass(frozen=True, kw_only=True)
+class PeakPrediction:
+    """A configuration's peak memory as its group's line predicts it."""
+
+    peak_mb: float
+    fixed_mb: float
+    """The line's value at no sample: weights, gradients, optimizer state, the runtime, MB."""
+    per_sample_mb: float
+    """What one more sample of the micro-batch adds, MB."""
+    trials: tuple[int, ...]
+    """The trials the line was fitted to."""
+
+    def text(self) -> str:
+        """How it was predicted, for a trial's line: fixed part, part per sample, trials."""
+        numbers = ", ".join(f"#{n}" for n in self.trials)
+        return (
+            f"{self.peak_mb:,.0f} MB predicted ({self.fixed_mb:,.0f} MB + "
+            f"{self.per_sample_mb:,.1f} MB a sample, from {numbers})"
+        )
+
+
+class MemoryModel:
+    """Lines of peak memory over the micro-batch, one per group of the other knobs, fitted to
+    complete trials."""
+
+    def __init__(self, measured: Iterable[tuple[int, Mapping[str, Any], float]]):
+        """``measured``: each complete trial's number, configuration and peak memory, MB."""
+        self._groups: dict[str, list[tuple[int, float, float]]] = {}
+        for number, config, peak_mb in measured:
+            micro = config.get("micro_batch_size", config.get("batch_size"))
+            if micro is None or not np.isfinite(peak_mb):
+                continue
+            self._groups.setdefault(group_key(config), []).append(
+                (number, float(micro), float(peak_mb))
+            )
+
+    @classmethod
+    def of(cls, history: Sequence[TrialRecord]) -> MemoryModel:
+        """The model of ``history``'s complete trials that read their peak memory."""
+        return cls(
+            (r.number, r.config, r.metrics["peak_memory_mb"])
+            for r in history
+            if r.state == COMPLETE and "peak_memory_mb" in r.metrics
+        )
+
+    def predict(self, config: Mapping[str, Any]) -> PeakPrediction | None:
+        """``config``'s peak memory on its group's line; None where the group has fewer than two
+        micro-batches measured, or its memory does not grow with the micro-batch (a line that
+        falls is noise, not a model)."""
+        points = self._groups.get(group_key(config), [])
+        if len({micro for _, micro, _ in points}) < 2:
+            return None
+        micros = np.array([micro for _, micro, _ in points])
+        peaks = np.array([peak for _, _, peak in points])
+        per_sample, fixed = np.polyfit(micros, peaks, 1)
+        if per_sample <= 0:
+            return None
+        micro = float(config.get("micro_batch_size", config.get("batch_size")))
+        return PeakPrediction(
+            peak_mb=float(fixed + per_sample * micro),
+            fixed_mb=float(fixed),
+            per_sample_mb=float(per_sample),
+            trials=tuple(sorted(number for number, _, _ in points)),
+        )

@@ -1,0 +1,72 @@
+"""A configuration's peak memory predicted from the trials before it: a line over the micro-batch
+for each group of the other knobs, and its error reported against every measured peak."""
+
+from __future__ import annotations
+
+import pytest
+
+from search.analysis.memory_model import PREDICTED, MemoryModel, PeakPrediction
+from search.core.records import COMPLETE, FAILED, TrialRecord
+from search.execution.trial import TrialResult
+from search.reporting.walls import predicted_text, prediction_lines
+from search.stability.measured import with_predicted_peak
+
+BF16 = {"batch_size": 32, "precision": "bf16", "streams": 1, "compile": "default"}
+
+
+def record(number: int, micro: int, peak_mb: float, **knobs) -> TrialRecord:
+    config = {**BF16, "micro_batch_size": micro, **knobs}
+    metrics = {"throughput": 1.0, "peak_memory_mb": peak_mb}
+    return TrialRecord(number=number, config=config, state=COMPLETE, metrics=metrics, stable=True)
+
+
+def test_a_group_s_line_over_its_micro_batches_predicts_a_larger_one():
+    # fixed 100 MB and 4 MB a sample, measured at micro-batches 4 and 8
+    model = MemoryModel.of([record(1, 4, 116.0), record(2, 8, 132.0)])
+    predicted = model.predict({**BF16, "micro_batch_size": 32})
+    assert predicted.peak_mb == pytest.approx(228.0)
+    assert predicted.fixed_mb == pytest.approx(100.0)
+    assert predicted.per_sample_mb == pytest.approx(4.0) and predicted.trials == (1, 2)
+    assert "228 MB predicted (100 MB + 4.0 MB a sample, from #1, #2)" == predicted.text()
+    # another batch of the same group is on the same line: the batch is left out of the group
+    assert model.predict({**BF16, "batch_size": 16, "micro_batch_size": 16}) is not None
+
+
+def test_other_knobs_are_other_groups_and_one_micro_batch_is_no_line():
+    model = MemoryModel.of(
+        [record(1, 4, 116.0), record(2, 8, 132.0), record(3, 4, 200.0, precision="fp32")]
+    )
+    assert model.predict({**BF16, "micro_batch_size": 16, "precision": "fp32"}) is None
+    assert model.predict({**BF16, "micro_batch_size": 16, "streams": 2}) is None
+    assert model.predict({**BF16, "micro_batch_size": 16, "compile": "off"}) is None
+
+
+def test_a_line_that_falls_is_noise_not_a_model_and_failed_trials_do_not_count():
+    config = {**BF16, "micro_batch_size": 16}
+    failed = TrialRecord(number=3, config=config, state=FAILED, metrics={}, stable=False)
+    falling = MemoryModel.of([record(1, 4, 140.0), record(2, 8, 132.0), failed])
+    assert falling.predict({**BF16, "micro_batch_size": 16}) is None
+
+
+def test_a_completed_trial_keeps_its_prediction_and_the_summary_gives_the_error():
+    predicted = PeakPrediction(peak_mb=110.0, fixed_mb=50.0, per_sample_mb=5.0, trials=(1, 2))
+    done = with_predicted_peak(TrialResult(state=COMPLETE, peak_memory_mb=100.0), predicted)
+    assert done.telemetry[PREDICTED] == 110.0
+    failed = TrialResult(state=FAILED, failure="oom: out of memory")
+    assert with_predicted_peak(failed, predicted) is failed
+    assert with_predicted_peak(done, None).telemetry == done.telemetry
+    assert predicted_text({"peak_memory_mb": 100.0, PREDICTED: 110.0}) == (
+        ", mem predicted 110 MB (+10%)"
+    )
+    assert predicted_text({"peak_memory_mb": 100.0}) == ""
+    records = [
+        record(4, 16, 100.0),
+        record(5, 32, 200.0),
+        record(6, 8, 50.0),
+    ]
+    records[0].metrics[PREDICTED] = 110.0
+    records[1].metrics[PREDICTED] = 170.0
+    (line,) = prediction_lines(records)
+    assert "predicted 2 of 3 trials' peak memory" in line
+    assert "off by 12% (median), at most -15% (#5)" in line
+    assert prediction_lines(records[2:]) == []
