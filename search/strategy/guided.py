@@ -133,11 +133,15 @@ class GuidedSampler(BaseSampler):
 
 
 def seen_of(
-    trials: Sequence[FrozenTrial], ran_out: Sequence[FrozenTrial], space: SearchSpace
+    trials: Sequence[FrozenTrial],
+    ran_out: Sequence[FrozenTrial],
+    space: SearchSpace,
+    predicted_out: Sequence[Mapping[str, Any]] = (),
 ) -> list[Seen]:
     """What the strategy reads of the study: every measured trial (``guards.KnownOutcomes``:
-    ``trials`` complete or infeasible, and this invocation's failures) and those that ran out of
-    memory under this invocation's limit (``ran_out``)."""
+    ``trials`` complete or infeasible, and this invocation's failures), those that ran out of
+    memory under this invocation's limit (``ran_out``), and the configurations the memory model
+    predicted to run out (``predicted_out``), read as out of memory too."""
     metrics = {"throughput", *(o.metric for o in space.objectives)}
     seen = []
     for t in trials:
@@ -151,7 +155,8 @@ def seen_of(
             seen.append(Seen(attrs["config"], FIDELITY, {}))
         else:
             seen.append(Seen(attrs["config"], FAILED, {}))
-    return seen + [Seen(t.user_attrs["config"], OOM, {}) for t in ran_out]
+    oom = [t.user_attrs["config"] for t in ran_out] + list(predicted_out)
+    return seen + [Seen(config, OOM, {}) for config in oom]
 
 
 def _figures(attrs: Mapping[str, Any], metrics: set[str]) -> dict[str, float]:

@@ -62,7 +62,7 @@ from search.storage.trial_store import (
     study_history,
     tell_failed,
 )
-from search.strategy.guided import HANDED_OVER, WHY, GuidedSampler, seen_of
+from search.strategy.guided import HANDED_OVER, WHY, GuidedSampler
 from search.strategy.samplers import GUIDED, SAMPLERS, optuna_names, suggest
 from search.study.driver_inputs import Bench, DriverCallbacks, control_run, repeat_run
 from search.study.guards import KnownOutcomes, Proposal, Ruling, guards
@@ -425,7 +425,7 @@ class StudyDriver:
             self.study.sampler = GuidedSampler(
                 self.space,
                 self.names,
-                lambda: seen_of(list(self.known.reusable.values()), self.known.ran_out, self.space),
+                self.known.seen,
                 SAMPLERS["tpe"](seed),
                 self.settings.slo,
             )

@@ -27,11 +27,13 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from search.analysis.memory_model import MemoryModel
 from search.core.records import COMPLETE, FAILED, INFEASIBLE, fault_kind
 from search.space.search_space import SearchSpace
 from search.storage.liveness import duplicate_retry
 from search.storage.trial_store import OUTCOME_ATTRS, named_constraints, over_limit, own_trials
-from search.strategy.book import config_key
+from search.strategy.book import Seen, config_key
+from search.strategy.guided import seen_of
 
 __all__ = [
     "CertainOom",
@@ -91,6 +93,8 @@ class KnownOutcomes:
     """This invocation's limit: only an OOM under a limit at least as tight teaches anything."""
     reusable: dict[str, FrozenTrial] = field(default_factory=dict)
     ran_out: list[FrozenTrial] = field(default_factory=list)
+    predicted_out: list[Mapping[str, Any]] = field(default_factory=list)
+    """Configurations not run in this invocation: predicted to run out (``PredictedOom``)."""
 
     @classmethod
     def load(
@@ -145,6 +149,19 @@ class KnownOutcomes:
         if ours is None:
             return theirs is None
         return theirs is None or ours <= theirs
+
+    def seen(self) -> list[Seen]:
+        """What the expert's order reads of the outcomes known (``seen_of``)."""
+        return seen_of(list(self.reusable.values()), self.ran_out, self.space, self.predicted_out)
+
+    def memory_model(self) -> MemoryModel:
+        """The memory model of the complete trials known (``search.analysis.memory_model``)."""
+        return MemoryModel(
+            (t.number, t.user_attrs["config"], t.user_attrs["metrics"]["peak_memory_mb"])
+            for t in self.reusable.values()
+            if t.user_attrs["state"] == COMPLETE
+            and "peak_memory_mb" in t.user_attrs.get("metrics", {})
+        )
 
     def certain_oom(self, config: Mapping[str, Any]) -> FrozenTrial | None:
         return next(
@@ -207,6 +224,37 @@ class CertainOom:
             proposal.config,
             f"certain to run out of memory, as trial "
             f"#{ran_out.number} ({grows}, the other knobs equal) did",
+        )
+
+
+PREDICTION_MARGIN = 0.15
+"""How far over the memory limit a predicted peak must be for ``PredictedOom`` to skip it: the
+memory model's error goal on the CPU presets (docs/guide/memory-wall.md)."""
+
+
+@dataclass(frozen=True)
+class PredictedOom:
+    """A configuration the memory model predicts to need more than ``runner.memory_limit_mb`` by
+    more than its margin (``PREDICTION_MARGIN``) is not run: an out-of-memory trial costs a
+    fresh process and tells one bit. The order reads it as out of memory (``predicted_out``)."""
+
+    known: KnownOutcomes
+
+    def __call__(self, proposal: Proposal) -> Ruling | None:
+        limit_mb = self.known.memory_limit_mb
+        if limit_mb is None:
+            return None
+        predicted = self.known.memory_model().predict(proposal.config)
+        if predicted is None or predicted.peak_mb <= limit_mb * (1 + PREDICTION_MARGIN):
+            return None
+        if proposal.config not in self.known.predicted_out:
+            self.known.predicted_out.append(dict(proposal.config))
+        return _not_run(
+            "skipped_oom",
+            proposal.config,
+            f"predicted to run out of memory: {predicted.text()}, "
+            f"{predicted.peak_mb / limit_mb - 1:.0%} over runner.memory_limit_mb = "
+            f"{limit_mb:g} MB (more than the model's margin of {PREDICTION_MARGIN:.0%})",
         )
 
 
@@ -286,5 +334,6 @@ def guards(study: optuna.Study, space: SearchSpace, known: KnownOutcomes) -> lis
         Constraints(space),
         CertainOom(known),
         Reuse(known),
+        PredictedOom(known),
         InFlight(study, known.fingerprint),
     ]

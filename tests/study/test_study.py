@@ -1032,3 +1032,56 @@ def test_a_workload_fault_stops_at_one_trial_or_two_configurations_where_its_own
     assert "breaks its contract: loss ..." in workload_fault([breach], own)
     mine = infeasible(3, {"batch_size": 4}, failure="error: ContractError: a user's own class")
     assert workload_fault([mine], levers) == ""
+
+
+def stored_peak(study, micro, peak_mb):
+    """A complete trial of micro-batch ``micro`` that peaked at ``peak_mb``."""
+    metrics = {
+        "throughput": 1000.0,
+        "throughput_ci_low": 990.0,
+        "throughput_ci_high": 1010.0,
+        "n_windows": 10,
+        "n_steps": 30,
+    }
+    study.add_trial(
+        create_trial(
+            params={"micro_batch_size": micro},
+            distributions={"micro_batch_size": CategoricalDistribution([1, 2, 4])},
+            values=[1000.0],
+            user_attrs={
+                "config": {"batch_size": 4, "micro_batch_size": micro},
+                "fingerprint": FINGERPRINT,
+                "state": "complete",
+                "metrics": {**metrics, "throughput_cv": 0.02, "peak_memory_mb": peak_mb},
+                "unit": "tokens",
+            },
+        )
+    )
+
+
+@pytest.mark.parametrize("limit_mb, skipped", [(115, True), (130, False)])
+def test_a_configuration_predicted_past_the_limit_by_the_model_s_margin_is_not_run(
+    limit_mb, skipped
+):
+    # 100 MB and 10 MB a sample: micro-batch 4 is predicted at 140 MB
+    study = new_study()
+    stored_peak(study, 1, 110.0)
+    stored_peak(study, 2, 120.0)
+    measured = []
+    space = make_space(micro_choices=(1, 2, 4))
+    d = driver(study, space, cfg(n_trials=1, memory_limit_mb=limit_mb), measured)
+    outcome = d.run()
+    four = {"batch_size": 4, "micro_batch_size": 4}
+    if not skipped:  # 140 MB is within 15% of 130: the model is not that sure
+        assert measured == [four] and d.known.predicted_out == []
+        return
+    # asked again, it is skipped again until nothing else is open
+    assert measured == [] and outcome.skipped_oom >= 1 and d.known.predicted_out == [four]
+    told = {t.user_attrs["failure"] for t in study.trials if t.state == TrialState.PRUNED}
+    assert told == {
+        "not run: predicted to run out of memory: 140 MB predicted (100 MB + 10.0 MB a sample, "
+        "from #0, #1), 22% over runner.memory_limit_mb = 115 MB (more than the model's margin "
+        "of 15%)"
+    }
+    # the order reads it as out of memory, as it does a trial that ran out
+    assert any(s.config == four and s.outcome == "oom" for s in d.known.seen())
