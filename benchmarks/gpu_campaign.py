@@ -17,6 +17,9 @@ window takes up what is not yet recorded (``--again`` measures them anew). The s
 - ``llm``: the default ``python -m search +space=llm``, whole (``--cap-study-s`` caps its search
   where a device call is shorter than the run);
 - ``llama``: ``+space=llama``, capped (``study.timeout_s``);
+- ``llama_default``: the whole default ``+space=llama`` run (every default, as a user types it),
+  in a study of its own (``llama_default-cuda``); ``llama_default_versus`` sets its
+  recommendation beside the first guess, eager and compiled;
 - ``llm_versus``, ``llama_versus``: ``benchmarks/versus_baseline.py``, the study's recommendation
   against the expert's hand baseline, eager and compiled, side by side in fresh processes (both
   ratios); ``llama_versus_eager``: the eager baseline alone, where a window has too little left;
@@ -197,6 +200,17 @@ STEPS = (
         240,
         _versus("llama", "llama-cuda", report="llama_versus_eager", flags=("--no-compiled",)),
         needs="llama",
+    ),
+    # the whole default llama run, every default (no cap of its own), in a study of its own, then
+    # set beside the first guess eager and compiled: issue "every lever within ten minutes"
+    Step(
+        "llama_default",
+        600,
+        _search("+space=llama", "study.name=llama_default-cuda"),
+        study="llama_default-cuda",
+    ),
+    Step(
+        "llama_default_versus", 420, _versus("llama", "llama_default-cuda"), needs="llama_default"
     ),
     Step("pytest_gpu", 240, lambda runs: [sys.executable, "-m", "pytest", "-q", "-m", "gpu"]),
     Step(

@@ -257,6 +257,13 @@ def test_the_campaign_compares_with_both_baselines_and_studies_the_gpu_levers(
     assert names[-5:-2] == ["llama_levers", "llama_levers_versus", "llama_fp8"], "after the rest"
     versus = steps["llama_versus"].argv(tmp_path)
     assert "--no-compiled" not in versus and "--processes" in versus
+    # the whole default llama run, in a study of its own, then beside both first guesses
+    default = steps["llama_default"].argv(tmp_path)
+    assert "study.name=llama_default-cuda" in default
+    assert not any(a.startswith(("study.timeout_s", "revalidate.", "retune.")) for a in default)
+    beside = steps["llama_default_versus"]
+    assert beside.needs == "llama_default" and "--no-compiled" not in beside.argv(tmp_path)
+    assert str(tmp_path / "llama_default-cuda" / "best.yaml") in beside.argv(tmp_path)
     levers = steps["llama_levers"]
     argv = levers.argv(tmp_path)
     # held at the wall, so that a window's budget goes to the levers, and ending in one window
