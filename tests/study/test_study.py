@@ -1061,8 +1061,12 @@ def stored_peak(study, micro, peak_mb):
 
 @pytest.mark.parametrize("limit_mb, skipped", [(115, True), (130, False)])
 def test_a_configuration_predicted_past_the_limit_by_the_model_s_margin_is_not_run(
-    limit_mb, skipped
+    limit_mb, skipped, monkeypatch
 ):
+    from search.study import driver as driver_module
+
+    # the random sampler proposes micro-batch 4 again and again: fewer repeats end the space
+    monkeypatch.setattr(driver_module, "MAX_REPEATS", 5)
     # 100 MB and 10 MB a sample: micro-batch 4 is predicted at 140 MB
     study = new_study()
     stored_peak(study, 1, 110.0)
