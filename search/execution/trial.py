@@ -90,6 +90,10 @@ class TrialResult:
     compile: Mapping[str, float] = field(default_factory=dict)
     """What compiling the step took (``compile_time_s``, graphs, breaks, recompiles, whether the
     cache was warm: ``search.execution.compiling.CompileStats``); empty when it ran eagerly."""
+    measured_at: float | None = None
+    """When the timed windows ended, s since the epoch (the noise floor's clock): the time the
+    trial's figures are of, stamped in the worker, before its fidelity check and before any
+    second process; None where nothing was measured."""
     phases_s: Mapping[str, float] = field(default_factory=dict)
     """The worker's wall time by phase (``search.execution.phases.PHASE_LABELS``: build, compile,
     fidelity check, warm-up, timed windows, ...), s; their sum is ``duration_s``. Empty where

@@ -124,6 +124,8 @@ class _Measured:
     """What the timed windows of one step gave, before the fidelity check."""
 
     measurement: Measurement
+    measured_at: float
+    """When the timed windows ended, s since the epoch."""
     peak_mb: float | None
     """Peak memory the step added (``MemoryProbe``), MB."""
     work: dict[str, float]
@@ -163,6 +165,7 @@ def _measure(
                 measurement = measure(
                     step, step.items_per_step, request.measure, timer, phases, screen
                 )
+            measured_at = time.time()
             clock.add("warmup", measurement.warmup_s)
             clock.add("windows", measurement.elapsed_s - measurement.warmup_s)
             peak_mb = probe.peak_mb()
@@ -178,6 +181,7 @@ def _measure(
             host |= _probed(device, request)
     return _Measured(
         measurement=measurement,
+        measured_at=measured_at,
         peak_mb=peak_mb,
         work=work,
         windows=timer.windows,
@@ -242,6 +246,7 @@ def _checked(
         failure=failure,
         unit=workload.unit,
         duration_s=clock.elapsed_s(),
+        measured_at=measured.measured_at,
         telemetry=readings,
         throttle_reasons=throttles,
         fidelity=errors,

@@ -167,7 +167,7 @@ def second_process(again: TrialResult, confidence: float, why: str = "") -> dict
         **({"why": why} if why else {}),
         "state": COMPLETE if complete else again.state,
         "failure": redact(again.failure) if not complete else "",
-        "time_s": time.time(),
+        "time_s": again.measured_at or time.time(),
         "metrics": trial_metrics(again, confidence) if complete else {},
     }
 
@@ -184,7 +184,8 @@ def measured_record(
     """Trial ``number``, measured just now and judged as ``judging`` says, on its
     ``second_process`` too where it had one."""
     settings = judging.settings
-    measured_at = time.time()
+    # when its windows ended, not now: a compiled trial's second process has run since
+    measured_at = result.measured_at or time.time()
     stored = trial_metrics(result, settings.measure.confidence)
     metrics, stable, reason = stored, False, ""
     if result.state == COMPLETE:

@@ -36,7 +36,11 @@ def test_complete_trial_has_a_measurement_with_an_interval():
 
 
 def test_the_worker_s_phases_add_up_to_its_wall_time_and_the_windows_are_the_measured_ones():
+    before = time.time()
     result = run_trial(request(TINY_GPT, precision="bf16", micro_batch_size=2))
+    # stamped when its windows ended: before the work count and the fidelity check that follow
+    after_windows = time.time() - result.phases_s["fidelity"] - result.phases_s["count"]
+    assert before < result.measured_at <= after_windows
     assert result.state == COMPLETE, result.failure
     phases, m = result.phases_s, result.measurement
     assert sum(phases.values()) == pytest.approx(result.duration_s, rel=1e-3)

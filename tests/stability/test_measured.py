@@ -282,3 +282,20 @@ def test_a_compiled_trial_s_second_process_is_measured_on_a_repeat_run_s_budget(
     # as re-validation and the control runs measure a configuration again: revalidate.max_time_s
     assert second.measure.max_time_s == min(8.0, SETTINGS.revalidate.max_time_s) < 8.0
     assert not second.fidelity and not second.count and second.seed == first.seed + 1
+
+
+def test_a_trial_is_stamped_when_its_windows_ended_not_after_its_second_process():
+    # the first process's windows ended at 1000 s, the second's at 1050 s: the drift level and
+    # the nearest control runs of each are read at its own time
+    first = replace(result(100.0), measured_at=1000.0)
+    again = replace(result(104.0, compile_s=2.5), measured_at=1050.0)
+    measured = measured_record(
+        3,
+        CONFIG,
+        first,
+        judging=Judging(SETTINGS, ["throughput"], lambda: floor(0.02), ""),
+        why="",
+        second=second_process(again, 0.95),
+    )
+    assert measured.record.time_s == 1000.0
+    assert measured.second_process["time_s"] == 1050.0
