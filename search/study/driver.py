@@ -308,12 +308,13 @@ class StudyDriver:
 
     def _measure(self, trial: Trial, config: dict[str, Any]) -> bool:
         """Measure and tell ``trial``; False when another process had already failed it as stale."""
-        request = replace(self.request(config), race=self._race())
+        history = self.history()  # read once: the race and the memory model both take it
+        request = replace(self.request(config), race=self._race(history))
         self._check_shared_cpu(request.device)
         if self.where:
             trial.set_user_attr("measured_on", self.where)
         started = time.monotonic()
-        predicted = MemoryModel.of(self.history()).predict(config)
+        predicted = MemoryModel.of(history).predict(config)
         result = with_predicted_peak(run_isolated(request), predicted)
         result = unless_out_of_reach(request, result)
         self.phases.first(result, time.monotonic() - started)
@@ -380,7 +381,7 @@ class StudyDriver:
             self.outcome.lost_to_recovery.append(trial.number)
             return None
 
-    def _race(self) -> Race | None:
+    def _race(self, history: list[TrialRecord]) -> Race | None:
         """The front a new configuration races against (``search.analysis.racing``), from the stable
         configurations measured so far and the noise floor as it stands; None where racing is
         off or an objective cannot be bounded mid-measurement."""
@@ -388,7 +389,7 @@ class StudyDriver:
         if not self.settings.measure.race or not can_race(objectives):
             return None
         confidence = self.settings.measure.confidence
-        return front_race(objectives, self.history(), self.floor(), confidence, self.where)
+        return front_race(objectives, history, self.floor(), confidence, self.where)
 
     def _why(self, trial: Trial) -> str:
         """Why ``trial``'s configuration was proposed: the guided sampler's reason or what queued
