@@ -14,6 +14,7 @@ that; ``take_phases`` reads them once the device is synchronised (after each tim
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -24,6 +25,7 @@ from search.core.knob_registry import GENERIC_KNOBS, knob_names
 from search.execution.attention import attention_kernel
 from search.execution.compiling import CompileStats, compiled, warm_up
 from search.execution.fp8 import FP8_PRECISIONS
+from search.execution.held import module_tensors, tensors_in
 from search.execution.knobs import (
     AUTOCAST_DTYPES,
     MATMUL_PRECISIONS,
@@ -119,6 +121,12 @@ class ServeStep:
             self.close()  # no `with` block will: the constructor did not return
             raise
         self._marks.clear()
+
+    def held_tensors(self) -> Iterator[torch.Tensor]:
+        """Every tensor the step keeps between steps: the model's and the prompts
+        (``search.execution.held``)."""
+        yield from module_tensors(self.model)
+        yield from tensors_in(self._lane_prompts)
 
     def __call__(self) -> None:
         """Serve the batch once. On CUDA it does not synchronize, so the caller can time it."""

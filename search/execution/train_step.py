@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import reprlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -20,6 +21,7 @@ from search.core.errors import WorkloadContractError
 from search.execution.attention import attention_kernel
 from search.execution.compiling import CompileStats, compiled, warm_up
 from search.execution.fp8 import convert_fp8
+from search.execution.held import module_tensors, tensors_in
 from search.execution.kernels import apply_kernels
 from search.execution.knobs import (
     AUTOCAST_DTYPES,
@@ -108,6 +110,13 @@ class TrainStep:
             if p.grad is not None
         }
         return float(torch.stack(losses).sum()), grads
+
+    def held_tensors(self) -> Iterator[torch.Tensor]:
+        """Every tensor the step keeps between steps: the model's, its gradients, the optimizer's
+        state and the micro-batches (``search.execution.held``)."""
+        yield from module_tensors(self.model)
+        yield from tensors_in(list(self._optimizer.state.values()))
+        yield from tensors_in(self._lane_batches)
 
     def take_phases(self) -> dict[str, list[float]]:
         """Each micro-batch's time (forward and backward), ms, for the steps since the last take

@@ -29,6 +29,7 @@ from search.execution.attention import kernel_cache_dir
 from search.execution.compiling import read_stats, use_compile_cache
 from search.execution.faults import MemoryLimit, OnExceeded, classify, over_memory_limit
 from search.execution.fidelity import changes_numerics, check_fidelity
+from search.execution.held import storage_bytes
 from search.execution.host_figures import host_busy, probe_metrics
 from search.execution.knobs import Knobs
 from search.execution.phases import PhaseClock
@@ -159,7 +160,7 @@ def _measure(
         with step:
             if step.compile_stats is not None:  # the step compiled as it was built
                 clock.move("build", "compile", step.compile_stats.first_pass_s)
-            phases = step.take_phases
+            phases = _settling_after_warmup(step, probe, device)
             screen = _screen(request.race, probe, getattr(step, "items_per_request", None))
             with host_busy() as busy:
                 measurement = measure(
@@ -190,6 +191,23 @@ def _measure(
         compile=compiling,
         host=host,
     )
+
+
+def _settling_after_warmup(step: TrainStep | ServeStep, probe: MemoryProbe, device: torch.device):
+    """The step's ``take_phases``, which the protocol first calls as the warm-up ends: then the
+    memory probe settles (``MemoryProbe.settle``), so the peak is the settled step's, the same
+    for an eager step and a compiled one, whose first pass, its compiler and whatever the
+    runtime sets up once (thread pools, kernel caches) ran before."""
+    settled = False
+
+    def take_phases() -> dict[str, list[float]]:
+        nonlocal settled
+        if not settled:
+            probe.settle(storage_bytes(step.held_tensors(), device))
+            settled = True
+        return step.take_phases()
+
+    return take_phases
 
 
 def _probed(device: torch.device, request: TrialRequest) -> dict[str, float]:

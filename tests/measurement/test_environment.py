@@ -44,3 +44,16 @@ def test_memory_probe_sees_an_allocation_on_cpu():
     peak = probe.peak_mb()
     del block
     assert peak is not None and peak >= 45
+
+
+def test_a_settled_probe_counts_the_held_bytes_and_what_comes_after_not_what_came_before():
+    probe = MemoryProbe(CPU)
+    probe.start()
+    building = torch.ones(200_000_000 // 4)  # 200 MB that building used and gave back
+    del building
+    probe.settle(held_bytes=10_000_000)
+    block = torch.ones(50_000_000 // 4)  # 50 MB, touched
+    peak = probe.peak_mb()
+    del block
+    # 10 MB held and 50 MB after; before the settle, the 200 MB would count
+    assert peak is not None and 55 <= peak <= 120
