@@ -62,7 +62,13 @@ def counting() -> Iterator[None]:
 
 
 def is_counting() -> bool:
-    """Whether a step's work is being counted (``counting``): run everything in this thread."""
+    """Whether a step's work is being counted (``counting``): run everything in this thread.
+
+    Never inside compiled code: a counted step runs its eager function, and dynamo cannot trace
+    a ``ContextVar`` read (a graph break at each recomputed part: 9 a step on the llama CPU
+    preset, which refused it as a break storm)."""
+    if torch.compiler.is_compiling():
+        return False
     return _COUNTING.get()
 
 

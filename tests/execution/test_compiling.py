@@ -13,6 +13,7 @@ from dataclasses import replace
 import pytest
 import torch
 import torch._dynamo
+from torch import nn
 from trial_workloads import BreaksEverywhere, MiscompiledSmall, Small, request, target
 
 from search.core.errors import KnobError
@@ -21,6 +22,7 @@ from search.execution import isolation
 from search.execution.fidelity import check_fidelity
 from search.execution.isolation import run_isolated
 from search.execution.knobs import Knobs, unsupported_reason
+from search.execution.recompute import apply_recompute
 from search.execution.train_step import TrainStep
 from search.execution.worker import run_trial
 
@@ -120,3 +122,26 @@ def test_a_missing_cpp_compiler_is_found_before_anything_is_traced():
     finally:
         cpp_builder.cpp_compiler_search.cache_clear()  # the real compiler for the tests after
     assert not ran, "the step never ran"
+
+
+class Blocks(Small):
+    def build_model(self):
+        return nn.Sequential(*(nn.Sequential(nn.Linear(8, 8), nn.GELU()) for _ in range(3)))
+
+    def recompute_modules(self, model):
+        return list(model)
+
+    def loss(self, model, batch):
+        x, _ = batch
+        return model(x).square().mean()
+
+
+def test_a_recomputed_step_traces_as_one_graph():
+    """Recompute asks whether the step's work is being counted; the compiler must see through
+    that question, or each recomputed block breaks the graph (a llama step broke 9 times)."""
+    workload = Blocks()
+    model = workload.build_model()
+    apply_recompute(workload, model, "all")
+    batch = workload.make_batch(4, torch.Generator().manual_seed(0))
+    explained = torch._dynamo.explain(workload.loss)(model, batch)
+    assert explained.graph_break_count == 0, [b.reason for b in explained.break_reasons]
