@@ -17,11 +17,12 @@ import torch
 
 from search.core.records import FAILED
 from search.execution.trial import TrialResult
-from search.measurement.environment import rss_bytes
+from search.measurement.environment import MemoryProbe
 
 __all__ = [
     "MEMORY_POLL_S",
     "MemoryLimit",
+    "UNSETTLED_CAP",
     "OnExceeded",
     "classify",
     "is_out_of_memory",
@@ -30,6 +31,12 @@ __all__ = [
 
 MEMORY_POLL_S = 0.02
 """How often the CPU memory watchdog reads the worker's resident set (only with a memory limit)."""
+
+UNSETTLED_CAP = (2.0, 256.0)
+"""The CPU watchdog's cap before the step settles, as (times the limit, plus MB): until then the
+process's growth holds what the runtime sets up on first use and what the compiler keeps (the
+llama CPU preset's first eager steps: about 100 MB, against 20 MB of its settled peak), which the
+peak figure and its limit leave out (``MemoryProbe``). The cap only stops a runaway trial."""
 
 OnExceeded = Callable[[TrialResult], None]
 """Called with the ``oom`` result when the resident set crosses the limit; it must end the
@@ -79,7 +86,10 @@ class MemoryLimit:
         limit_mb: float | None,
         on_exceeded: OnExceeded | None,
         started: float,
+        probe: MemoryProbe,
     ):
+        """``probe``: the trial's memory probe; on a CPU the watchdog reads what it counts."""
+        self.probe = probe
         if (
             device.type == "cuda" and device.index is None
         ):  # the allocator's fraction needs an index
@@ -93,7 +103,7 @@ class MemoryLimit:
             torch.cuda.set_per_process_memory_fraction(min(fraction, 1.0), device)
             self.capped = True
         elif on_exceeded is not None:
-            self.watchdog = _MemoryWatchdog(limit_mb, on_exceeded, started)
+            self.watchdog = _MemoryWatchdog(limit_mb, on_exceeded, started, probe)
 
     def release(self) -> None:
         if self.watchdog is not None:
@@ -105,33 +115,44 @@ class MemoryLimit:
 
 
 class _MemoryWatchdog:
-    """Polls this process's resident set; over ``baseline + limit`` it hands ``on_exceeded`` an
-    ``oom`` result. Polling can miss a spike shorter than ``MEMORY_POLL_S``: the trial's peak is
-    checked against the limit again when it ends."""
+    """Polls what the trial's memory probe counts; over the limit (before the step settles, over
+    ``UNSETTLED_CAP``) it hands ``on_exceeded`` an ``oom`` result. Polling can miss a spike
+    shorter than ``MEMORY_POLL_S``: the trial's peak is checked against the limit again when it
+    ends."""
 
-    def __init__(self, limit_mb: float, on_exceeded: OnExceeded, started: float):
+    def __init__(
+        self, limit_mb: float, on_exceeded: OnExceeded, started: float, probe: MemoryProbe
+    ):
         self.limit_mb, self.on_exceeded, self.started = limit_mb, on_exceeded, started
-        self.baseline_bytes = rss_bytes() or 0
+        self.probe = probe
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="memory-watchdog", daemon=True)
         self._thread.start()
 
     def _watch(self) -> None:
+        times, plus_mb = UNSETTLED_CAP
         while not self._stop.wait(MEMORY_POLL_S):
-            used_mb = ((rss_bytes() or 0) - self.baseline_bytes) / 1e6
-            if used_mb > self.limit_mb:
-                self.on_exceeded(
-                    TrialResult(
-                        state=FAILED,
-                        peak_memory_mb=used_mb,
-                        duration_s=time.perf_counter() - self.started,
-                        failure=(
-                            f"oom: host memory {used_mb:.0f} MB is above "
-                            f"runner.memory_limit_mb = {self.limit_mb:g} MB"
-                        ),
-                    )
-                )
+            used_mb = self.probe.in_use_mb() or 0.0
+            settled = self.probe.settled
+            cap_mb = self.limit_mb if settled else times * self.limit_mb + plus_mb
+            if used_mb > cap_mb:
+                self.on_exceeded(self._oom(used_mb, settled, cap_mb))
                 return
+
+    def _oom(self, used_mb: float, settled: bool, cap_mb: float) -> TrialResult:
+        limit = f"runner.memory_limit_mb = {self.limit_mb:g} MB"
+        said = (
+            f"above {limit}"
+            if settled
+            else f"before the step settled, above {cap_mb:g} MB (the cap then: {limit}, "
+            "doubled, plus what the runtime and the compiler take)"
+        )
+        return TrialResult(
+            state=FAILED,
+            peak_memory_mb=used_mb,
+            duration_s=time.perf_counter() - self.started,
+            failure=f"oom: host memory {used_mb:.0f} MB is {said}",
+        )
 
     def stop(self) -> None:
         self._stop.set()

@@ -60,6 +60,9 @@ class MemoryProbe:
     def __init__(self, device: torch.device):
         self.device = device
         self._baseline_bytes = 0
+        self.settled = False
+        """Whether ``settle`` has counted the step's tensors (CPU): until then what the process
+        grows by counts whole, the runtime's and the compiler's too."""
 
     def start(self) -> None:
         if self.device.type == "cuda":
@@ -87,6 +90,13 @@ class MemoryProbe:
         except OSError:
             return  # then the peak since ``start`` is kept: an upper bound
         self._baseline_bytes = (_status_kb("VmRSS") or 0) * 1024 - held_bytes
+        self.settled = True
+
+    def in_use_mb(self) -> float | None:
+        """CPU: the resident set now above the baseline (the peak's measure, read now), MB; None
+        where it cannot be read."""
+        rss = rss_bytes()
+        return None if rss is None else (rss - self._baseline_bytes) / 1e6
 
     def peak_mb(self) -> float | None:
         """The peak since ``start`` above the baseline, or None where it cannot be read."""

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
 from search.core.records import fault_kind
-from search.execution.faults import classify
+from search.execution.faults import UNSETTLED_CAP, MemoryLimit, classify
+from search.measurement.environment import MemoryProbe
 
 
 @pytest.mark.parametrize(
@@ -37,3 +40,30 @@ def test_a_real_cpu_allocation_failure_is_oom():
         assert classify(e).startswith("oom: ")
     else:
         pytest.fail("allocating 4 EiB succeeded")
+
+
+def _watch(limit_mb: float, settle: bool, hog_mb: int) -> list:
+    """What a CPU watchdog over ``limit_mb`` reported while ``hog_mb`` were held for 0.2 s,
+    before or after the probe settled."""
+    probe = MemoryProbe(torch.device("cpu"))
+    probe.start()
+    if settle:
+        probe.settle(held_bytes=0)
+    seen: list = []
+    limit = MemoryLimit(torch.device("cpu"), limit_mb, seen.append, time.perf_counter(), probe)
+    try:
+        hog = torch.ones(hog_mb * 250_000)  # touched: resident
+        time.sleep(0.2)
+        del hog
+    finally:
+        limit.release()
+    return seen
+
+
+def test_the_cpu_limit_holds_the_settled_step_to_it_and_before_only_stops_a_runaway():
+    (settled,) = _watch(100, settle=True, hog_mb=150)
+    assert settled.failure.endswith("is above runner.memory_limit_mb = 100 MB")
+    assert _watch(100, settle=False, hog_mb=150) == []  # what the runtime and compiler take
+    times, plus_mb = UNSETTLED_CAP
+    (runaway,) = _watch(100, settle=False, hog_mb=int(times * 100 + plus_mb) + 100)
+    assert "before the step settled" in runaway.failure

@@ -11,7 +11,7 @@ from torch import nn
 
 from search.execution.trial import TrialRequest
 from search.measurement.protocol import MeasureSettings
-from search.workloads import Workload
+from search.workloads import Workload, is_counting
 
 QUICK = MeasureSettings(
     warmup_steps=1, warmup_s=0.0, window_s=0.01, min_windows=2, max_windows=3, max_time_s=0.5
@@ -116,6 +116,16 @@ class Small(Workload):
     def loss(self, model, batch):
         x, y = batch
         return nn.functional.mse_loss(model(x), y)
+
+
+class HeavyWhenCounted(Small):
+    """Holds 150 MB while its work is counted, and little while it is measured."""
+
+    def loss(self, model, batch):
+        hog = torch.ones(150_000_000 // 4) if is_counting() else None  # touched: resident
+        loss = super().loss(model, batch)
+        del hog
+        return loss
 
 
 class MiscompiledSmall(Small):
