@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
+from search.core.knob_registry import levers_on
 from search.core.metrics import MAXIMIZE, METRICS, MINIMIZE
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "meets_slo",
     "pareto_mask",
     "recommend",
+    "throughputs_tie",
 ]
 
 
@@ -90,15 +92,39 @@ def constraint_values(stable: bool) -> dict[str, float]:
 def recommend(
     front: Sequence[Mapping[str, Any]], slo: Mapping[str, float]
 ) -> Mapping[str, Any] | None:
-    """The highest-throughput entry of ``front`` whose ``metrics`` meet ``slo``; None if none does.
+    """The entry of ``front`` whose ``metrics`` meet ``slo`` with the highest lower bound of the
+    throughput interval, or, where others tie it (``throughputs_tie``), the plainest of those
+    (fewest knobs off the plain step, by its ``config``: ``levers_on``); None if none meets it.
 
     Ranking by the lower bound of the throughput interval rather than the mean keeps a noisy
-    configuration from winning on a lucky measurement.
+    configuration from winning on a lucky measurement; preferring the plainer of a tie keeps a
+    lever that buys nothing measurable out of the answer.
     """
     eligible = [row for row in front if meets_slo(row["metrics"], slo)]
     if not eligible:
         return None
-    return max(eligible, key=lambda row: row["metrics"]["throughput_ci_low"])
+    top = max(eligible, key=lambda row: row["metrics"]["throughput_ci_low"])
+    tied = [row for row in eligible if throughputs_tie(row["metrics"], top["metrics"])]
+    return min(
+        [top, *tied],
+        key=lambda row: (
+            len(levers_on(row.get("config", {}))),
+            -row["metrics"]["throughput_ci_low"],
+        ),
+    )
+
+
+def throughputs_tie(a: Mapping[str, float], b: Mapping[str, float]) -> bool:
+    """Whether two configurations' throughputs differ by less than their intervals can tell:
+    the difference of the means within the root sum of squares of the intervals' half-widths
+    (a two-sample test at the intervals' confidence). False where either has no interval."""
+    try:
+        half_a = (a["throughput_ci_high"] - a["throughput_ci_low"]) / 2
+        half_b = (b["throughput_ci_high"] - b["throughput_ci_low"]) / 2
+        difference = abs(a["throughput"] - b["throughput"])
+    except KeyError:
+        return False
+    return bool(difference <= float(np.hypot(half_a, half_b)))
 
 
 def check_slo(slo: Mapping[str, Any]) -> None:

@@ -13,6 +13,7 @@ Nothing here knows torch, a workload or a device.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "TASKS",
     "UNLABELLED",
     "knob_names",
+    "levers_on",
 ]
 
 TASKS = ("train", "serve")
@@ -158,3 +160,20 @@ UNLABELLED: dict[str, object] = {
 def knob_names(task: str) -> tuple[str, ...]:
     """The names of the generic knobs that apply to ``task`` (``train`` or ``serve``)."""
     return tuple(knob.name for knob in KNOBS if task in knob.tasks)
+
+
+def levers_on(config: Mapping[str, object]) -> tuple[str, ...]:
+    """The knobs ``config`` sets off the plain step (``UNLABELLED``; a recompute flag that is set;
+    more than one lane): what a plainer configuration does without. Of two that run equally fast,
+    the plainer is the more predictable and the cheaper to run."""
+    on = []
+    for name, plain in UNLABELLED.items():
+        value = config.get(name, plain)
+        if isinstance(value, bool):
+            value = plain if not value else "all"  # a flag: false is the plain step
+        if value != plain:
+            on.append(name)
+    streams = config.get("streams", 1)
+    if isinstance(streams, int) and streams > 1:
+        on.append("streams")
+    return tuple(on)

@@ -35,8 +35,10 @@ __all__ = [
 
 
 def recommend(front: Sequence[TrialRecord], slo: Mapping[str, float]) -> TrialRecord | None:
-    """The front configuration with the highest lower throughput bound that meets ``slo``."""
-    row = pareto.recommend([{"metrics": r.metrics, "record": r} for r in front], slo)
+    """The front configuration that meets ``slo`` with the highest lower throughput bound, or the
+    plainest of those that tie it (``search.analysis.pareto.recommend``)."""
+    rows = [{"metrics": r.metrics, "config": r.config, "record": r} for r in front]
+    row = pareto.recommend(rows, slo)
     return row["record"] if row else None
 
 

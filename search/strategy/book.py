@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from search.analysis.pareto import meets_slo, pareto_mask
+from search.analysis.pareto import meets_slo, pareto_mask, throughputs_tie
+from search.core.knob_registry import levers_on
 from search.core.records import COMPLETE
 from search.execution.fp8 import FP8_PRECISIONS
 from search.execution.recompute import RECOMPUTE_NONE, recompute_setting
@@ -120,7 +121,9 @@ class Book:
 
     def best(self, batch: Any = None, recompute: bool | None = None) -> Seen | None:
         """The fastest complete configuration (at ``batch``, and with or without recompute if
-        ``recompute`` is given) that meets the slo; the fastest of all where none does."""
+        ``recompute`` is given) that meets the slo; the fastest of all where none does. Of those
+        that tie the fastest (``throughputs_tie``), the plainest (``levers_on``): a lever that
+        buys nothing measurable is not stacked on, and the order goes on without it."""
         pool = [
             s
             for s in self.complete
@@ -130,7 +133,11 @@ class Book:
         ]
         meeting = [s for s in pool if meets_slo(s.figures, self.slo)] if self.slo else pool
         chosen = meeting or pool
-        return max(chosen, key=lambda s: s.figures["throughput"]) if chosen else None
+        if not chosen:
+            return None
+        top = max(chosen, key=lambda s: s.figures["throughput"])
+        tied = [s for s in chosen if throughputs_tie(s.figures, top.figures)]
+        return min([top, *tied], key=lambda s: (len(levers_on(s.config)), -s.figures["throughput"]))
 
     def front(self) -> list[Seen]:
         """The complete configurations on the Pareto front of the objectives, fastest first."""

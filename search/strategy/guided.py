@@ -142,7 +142,9 @@ def seen_of(
     ``trials`` complete or infeasible, and this invocation's failures), those that ran out of
     memory under this invocation's limit (``ran_out``), and the configurations the memory model
     predicted to run out (``predicted_out``), read as out of memory too."""
-    metrics = {"throughput", *(o.metric for o in space.objectives)}
+    # the interval too: the book tells a tie from a win (``Book.best``)
+    metrics = {"throughput", "throughput_ci_low", "throughput_ci_high"}
+    metrics |= {o.metric for o in space.objectives}
     seen = []
     for t in trials:
         attrs = t.user_attrs

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from search.core.knob_registry import levers_on
 from search.execution.fp8 import FP8_PRECISIONS
 from search.strategy.book import Book, Seen
 from search.strategy.move import Move, overhead_bound_near
@@ -37,6 +38,13 @@ __all__ = ["attention", "compiler", "fp8", "fused_kernels", "optimizer"]
 
 CHEAP_COMPILE_MODES = ("default",)
 """Compile modes tried whatever the regime."""
+
+
+def _stacked(best: Seen, knob: str) -> str:
+    """What the move stacks on, for its line: the levers the best so far has on, ``knob``'s
+    own aside (``levers_on``); '' where it runs the plain step."""
+    on = [f"{k}={best.config[k]}" for k in levers_on(best.config) if k != knob]
+    return f", stacked on {', '.join(on)}" if on else ""
 
 
 def _host_bound(book: Book, best: Seen) -> bool:
@@ -55,12 +63,15 @@ def compiler(book: Book) -> Iterator[Move]:
         if mode == "off" or book.tried("compile", mode, precision=best.config.get("precision")):
             continue
         if mode in CHEAP_COMPILE_MODES:
-            yield Move({**best.config, "compile": mode}, f"the compiler: {mode} at the best so far")
+            yield Move(
+                {**best.config, "compile": mode},
+                f"the compiler: {mode} at the best so far{_stacked(best, 'compile')}",
+            )
         elif _host_bound(book, best):
             yield Move(
                 {**best.config, "compile": mode},
-                f"the compiler: {mode} at the best so far, where the host bounds the step "
-                "(twice the micro-batch cost little more time)",
+                f"the compiler: {mode} at the best so far{_stacked(best, 'compile')}, where the "
+                "host bounds the step (twice the micro-batch cost little more time)",
             )
 
 
@@ -69,7 +80,7 @@ def optimizer(book: Book) -> Iterator[Move]:
     best = book.best()
     if best is None or "optimizer" not in book.discrete:
         return
-    yield from _each_once(book, best, "optimizer", "the optimizer: {} at the best so far")
+    yield from _each_once(book, best, "optimizer", "the optimizer: {} at the best so far{}")
 
 
 def attention(book: Book) -> Iterator[Move]:
@@ -86,7 +97,7 @@ def attention(book: Book) -> Iterator[Move]:
         book,
         best,
         "attention",
-        "the attention kernel: {} at the best so far",
+        "the attention kernel: {} at the best so far{}",
         plain="default",
         same={"precision": best.config.get("precision")},
     )
@@ -106,8 +117,8 @@ def fp8(book: Book) -> Iterator[Move]:
             how = f"; compiled ({config['compile']}): its casts fuse only so" if compiled else ""
             yield Move(
                 config,
-                f"{precision}: fp8 matrix products at the best so far, whose step the host does "
-                f"not bound{how}",
+                f"{precision}: fp8 matrix products at the best so far"
+                f"{_stacked(best, 'precision')}, whose step the host does not bound{how}",
             )
 
 
@@ -133,7 +144,7 @@ def fused_kernels(book: Book) -> Iterator[Move]:
         book,
         best,
         "kernels",
-        "fused kernels: {} at the best so far, whose step the host does not bound",
+        "fused kernels: {} at the best so far{}, whose step the host does not bound",
         plain="torch",
     )
 
@@ -147,8 +158,8 @@ def _each_once(
     same: dict[str, object] | None = None,
 ) -> Iterator[Move]:
     """Each value of ``knob`` the space searches but ``plain`` (the step as written), not tried
-    yet (with the values ``same`` gives for other knobs), at ``best``; ``why`` says so, ``{}``
-    standing for the value."""
+    yet (with the values ``same`` gives for other knobs), at ``best``; ``why`` says so, its two
+    ``{}`` standing for the value and what it is stacked on (``_stacked``)."""
     for value in book.ladder(knob):
         if value != plain and not book.tried(knob, value, **(same or {})):
-            yield Move({**best.config, knob: value}, why.format(value))
+            yield Move({**best.config, knob: value}, why.format(value, _stacked(best, knob)))

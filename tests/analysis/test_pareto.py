@@ -1,7 +1,14 @@
 import numpy as np
 import pytest
 
-from search.analysis.pareto import check_slo, closest_to_slo, meets_slo, pareto_mask, recommend
+from search.analysis.pareto import (
+    check_slo,
+    closest_to_slo,
+    meets_slo,
+    pareto_mask,
+    recommend,
+    throughputs_tie,
+)
 from search.space.search_space import METRIC_DIRECTIONS
 
 MAX_MIN = ["maximize", "minimize"]  # e.g. throughput, latency
@@ -195,3 +202,33 @@ def test_check_slo_rejects_unknown_metric():
 def test_check_slo_rejects_non_numbers(limit):
     with pytest.raises(ValueError, match=r"slo\.latency_p95_ms must be a number"):
         check_slo({"latency_p95_ms": limit})
+
+
+def measured(name, mean, half_width, **config):
+    return {
+        "name": name,
+        "config": config,
+        "metrics": {
+            "throughput": mean,
+            "throughput_ci_low": mean - half_width,
+            "throughput_ci_high": mean + half_width,
+        },
+    }
+
+
+def test_throughputs_tie_within_what_their_intervals_can_tell():
+    a = measured("a", 1000.0, 30.0)["metrics"]
+    assert throughputs_tie(a, measured("b", 1040.0, 30.0)["metrics"])  # 40 < 42.4
+    assert not throughputs_tie(a, measured("c", 1045.0, 30.0)["metrics"])
+    assert not throughputs_tie(a, {"throughput": 1000.0})  # no interval: no tie to tell
+
+
+def test_recommend_prefers_the_plainer_of_a_tie_and_a_lever_that_wins():
+    eager = measured("eager", 1000.0, 30.0, compile="off")
+    tied = measured("compiled", 1040.0, 30.0, compile="default", optimizer="fused")
+    assert recommend([tied, eager], {})["name"] == "eager"
+    faster = measured("compiled", 1100.0, 30.0, compile="default")
+    assert recommend([faster, eager], {})["name"] == "compiled"
+    # of two equally plain, the higher lower bound, as before
+    fp32 = measured("fp32", 1030.0, 30.0, precision="fp32")
+    assert recommend([eager, fp32], {})["name"] == "fp32"

@@ -209,3 +209,27 @@ def test_the_order_reads_a_trial_measured_in_two_processes_as_its_line_does():
     first_only = [trial("default", 11421.7, None), trial("math", 11943.1, None)]
     best = Book(space, seen_of(first_only, [], space), [], {}).best()
     assert best is not None and best.config["attention"] == "math"
+
+
+def test_a_lever_that_ties_is_not_stacked_on_the_order_goes_on_from_the_plainer():
+    modes = {"type": "categorical", "choices": ["off", "default"]}
+    space = llm_like(
+        batch=(8, 8), micro=(8, 8), precisions=("bf16",), optimizer=OPTIMIZERS, compile=modes
+    )
+
+    def at(throughput: float, **knobs: Any) -> Seen:
+        seen = seen_at(throughput, precision="bf16", optimizer="foreach", **knobs)
+        interval = {"throughput_ci_low": throughput - 30, "throughput_ci_high": throughput + 30}
+        return Seen(seen.config, COMPLETE, {**seen.figures, **interval})
+
+    tie = [at(1000.0, compile="off"), at(1040.0, compile="default")]
+    best = Book(space, tie, [], {}).best()
+    assert best is not None and best.config["compile"] == "off"
+    move = next_move(space, tie)
+    assert move is not None and move.config["compile"] == "off"  # the optimizer, on eager
+    win = [at(1000.0, compile="off"), at(1100.0, compile="default")]
+    best = Book(space, win, [], {}).best()
+    assert best is not None and best.config["compile"] == "default"
+    move = next_move(space, win)
+    assert move is not None and move.config["compile"] == "default"  # stacked on the compiler
+    assert move.why == "the optimizer: fused at the best so far, stacked on compile=default"
