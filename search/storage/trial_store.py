@@ -50,6 +50,7 @@ __all__ = [
     "own_trials",
     "record_of",
     "record_synced_run",
+    "late_seconds",
     "save_late_second",
     "second_of",
     "set_aside",
@@ -65,8 +66,18 @@ told)."""
 LATE_SECOND_PREFIX = "second_process:"
 """Study user attr ``second_process:<trial number>``: a trial's second fresh process measured at
 the end of its invocation, after it was told (``search.study.late_checks``)."""
-OUTCOME_ATTRS = ("config", "fingerprint", "state", "failure", "metrics", "unit", "measured_on")
-"""What a repeated proposal copies from the trial whose outcome it is told again."""
+OUTCOME_ATTRS = (
+    "config",
+    "fingerprint",
+    "state",
+    "failure",
+    "metrics",
+    "unit",
+    "measured_on",
+    "second_process",
+)
+"""What a repeated proposal copies from the trial whose outcome it is told again: a compiled
+trial's second process too, or the copy is read on its first process alone."""
 
 
 def store_measured(
@@ -272,6 +283,16 @@ def second_of(trial: FrozenTrial, synced: Mapping[str, Any]) -> Mapping[str, Any
     return trial.user_attrs.get("second_process") or synced.get(
         f"{LATE_SECOND_PREFIX}{trial.number}"
     )
+
+
+def late_seconds(study_attrs: Mapping[str, Any]) -> dict[int, Mapping[str, Any]]:
+    """Each trial's second process measured at the end of an invocation (``save_late_second``),
+    by trial number, from the study's user attrs."""
+    return {
+        int(key.removeprefix(LATE_SECOND_PREFIX)): value
+        for key, value in study_attrs.items()
+        if key.startswith(LATE_SECOND_PREFIX)
+    }
 
 
 def save_late_second(study: optuna.Study, number: int, second: Mapping[str, Any]) -> None:

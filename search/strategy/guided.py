@@ -137,11 +137,14 @@ def seen_of(
     ran_out: Sequence[FrozenTrial],
     space: SearchSpace,
     predicted_out: Sequence[Mapping[str, Any]] = (),
+    seconds: Mapping[int, Mapping[str, Any]] | None = None,
 ) -> list[Seen]:
     """What the strategy reads of the study: every measured trial (``guards.KnownOutcomes``:
     ``trials`` complete or infeasible, and this invocation's failures), those that ran out of
     memory under this invocation's limit (``ran_out``), and the configurations the memory model
-    predicted to run out (``predicted_out``), read as out of memory too."""
+    predicted to run out (``predicted_out``), read as out of memory too. ``seconds``: second
+    processes kept apart from their trials, by trial number (measured at the end of an
+    invocation, after the trial was told)."""
     # the interval too: the book tells a tie from a win (``Book.best``)
     metrics = {"throughput", "throughput_ci_low", "throughput_ci_high"}
     metrics |= {o.metric for o in space.objectives}
@@ -150,7 +153,8 @@ def seen_of(
         attrs = t.user_attrs
         state, failure = attrs.get("state"), str(attrs.get("failure", ""))
         if state == COMPLETE:
-            seen.append(Seen(attrs["config"], COMPLETE, _figures(attrs, metrics)))
+            second = attrs.get("second_process") or (seconds or {}).get(t.number)
+            seen.append(Seen(attrs["config"], COMPLETE, _figures(attrs, metrics, second)))
         elif state == FAILED and fault_kind(failure) == "oom":
             seen.append(Seen(attrs["config"], OOM, {}))
         elif state == INFEASIBLE and failure.startswith("fidelity:"):
@@ -161,14 +165,16 @@ def seen_of(
     return seen + [Seen(config, OOM, {}) for config in oom]
 
 
-def _figures(attrs: Mapping[str, Any], metrics: set[str]) -> dict[str, float]:
+def _figures(
+    attrs: Mapping[str, Any], metrics: set[str], second: Mapping[str, Any] | None
+) -> dict[str, float]:
     """A complete trial's figures of ``metrics`` as its line shows them and the study is told:
     where a second fresh process measured it too (a compiled trial), its throughput is the mean of
     the two (``search.stability.judge``). Read from the first process alone, the order once went on
     from a kernel whose line read 11.5k tokens/s over one at 11.7k, on its first run's 11.9k
     against 11.4k."""
     figures = {k: float(v) for k, v in attrs.get("metrics", {}).items() if k in metrics}
-    second = attrs.get("second_process") or {}
+    second = second or {}
     again = second.get("metrics", {}).get("throughput")
     if second.get("state") == COMPLETE and again is not None and "throughput" in figures:
         figures["throughput"] = (figures["throughput"] + float(again)) / 2

@@ -31,7 +31,13 @@ from search.analysis.memory_model import MemoryModel
 from search.core.records import COMPLETE, FAILED, INFEASIBLE, fault_kind
 from search.space.search_space import SearchSpace
 from search.storage.liveness import duplicate_retry
-from search.storage.trial_store import OUTCOME_ATTRS, named_constraints, over_limit, own_trials
+from search.storage.trial_store import (
+    OUTCOME_ATTRS,
+    late_seconds,
+    named_constraints,
+    over_limit,
+    own_trials,
+)
 from search.strategy.book import Seen, config_key
 from search.strategy.guided import seen_of
 
@@ -95,6 +101,9 @@ class KnownOutcomes:
     ran_out: list[FrozenTrial] = field(default_factory=list)
     predicted_out: list[Mapping[str, Any]] = field(default_factory=list)
     """Configurations not run in this invocation: predicted to run out (``PredictedOom``)."""
+    seconds: dict[int, Mapping[str, Any]] = field(default_factory=dict)
+    """Second processes measured at the end of earlier invocations, by trial number
+    (``late_seconds``): the order reads a compiled trial on both its processes."""
 
     @classmethod
     def load(
@@ -106,6 +115,7 @@ class KnownOutcomes:
     ) -> KnownOutcomes:
         """What the study holds at the start; of repeated outcomes the latest is reused."""
         known = cls(space=space, fingerprint=fingerprint, memory_limit_mb=memory_limit_mb)
+        known.seconds = late_seconds(study.user_attrs)
         for trial in own_trials(study, fingerprint, space):
             if known._reusable(trial):
                 known.reusable[config_key(trial.user_attrs["config"])] = trial
@@ -114,6 +124,7 @@ class KnownOutcomes:
 
     def refresh(self, study: optuna.Study) -> None:
         """Take in outcomes stored since (by another process); what is known already stays."""
+        self.seconds.update(late_seconds(study.user_attrs))
         for trial in own_trials(study, self.fingerprint, self.space):
             if self._reusable(trial):
                 self.reusable.setdefault(config_key(trial.user_attrs["config"]), trial)
@@ -152,7 +163,8 @@ class KnownOutcomes:
 
     def seen(self) -> list[Seen]:
         """What the expert's order reads of the outcomes known (``seen_of``)."""
-        return seen_of(list(self.reusable.values()), self.ran_out, self.space, self.predicted_out)
+        trials = list(self.reusable.values())
+        return seen_of(trials, self.ran_out, self.space, self.predicted_out, self.seconds)
 
     def memory_model(self) -> MemoryModel:
         """The memory model of the complete trials known (``search.analysis.memory_model``)."""
@@ -275,6 +287,9 @@ class Reuse:
                 f"{over.removeprefix('oom: ')}",
             )
         attrs = {k: earlier.user_attrs[k] for k in OUTCOME_ATTRS if k in earlier.user_attrs}
+        late = self.known.seconds.get(earlier.number)
+        if late is not None:
+            attrs.setdefault("second_process", late)
         attrs["reused_from"] = earlier.number
         if earlier.state == TrialState.COMPLETE:
             told = named_constraints(earlier)

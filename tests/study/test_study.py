@@ -17,8 +17,10 @@ from search.execution.trial import TrialRequest
 from search.measurement.protocol import MeasureSettings
 from search.space.parse import parse_space
 from search.storage.opening import open_study
+from search.storage.trial_store import LATE_SECOND_PREFIX
 from search.study.driver import StudyDriver
 from search.study.driver_inputs import Bench, DriverCallbacks
+from search.study.guards import KnownOutcomes, Proposal, Reuse
 
 
 @pytest.fixture(autouse=True)
@@ -1089,3 +1091,27 @@ def test_a_configuration_predicted_past_the_limit_by_the_model_s_margin_is_not_r
     }
     # the order reads it as out of memory, as it does a trial that ran out
     assert any(s.config == four and s.outcome == "oom" for s in d.known.seen())
+
+
+def test_a_second_process_kept_in_the_study_is_read_after_a_restart_and_copied_with_its_trial():
+    """A compiled trial's second process measured at the end of an invocation is kept as a study
+    attribute: a resumed study's order reads the trial on both processes, and a repeated proposal
+    copies it with the trial's outcome (issue 65, defect 3)."""
+    study = new_study()
+    stored(study, 1)
+    stored(study, 2)  # 2000 tokens/s in its first process
+    late = {"state": "complete", "time_s": 0.0, "metrics": {"throughput": 1000.0}}
+    study.set_user_attr(f"{LATE_SECOND_PREFIX}1", late)
+    known = KnownOutcomes.load(study, make_space(), FINGERPRINT, None)
+    figures = {s.config["micro_batch_size"]: s.figures["throughput"] for s in known.seen()}
+    assert figures == {1: 1000.0, 2: 1500.0}  # the mean of its two processes
+    config = {"batch_size": 4, "micro_batch_size": 2}
+    ruling = Reuse(known)(Proposal(number=5, config=config, params={}, user_attrs={}))
+    assert ruling is not None and ruling.user_attrs["second_process"] == late
+    assert ruling.user_attrs["reused_from"] == 1
+    # kept with the trial itself (measured at once), it is copied too
+    study = new_study()
+    stored(study, 2, second_process=late)
+    known = KnownOutcomes.load(study, make_space(), FINGERPRINT, None)
+    ruling = Reuse(known)(Proposal(number=5, config=config, params={}, user_attrs={}))
+    assert ruling is not None and ruling.user_attrs["second_process"] == late
