@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import filelock
 import torch
 
 from search.measurement.host_load import busyness, cpu_mark
@@ -41,6 +42,10 @@ __all__ = [
 
 PEAKS_FILE = "peaks.json"
 """Where a runs directory keeps the peaks measured on its machines (``device_peak``)."""
+
+LOCK_WAIT_S = 300.0
+"""How long a process waits for another one's read, measurement and write of the peaks file;
+past it, it goes on unlocked (a peak is a maximum: an entry lost is measured again)."""
 
 MEASURE_FAILURES = (RuntimeError, LookupError, TypeError, ValueError)
 """What measuring the peak again may raise mid-study (a GPU out of memory for its buffers, a
@@ -220,13 +225,14 @@ def device_peak(
     if known is not None:
         return known, False
     precisions = [p for p in precisions if p in _DTYPES]
-    stored, key, entry = _kept(cache, device_name)
-    have = (entry or {}).get("flops_per_s", {})
-    if entry and all(p in have for p in precisions) and not entry.get("under_load", False):
-        return _stored_peak(entry), False
-    wanted = precisions if entry else [p for p in precisions if p not in have]
-    stored[key] = _measured_into(entry or {}, device, wanted, before_measuring)
-    _write_peaks(cache, stored)
+    with _locked(cache):
+        stored, key, entry = _kept(cache, device_name)
+        have = (entry or {}).get("flops_per_s", {})
+        if entry and all(p in have for p in precisions) and not entry.get("under_load", False):
+            return _stored_peak(entry), False
+        wanted = precisions if entry else [p for p in precisions if p not in have]
+        stored[key] = _measured_into(entry or {}, device, wanted, before_measuring)
+        _write_peaks(cache, stored)
     return _stored_peak(stored[key]), True
 
 
@@ -314,21 +320,22 @@ def measure_beaten(
     precision, achieved_flops = beaten
     if device.type == "cuda" and table_peak(device_name) is not None:
         return None
-    stored, key, entry = _kept(cache, device_name)
-    kept = entry.get("flops_per_s", {}).get(precision) if entry else None
-    if entry is None or kept is None:
-        return None
-    if achieved_flops < kept:
-        return Beaten(_stored_peak(entry), False, False)
-    if again:
-        wanted = [p for p in entry["flops_per_s"] if p in _DTYPES]
-        entry = _measured_into(entry, device, wanted, before_measuring)
-    still = achieved_flops >= entry["flops_per_s"][precision]
-    if still:
-        entry["flops_per_s"][precision] = achieved_flops
-        entry.update(under_load=True, beaten_by_flops_per_s={precision: achieved_flops})
-    stored[key] = entry
-    _write_peaks(cache, stored)
+    with _locked(cache):
+        stored, key, entry = _kept(cache, device_name)
+        kept = entry.get("flops_per_s", {}).get(precision) if entry else None
+        if entry is None or kept is None:
+            return None
+        if achieved_flops < kept:
+            return Beaten(_stored_peak(entry), False, False)
+        if again:
+            wanted = [p for p in entry["flops_per_s"] if p in _DTYPES]
+            entry = _measured_into(entry, device, wanted, before_measuring)
+        still = achieved_flops >= entry["flops_per_s"][precision]
+        if still:
+            entry["flops_per_s"][precision] = achieved_flops
+            entry.update(under_load=True, beaten_by_flops_per_s={precision: achieved_flops})
+        stored[key] = entry
+        _write_peaks(cache, stored)
     return Beaten(_stored_peak(entry), again, still)
 
 
@@ -358,6 +365,25 @@ def _load_said(entry: Mapping[str, Any]) -> str:
             f"other processes kept {entry['others_busy_cores']:.1f} of {entry['cores']} cores busy"
         )
     return f"1-minute load average {entry.get('load_1min', 0.0):.1f} on {entry['cores']} cores"
+
+
+@contextlib.contextmanager
+def _locked(cache: Path):
+    """``cache``'s read, measurement and write, one process at a time: studies sharing a runs
+    folder read, change and write the one file, and each would lose the other's entries; and two
+    measurements at once would each read the other's load."""
+    with contextlib.suppress(OSError):
+        cache.parent.mkdir(parents=True, exist_ok=True)
+    lock = filelock.FileLock(f"{cache}.lock", timeout=LOCK_WAIT_S)
+    try:
+        lock.acquire()
+    except (filelock.Timeout, OSError):
+        yield  # unlocked: a lost entry is measured again
+        return
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _read_peaks(cache: Path) -> dict[str, Any]:

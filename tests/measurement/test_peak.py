@@ -4,6 +4,8 @@ again when a trial beats it."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -225,3 +227,29 @@ def test_the_size_is_chosen_on_more_than_one_round_of_the_small_product(monkeypa
     peak._matmul_rate(torch.device("cpu"), 1024, "bf16", 0.5)
     assert budgets[0] > 0, "the probe times rounds over part of the budget, not one round"
     assert budgets == [0.05, 0.5]
+
+
+SHARING = """
+import sys, time
+from pathlib import Path
+import torch
+from search.measurement import peak
+
+def slow_measurement(device, precisions, budget_s=0.5):
+    time.sleep(1.0)  # both processes read the file before either writes it, unless locked
+    return peak.Peak({"fp32": 1e9}, 1e9, "measured on this machine (test)")
+
+peak.measure_peak = slow_measurement
+peak.device_peak(torch.device("cpu"), sys.argv[2], ["fp32"], Path(sys.argv[1]))
+"""
+
+
+def test_two_studies_sharing_a_runs_folder_keep_both_of_their_peak_entries(tmp_path):
+    cache = tmp_path / "peaks.json"
+    studies = [
+        subprocess.Popen([sys.executable, "-c", SHARING, str(cache), f"machine {i}"])
+        for i in range(2)
+    ]
+    assert [study.wait(timeout=120) for study in studies] == [0, 0]
+    kept = json.loads(cache.read_text())
+    assert sorted(key.split(" | ")[0] for key in kept) == ["machine 0", "machine 1"]
