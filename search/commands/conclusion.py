@@ -3,6 +3,7 @@ the study as this run's record, and for a re-tune compared with the baseline's."
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -165,7 +166,11 @@ def _say_kept(
     tracker.set_tags(
         tracker.parent_id, {"best_trial": str(old.number), "kept_over_trial": str(best.number)}
     )
-    tracker.log_metrics(tracker.parent_id, {f"best_{k}": v for k, v in old.metrics.items()})
+    # A figure the search's best had and the kept one has not is no longer the recommendation's:
+    # NaN, as MLflow keeps a metric's last value and deletes none (issue 65, defect 7).
+    cleared = {f"best_{k}": math.nan for k in best.metrics if k not in old.metrics}
+    figures = {f"best_{k}": v for k, v in old.metrics.items()}
+    tracker.log_metrics(tracker.parent_id, {**cleared, **figures})
 
 
 def _announce(

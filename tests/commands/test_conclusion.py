@@ -42,10 +42,11 @@ class Tracker:
 
     def __init__(self) -> None:
         self.tags: dict[str, str] = {}
+        self.metrics: dict[str, float] = {}
         self.artifacts: list[str] = []
 
     def log_metrics(self, run_id: str, metrics: dict[str, float]) -> None:
-        pass
+        self.metrics.update(metrics)
 
     def set_tags(self, run_id: str, tags: dict[str, str]) -> None:
         self.tags.update(tags)
@@ -92,6 +93,8 @@ def test_a_retune_moves_the_recommendation_only_when_the_new_one_is_surely_faste
     ctx = cpu_context(tmp_path, SPACE, text)
     old_trial, new_trial = trial(1, OLD, 100.0), trial(3, NEW, 100.0 * new_over_old)
     old_trial = replace(old_trial, stable=old_stable)
+    # a figure only the search's best has (a compiled trial's two processes)
+    new_trial = replace(new_trial, metrics={**new_trial.metrics, "compile_processes": 2.0})
     base = Tuned(
         kind=TUNE,
         name="tune 1",
@@ -141,6 +144,9 @@ def test_a_retune_moves_the_recommendation_only_when_the_new_one_is_surely_faste
         assert best["kept_over"]["config"] == NEW and best["kept_over"]["trial"] == 3
         assert best["metrics"]["throughput"] == 100.0  # the kept trial's, not the search's best
         assert tracker.tags["kept_over_trial"] == "3"
+        # the parent run's best_* figures are the kept trial's alone
+        assert tracker.metrics["best_throughput"] == 100.0
+        assert math.isnan(tracker.metrics["best_compile_processes"])
         assert best["confirmed"]["throughput"] == pytest.approx(100.0, rel=0.01)
         assert (
             "kept the old recommendation #1 (precision=fp32): the search's best #3 read 1.0"
