@@ -228,7 +228,7 @@ def diagnose(
         ridge=ridge,
         regime=regime,
         why=why,
-        peak_under_load=peak.under_load,
+        peak_under_load=peak.under_load_at(precision),
     )
 
 

@@ -65,6 +65,13 @@ class Peak:
     """Measured while other processes kept the machine busy, or raised to a trial's figure: it is
     measured again at the end of the invocation and at the next one, until a measurement is taken
     idle."""
+    loaded: frozenset[str] = frozenset()
+    """The precisions whose figure is under load or a trial's (``under_load`` for each); empty
+    with ``under_load`` set: every precision (a peak not kept per precision)."""
+
+    def under_load_at(self, precision: str) -> bool:
+        """Whether ``precision``'s figure is under load or a trial's."""
+        return precision in self.loaded if self.loaded else self.under_load
 
 
 _T = 1e12
@@ -228,7 +235,8 @@ def device_peak(
     with _locked(cache):
         stored, key, entry = _kept(cache, device_name)
         have = (entry or {}).get("flops_per_s", {})
-        if entry and all(p in have for p in precisions) and not entry.get("under_load", False):
+        loaded = _stored_peak(entry).under_load_at if entry else None
+        if entry and all(p in have and not loaded(p) for p in precisions):  # type: ignore[misc]
             return _stored_peak(entry), False
         wanted = precisions if entry else [p for p in precisions if p not in have]
         stored[key] = _measured_into(entry or {}, device, wanted, before_measuring)
@@ -262,24 +270,68 @@ def _measured_into(
     before_measuring: Callable[[], None],
 ) -> dict[str, Any]:
     """``entry`` (what ``cache`` kept, or nothing) with a measurement of ``precisions`` taken now
-    (``before_measuring`` called first): the best of each figure, one measurement more, and under
-    load until one was taken idle (how busy other processes kept the machine meanwhile)."""
+    (``before_measuring`` called first): the best measurement of each figure, one measurement
+    more, and for each precision measured its time and whether it is still under load (until one
+    measurement of it was taken idle) or a trial's figure (until a measurement reaches it)."""
     before_measuring()
     mark = cpu_mark()
     measured = measure_peak(device, precisions)
     cpu = busyness(mark)
-    have = entry.get("flops_per_s", {})
-    best = {p: max(v, have.get(p, 0.0)) for p, v in {**have, **measured.flops_per_s}.items()}
+    now = time.strftime("%Y-%m-%d %H:%M:%S")
+    records = _records(entry)
+    best = dict(entry.get("measured_flops_per_s", entry.get("flops_per_s", {})))
+    for precision, rate in measured.flops_per_s.items():
+        best[precision] = max(rate, best.get(precision, 0.0))
+        record = records.get(precision, {})
+        raised = record.get("raised_by_trial")
+        records[precision] = {
+            "measured_at": now,
+            "under_load": cpu.busy() and record.get("under_load", True),
+        }
+        if raised is not None and raised > best[precision]:
+            records[precision]["raised_by_trial"] = raised  # not confirmed yet
+    for precision in AUTOCAST_PRECISIONS & best.keys():  # as ``measure_peak`` does, over runs
+        best[precision] = max(best[precision], best.get("fp32", 0.0))
+    return _with_records(
+        {
+            "measured_flops_per_s": best,
+            "bytes_per_s": max(measured.bytes_per_s, entry.get("bytes_per_s", 0.0)),
+            "method": measured.source,
+            "measurements": entry.get("measurements", 0) + 1,
+            "measured_at": now,
+            "others_busy_cores" if cpu.by_others else "load_1min": round(cpu.cores_busy, 2),
+            "cores": os.cpu_count() or 1,
+        },
+        records,
+    )
+
+
+def _records(entry: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each precision's record (``precisions``): when it was measured, whether under load,
+    whether a trial raised it; an entry of an earlier version gives every precision its
+    entry-wide mark."""
+    if "precisions" in entry:
+        return {p: dict(r) for p, r in entry["precisions"].items()}
+    raised = entry.get("beaten_by_flops_per_s", {})
     return {
-        "flops_per_s": best,
-        "bytes_per_s": max(measured.bytes_per_s, entry.get("bytes_per_s", 0.0)),
-        "method": measured.source,
-        "measurements": entry.get("measurements", 0) + 1,
-        "under_load": cpu.busy() and entry.get("under_load", True),
-        "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "others_busy_cores" if cpu.by_others else "load_1min": round(cpu.cores_busy, 2),
-        "cores": os.cpu_count() or 1,
+        p: {
+            "measured_at": entry.get("measured_at", ""),
+            "under_load": bool(entry.get("under_load", False)),
+            **({"raised_by_trial": raised[p]} if p in raised else {}),
+        }
+        for p in entry.get("flops_per_s", {})
     }
+
+
+def _with_records(entry: dict[str, Any], records: Mapping[str, Mapping[str, Any]]) -> dict:
+    """``entry`` with ``records`` kept, and the figures they give: each precision's best
+    measurement, or the trial's figure that raised it; ``under_load`` where any precision is
+    under load or raised."""
+    flops = dict(entry["measured_flops_per_s"])
+    for precision, record in records.items():
+        flops[precision] = max(flops.get(precision, 0.0), record.get("raised_by_trial", 0.0))
+    loaded = any(r.get("under_load") or "raised_by_trial" in r for r in records.values())
+    return {**entry, "flops_per_s": flops, "precisions": dict(records), "under_load": loaded}
 
 
 def _peak_key(device_name: str) -> str:
@@ -332,28 +384,37 @@ def measure_beaten(
             entry = _measured_into(entry, device, wanted, before_measuring)
         still = achieved_flops >= entry["flops_per_s"][precision]
         if still:
-            entry["flops_per_s"][precision] = achieved_flops
-            entry.update(under_load=True, beaten_by_flops_per_s={precision: achieved_flops})
+            records = _records(entry)
+            records.setdefault(precision, {})["raised_by_trial"] = achieved_flops
+            measured = entry.get("measured_flops_per_s", entry["flops_per_s"])
+            base = {k: v for k, v in entry.items() if k != "beaten_by_flops_per_s"}
+            entry = _with_records({**base, "measured_flops_per_s": measured}, records)
         stored[key] = entry
         _write_peaks(cache, stored)
     return Beaten(_stored_peak(entry), again, still)
 
 
 def _stored_peak(entry: Mapping[str, Any]) -> Peak:
-    """A cached measurement as a ``Peak`` whose source says how and when it was measured."""
+    """A cached measurement as a ``Peak`` whose source says how and when it was measured, and
+    which precisions' figures are under load or a trial's."""
     method = entry.get("method") or entry.get("source", "measured on this machine")
     count = entry.get("measurements", 1)
-    state = "idle"
-    if entry.get("beaten_by_flops_per_s"):
-        state = "raised to a trial's figure, measured again next time"
-    elif entry.get("under_load"):
-        state = f"under load ({_load_said(entry)}), measured again next time"
+    records = _records(entry)
+    raised = sorted(p for p, r in records.items() if "raised_by_trial" in r)
+    loaded = sorted(p for p, r in records.items() if r.get("under_load") and p not in raised)
+    states = []
+    if raised:
+        states.append(f"{', '.join(raised)} raised to a trial's figure")
+    if loaded:
+        states.append(f"{', '.join(loaded)} under load ({_load_said(entry)})")
+    state = "; ".join(states) + ", measured again next time" if states else "idle"
     when = f"the last {entry['measured_at']}, {state}" if "measured_at" in entry else state
     return Peak(
         entry["flops_per_s"],
         entry["bytes_per_s"],
         f"{method}, the best of {count} measurement(s), {when}",
-        bool(entry.get("under_load")),
+        bool(raised or loaded),
+        frozenset(raised + loaded),
     )
 
 
