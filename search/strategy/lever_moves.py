@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from search.analysis.pareto import throughputs_tie
 from search.core.knob_registry import levers_on
 from search.execution.fp8 import FP8_PRECISIONS
 from search.strategy.book import Book, Seen
@@ -52,8 +53,9 @@ def _host_bound(book: Book, best: Seen) -> bool:
 
 
 def compiler(book: Book) -> Iterator[Move]:
-    """``default`` at the fastest configuration so far; each other mode there too where the host
-    bounds the step."""
+    """``default`` at the fastest configuration so far, and at each eager one of another precision
+    that ties it (``_tied_precisions``); each other mode at the fastest too where the host bounds
+    the step."""
     best = book.best()
     if best is None or "compile" not in book.discrete:
         return
@@ -73,6 +75,30 @@ def compiler(book: Book) -> Iterator[Move]:
                 f"the compiler: {mode} at the best so far{_stacked(best, 'compile')}, where the "
                 "host bounds the step (twice the micro-batch cost little more time)",
             )
+    yield from _tied_precisions(book, best)
+
+
+def _tied_precisions(book: Book, best: Seen) -> Iterator[Move]:
+    """The compiler's ``default`` at the fastest eager configuration of each other precision that
+    ties the best so far (``throughputs_tie``): which precision the compiler speeds up most is the
+    device's (on the AMX CPU fp32 and bf16 ran within noise of each other eagerly, and bf16
+    compiled at about 1.4x fp32 compiled), and a tie chose the precision by a coin."""
+    if "default" not in book.ladder("compile") or "precision" not in book.discrete:
+        return
+    for s in book.complete:
+        precision = s.config.get("precision")
+        if (
+            precision == best.config.get("precision")
+            or s.config.get("compile") != "off"
+            or book.tried("compile", "default", precision=precision)
+            or not throughputs_tie(s.figures, best.figures)
+        ):
+            continue
+        yield Move(
+            {**s.config, "compile": "default"},
+            f"the compiler: default at {precision}, which ties the best so far eagerly"
+            f"{_stacked(s, 'compile')}",
+        )
 
 
 def optimizer(book: Book) -> Iterator[Move]:

@@ -18,8 +18,9 @@ of memory, breaks a constraint or is being measured by another process:
    there once, at half its micro-batch (lower precision is fast only where the device has the
    units for it: not on a CPU without bf16 instructions); then **the levers**
    (``search.strategy.lever_moves``), each once at the best so far (the compiler and the attention
-   kernels once per precision): the compiler's ``default`` mode
-   (its other modes only where the host bounds the step), each implementation of the optimizer,
+   kernels once per precision): the compiler's ``default`` mode, at each precision that ties
+   the best eagerly too (its other modes only where the host bounds the step), each
+   implementation of the optimizer,
    each attention kernel, then fused kernels and fp8 precisions (compiled, where the space can
    compile) where the host does not bound the step. The rest of the order starts from whichever
    won.

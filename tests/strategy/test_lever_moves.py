@@ -233,3 +233,27 @@ def test_a_lever_that_ties_is_not_stacked_on_the_order_goes_on_from_the_plainer(
     move = next_move(space, win)
     assert move is not None and move.config["compile"] == "default"  # stacked on the compiler
     assert move.why == "the optimizer: fused at the best so far, stacked on compile=default"
+
+
+def test_the_compiler_is_tried_at_each_precision_that_ties_the_best_eagerly():
+    """fp32 and bf16 within noise of each other eagerly: the compiler is tried at both, since
+    which one it speeds up most is the device's; not at a precision that is surely slower."""
+    modes = {"type": "categorical", "choices": ["off", "default"]}
+    space = llm_like(batch=(8, 8), micro=(4, 8), precisions=("fp32", "bf16"), compile=modes)
+
+    def at(throughput: float, **knobs: Any) -> Seen:
+        seen = seen_at(throughput, **knobs)
+        interval = {"throughput_ci_low": throughput - 30, "throughput_ci_high": throughput + 30}
+        return Seen(seen.config, COMPLETE, {**seen.figures, **interval})
+
+    tie = [at(1000.0, precision="bf16", compile="off"), at(1020.0, precision="fp32", compile="off")]
+    compiled_fp32 = at(1030.0, precision="fp32", compile="default")
+    made = [next_move(space, tie), next_move(space, [*tie, compiled_fp32])]
+    assert [(m.config["precision"], m.config["compile"]) for m in made if m] == [
+        ("fp32", "default"),  # the best so far first
+        ("bf16", "default"),
+    ]
+    assert made[1] is not None and "bf16, which ties the best so far eagerly" in made[1].why
+    slower = [at(1000.0, precision="bf16", compile="off"), at(1200.0, precision="fp32", compile="off")]
+    move = next_move(space, [*slower, at(1300.0, precision="fp32", compile="default")])
+    assert move is not None and "ties the best so far" not in move.why
