@@ -34,7 +34,15 @@ from search.core.records import with_requests
 if TYPE_CHECKING:  # for the hints alone: judging reads the stable.* limits, nothing else of a run
     from search.config.settings import StableSettings
 
-__all__ = ["DISPERSED", "Verdict", "Yardstick", "assess", "assess_pooled", "judge"]
+__all__ = [
+    "DISPERSED",
+    "Verdict",
+    "Yardstick",
+    "assess",
+    "assess_pooled",
+    "judge",
+    "judge_processes",
+]
 
 DISPERSED = "dispersed"
 """The ``why`` of a second process that measured a configuration again because its run failed the
@@ -288,29 +296,37 @@ def assess_pooled(
     metrics: Mapping[str, float], runs: Sequence[RunFigures], yardstick: Yardstick
 ) -> tuple[dict[str, float], Verdict]:
     """A re-validated candidate's pooled figures with the throughput interval of the mean of its
-    fresh runs (``NoiseFloor.pooled``), and its verdict: the stall and dispersion tests on all its
-    runs together (their median CV, their steps and micro-batches summed) and the disagreement
-    of their means."""
+    fresh runs (``NoiseFloor.pooled``), and its verdict on them (``judge_processes``)."""
     floor = yardstick.floor
     mean, low, high = floor.pooled(runs, yardstick.confidence)
-    median_run = sorted(runs, key=lambda r: r.cv)[len(runs) // 2]
-    together = RunFigures(
-        time_s=float(np.median([r.time_s for r in runs])),
-        throughput=mean,
-        cv=median_run.cv,
-        n_windows=median_run.n_windows,
-        n_steps=sum(r.n_steps for r in runs),
-        stalls=sum(r.stalls for r in runs),
-        step_s=float(np.mean([r.step_s for r in runs])),
-        # each run's stalls counted against its own median micro-batch, as its steps' are
-        micro_batches=sum(r.micro_batches for r in runs),
-        micro_stalls=sum(r.micro_stalls for r in runs),
-        micro_time_s=sum(r.micro_time_s for r in runs),
-        busy=median_busy(runs),
-        device=runs[0].device if len({r.device for r in runs}) == 1 else "",
-    )
     out = {**metrics, "throughput": mean, "throughput_ci_low": low, "throughput_ci_high": high}
-    return with_requests(out), judge(together, floor, yardstick.settings, replicates=runs)
+    return with_requests(out), judge_processes(runs, floor, yardstick.settings)
+
+
+def judge_processes(
+    runs: Sequence[RunFigures],
+    floor: NoiseFloor,
+    settings: StableSettings,
+    throttled: Sequence[bool] = (),
+) -> Verdict:
+    """The one rule for a configuration measured in more than one fresh process, whether the
+    others came from a compile, from a dispersed first run or from re-validation: each process is
+    judged on its own (``judge``), and the configuration is unstable on its own noise only where
+    more than half of them are (of two, both), never on the worse alone: a burst on the machine
+    seldom comes back in the configuration's next process, its own jitter does. Its processes'
+    means must also agree as the machine's runs do (``judge``'s disagreement test).
+    ``throttled``: whether each process saw throttling (none where not given)."""
+    flags = list(throttled) + [False] * (len(runs) - len(throttled))
+    own = [judge(run, floor, settings, throttled=t) for run, t in zip(runs, flags, strict=True)]
+    failing = [v.reason for v in own if not v.stable]
+    if 2 * len(failing) > len(runs):
+        if len(runs) == 2:
+            return Verdict(False, f"{failing[0]}; again in a second fresh process: {failing[1]}")
+        more = f" (and in {len(failing) - 1} more of its {len(runs)} fresh processes)"
+        return Verdict(False, failing[0] + more)
+    if len(runs) < 2:
+        return Verdict(True)
+    return _disagreement(runs, floor, settings, settings.alpha / 3)
 
 
 def _with_second(
@@ -324,22 +340,36 @@ def _with_second(
     first run's (``assess``), ``first`` that run's figures, ``second`` what its second process
     measured as the trial keeps it (``state``, ``failure``, ``time_s``, ``metrics``). Throughput is
     then the mean of the two with the interval of a mean of two runs (``assess_pooled``), with the
-    warm compile time and the spread of the two; the verdict is unstable also where the two
-    disagree more than the machine's runs do, or where the second did not complete. A second
-    process that measured a dispersed run again is judged as ``_confirmed`` says."""
+    warm compile time and the spread of the two; the verdict is ``judge_processes``'s on the two,
+    as for any configuration measured in two processes (the first verdict alone made one
+    dispersed process enough), and unstable where the second did not complete. A second process
+    that measured a dispersed run again is judged as ``_confirmed`` says."""
     if second.get("why") == DISPERSED:
         return _confirmed(metrics, verdict, first, second, yardstick)
     if second["state"] != "complete":
         return {**metrics, "compile_processes": 1.0}, Verdict(False, _lost(second))
     again = replace(RunFigures.of(second["metrics"], second["time_s"]), device=first.device)
-    pooled, together = assess_pooled(metrics, [first, again], yardstick)
+    pooled, _ = assess_pooled(metrics, [first, again], yardstick)
     throughputs = np.array([first.throughput, again.throughput])
     pooled |= {
         "compile_processes": 2.0,
         "compile_time_warm_s": second["metrics"].get("compile_time_s", math.nan),
         "compile_between_process_cv": float(np.std(throughputs, ddof=1) / np.mean(throughputs)),
     }
-    return pooled, verdict if not verdict.stable else together
+    return pooled, _of_two(first, again, metrics, second, yardstick)
+
+
+def _of_two(
+    first: RunFigures,
+    again: RunFigures,
+    metrics: Mapping[str, float],
+    second: Mapping[str, Any],
+    yardstick: Yardstick,
+) -> Verdict:
+    """``judge_processes`` on a trial's first run and its second process, each with its own
+    throttling."""
+    throttled = [bool(metrics.get("throttled", 0.0)), bool(second["metrics"].get("throttled", 0.0))]
+    return judge_processes([first, again], yardstick.floor, yardstick.settings, throttled)
 
 
 def _confirmed(
@@ -349,8 +379,9 @@ def _confirmed(
     second: Mapping[str, Any],
     yardstick: Yardstick,
 ) -> tuple[dict[str, float], Verdict]:
-    """A run measured again in a fresh process because it failed the window-dispersion test:
-    unstable only where the second run is unstable too. A burst on the machine seldom comes back
+    """A run measured again in a fresh process because it failed the window-dispersion test,
+    judged by the same rule (``judge_processes``): unstable only where the second run is unstable
+    too, or where the two disagree. A burst on the machine seldom comes back
     at the configuration's next run, its own jitter does: on the 2-core AMD EPYC the interpreter
     slowed to 0.56x in episodes of 1-5 s, and a steady compute-bound configuration measured in one
     failed the test. Where both completed, the mean of the two with the interval of a mean of two
@@ -361,13 +392,7 @@ def _confirmed(
     again = replace(RunFigures.of(second["metrics"], second["time_s"]), device=first.device)
     pooled, _ = assess_pooled(metrics, [first, again], yardstick)
     pooled["dispersed_again_cv"] = again.cv
-    throttled = bool(second["metrics"].get("throttled", 0.0))
-    settled = judge(again, yardstick.floor, yardstick.settings, throttled=throttled)
-    if verdict.stable or settled.stable:
-        return pooled, Verdict(True)
-    return pooled, Verdict(
-        False, f"{verdict.reason}; again in a second fresh process: {settled.reason}"
-    )
+    return pooled, _of_two(first, again, metrics, second, yardstick)
 
 
 def _lost(second: Mapping[str, Any]) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import partial
 
+import numpy as np
 import pytest
 from factories import llm_settings, measurement, noise_floor
 from tiny_overrides import TINY_GPT
@@ -299,3 +300,25 @@ def test_a_trial_is_stamped_when_its_windows_ended_not_after_its_second_process(
     )
     assert measured.record.time_s == 1000.0
     assert measured.second_process["time_s"] == 1050.0
+
+
+def test_an_eager_and_a_compiled_configuration_with_the_same_noise_are_judged_alike():
+    """40 simulated pairs of fresh processes, each window CV drawn from one distribution (steady,
+    or dispersed 2 times in 5): the eager trial's second process runs only where its first is
+    dispersed, the compiled trial's always. One rule judges both (``judge_processes``), so each
+    pair gets the same verdict (issue 65, defect 2: the compiled trial was unstable on either
+    process dispersed, on its first verdict or on the larger CV of the two)."""
+    rng = np.random.default_rng(65)
+    verdicts = []
+    for _ in range(40):
+        cv_first, cv_second = rng.choice([0.01, 0.02, 0.30], size=2, p=[0.3, 0.3, 0.4])
+        first = steady_run(100.0, cv_first)
+        eager = dispersed_record(cv_first, None).record
+        if not eager.stable:  # dispersed: measured again, as the study does
+            eager = dispersed_record(cv_first, steady_run(100.0, cv_second)).record
+        compiled_first = replace(first, compile={"compile_time_s": 20.0})
+        compiled, _ = record(compiled_first, replace(steady_run(100.0, cv_second), compile={}))
+        verdicts.append((eager.stable, compiled.stable))
+    assert all(e == c for e, c in verdicts), verdicts
+    unstable = sum(not e for e, _ in verdicts)
+    assert 0 < unstable < 40  # the draws hold both kinds of pair

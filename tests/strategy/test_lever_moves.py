@@ -254,6 +254,9 @@ def test_the_compiler_is_tried_at_each_precision_that_ties_the_best_eagerly():
         ("bf16", "default"),
     ]
     assert made[1] is not None and "bf16, which ties the best so far eagerly" in made[1].why
-    slower = [at(1000.0, precision="bf16", compile="off"), at(1200.0, precision="fp32", compile="off")]
+    slower = [
+        at(1000.0, precision="bf16", compile="off"),
+        at(1200.0, precision="fp32", compile="off"),
+    ]
     move = next_move(space, [*slower, at(1300.0, precision="fp32", compile="default")])
     assert move is not None and "ties the best so far" not in move.why
