@@ -79,19 +79,22 @@ def compiler(book: Book) -> Iterator[Move]:
 
 
 def _tied_precisions(book: Book, best: Seen) -> Iterator[Move]:
-    """The compiler's ``default`` at the fastest eager configuration of each other precision that
-    ties the best so far (``throughputs_tie``): which precision the compiler speeds up most is the
+    """The compiler's ``default`` at each eager configuration of another precision that ties the
+    best so far run eagerly (``throughputs_tie``; the best itself where it runs eagerly, or where
+    its eager twin was not measured): which precision the compiler speeds up most is the
     device's (on the AMX CPU fp32 and bf16 ran within noise of each other eagerly, and bf16
     compiled at about 1.4x fp32 compiled), and a tie chose the precision by a coin."""
     if "default" not in book.ladder("compile") or "precision" not in book.discrete:
         return
+    twin = {**best.config, "compile": "off"}
+    eager = next((s for s in book.complete if s.config == twin), best)
     for s in book.complete:
         precision = s.config.get("precision")
         if (
             precision == best.config.get("precision")
             or s.config.get("compile") != "off"
             or book.tried("compile", "default", precision=precision)
-            or not throughputs_tie(s.figures, best.figures)
+            or not throughputs_tie(s.figures, eager.figures)
         ):
             continue
         yield Move(
