@@ -71,7 +71,16 @@ time)."""
 
 
 def ladder_step(book: Book, knob: str, value: Any, by: int) -> Any:
+    """The value ``by`` steps up (or down) ``knob``'s ladder from ``value``; None past its end. A
+    value between the ladder's (an int knob of more than 4,096 values keeps only its ends, and
+    the model-based sampler draws between them) steps to the ladder's values above or below it."""
     values = book.ladder(knob)
+    if value not in values:
+        above = [v for v in values if v > value]
+        below = [v for v in values if v < value]
+        if by > 0:
+            return above[by - 1] if len(above) >= by else None
+        return below[by] if by < 0 and len(below) >= -by else None
     i = values.index(value) + by
     return values[i] if 0 <= i < len(values) else None
 

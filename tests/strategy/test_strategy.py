@@ -13,8 +13,9 @@ from optuna.trial import TrialState
 
 from search.core.records import COMPLETE
 from search.space.parse import parse_space
-from search.strategy.book import FAILED, FIDELITY, OOM, Seen
+from search.strategy.book import FAILED, FIDELITY, OOM, Book, Seen
 from search.strategy.guided import HANDED_OVER, WHY, GuidedSampler
+from search.strategy.move import ladder_step
 from search.strategy.order import next_move
 from search.strategy.samplers import suggest
 
@@ -422,3 +423,27 @@ def test_where_recompute_saves_no_memory_no_other_setting_is_tried():
     made = drive(space, settings_walled(64, same_memory), budget=40)
     tried = {c["recompute"] for c, why in made if why.startswith("memory front")}
     assert tried == {"all"}
+
+
+def test_a_value_between_a_long_ladder_s_ends_steps_to_its_neighbours_without_a_crash():
+    """An int knob of more than 4,096 values keeps only its two ends in the book's ladder; a
+    value the model-based sampler drew between them must still step up and down (issue 65: a
+    suspected ``values.index`` crash, confirmed)."""
+    space = parse_space(
+        "t",
+        {
+            "workload": {"_target_": "x"},
+            "params": {
+                "batch_size": {"type": "int", "low": 8192, "high": 8192},
+                "micro_batch_size": {"type": "int", "low": 1, "high": 8192},
+            },
+            "objectives": OBJECTIVES,
+        },
+    )
+    figures = {"throughput": 100.0, "latency_p95_ms": 1.0, "peak_memory_mb": 1.0}
+    seen = [Seen({"batch_size": 8192, "micro_batch_size": m}, COMPLETE, figures) for m in (1, 37)]
+    book = Book(space, seen, [], {})
+    assert ladder_step(book, "micro_batch_size", 37, +1) == 8192
+    assert ladder_step(book, "micro_batch_size", 37, -1) == 1
+    assert ladder_step(book, "micro_batch_size", 8192, +1) is None
+    next_move(space, seen)  # the order reads the drawn value without failing
