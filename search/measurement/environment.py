@@ -50,8 +50,8 @@ class MemoryProbe:
     /proc/self/clear_refs) above the resident set at ``start``. Memory the process freed earlier but
     kept mapped is not counted again, so in a reused process the CPU figure can read low.
 
-    ``settle`` once the step is built counts, on the CPU, the step's tensors instead of the
-    process's growth while building it: a cold compile kept about 36 MB more of the resident set
+    ``settle`` once the step has warmed up counts, on the CPU, the step's tensors instead of the
+    process's growth until then: a cold compile kept about 36 MB more of the resident set
     than the same step compiled from the cache (the llm preset at micro-batch 16, 168 against
     133 MB of peak), which no memory model over the step's knobs can predict. On CUDA the
     compiler's buffers count: the device's limit is the allocator's, whatever allocated.
