@@ -10,16 +10,26 @@ run there it would be judged on one run alone, by the rule the second run exists
 2-core AMD EPYC one of the two compute-bound false alarms of an idle record of 96 runs
 (``coverage_by_kind-2026-11-27-idle-confirmed.json``) came so. Each costs one trial's time, and
 only where the final floor changed the verdict.
+
+Only a trial whose verdict can still move the front is measured again: with re-validation on, the
+front a study ends with reads re-validated configurations alone
+(``search.revalidation.candidates.final_front``), so a trial that was not re-validated is measured
+again only where no re-validated one is judged yet (a study cut short). Before, every dispersed
+trial was, and its time changed a label and nothing the study recommends.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
+from dataclasses import replace
 
+from search.core.records import TrialRecord
 from search.execution.isolation import run_isolated
+from search.revalidation.candidates import final_front
+from search.revalidation.pooling import Pooled
 from search.stability.measured import again_if_dispersed
-from search.storage.repeat_runs import study_revalidations
+from search.storage.repeat_runs import judged_revalidations, study_revalidations
 from search.storage.trial_store import save_late_second, second_of
 from search.study.driver import StudyDriver
 
@@ -28,8 +38,9 @@ __all__ = ["dispersed_at_the_end"]
 
 def dispersed_at_the_end(driver: StudyDriver, numbers: Collection[int]) -> list[int]:
     """Measure again, each in a fresh process, the trials among ``numbers`` (this invocation's)
-    that the floor as it stands now calls unstable for their window dispersion first and that have
-    no second process yet, nor re-validated figures (judged on their own fresh runs); keep what it
+    that the floor as it stands now calls unstable for their window dispersion first, that have
+    no second process yet, nor re-validated figures (judged on their own fresh runs), and that
+    would be on the study's final front if stable (``_could_move_the_front``); keep what it
     measured in the study (``save_late_second``), where judging the trial reads it. Returns the
     numbers measured again."""
     study = driver.study
@@ -37,9 +48,13 @@ def dispersed_at_the_end(driver: StudyDriver, numbers: Collection[int]) -> list[
     has_second = set(study_revalidations(study, driver.fingerprint)) | {
         t.number for t in study.get_trials(deepcopy=False) if second_of(t, attrs)
     }
+    history = driver.history()
+    done = judged_revalidations(study, driver.fingerprint, driver.settings)
     again = []
-    for record in driver.history():
+    for record in history:
         if record.number not in numbers or record.number in has_second:
+            continue
+        if not _could_move_the_front(driver, record, history, done):
             continue
         started = time.monotonic()
         second = again_if_dispersed(driver.request(record.config), record, run_isolated)
@@ -48,3 +63,17 @@ def dispersed_at_the_end(driver: StudyDriver, numbers: Collection[int]) -> list[
             save_late_second(study, record.number, second)
             again.append(record.number)
     return again
+
+
+def _could_move_the_front(
+    driver: StudyDriver,
+    record: TrialRecord,
+    history: list[TrialRecord],
+    done: Mapping[int, Pooled],
+) -> bool:
+    """Whether ``record``, were it stable, would be on the front the study ends with."""
+    if record.stable:
+        return False  # not dispersed: again_if_dispersed would measure nothing
+    steady = [replace(r, stable=True) if r.number == record.number else r for r in history]
+    front = final_front(steady, done, driver.settings, driver.space)
+    return any(r.number == record.number for r in front)

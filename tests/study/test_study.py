@@ -650,6 +650,56 @@ def test_a_trial_the_final_floor_calls_dispersed_is_measured_again_at_the_end(
     assert dispersed_at_the_end(d, {first.number}) == [] and len(again) == 1, "once only"
 
 
+@pytest.mark.parametrize("revalidated", [True, False])
+def test_a_dispersed_trial_is_measured_again_at_the_end_only_where_it_can_reach_the_front(
+    monkeypatch, revalidated
+):
+    """Measuring a trial again at the end changes its verdict, and with it the front only where
+    the trial could be on it. With a configuration re-validated, the front a study ends with reads
+    re-validated figures alone: a faster dispersed trial that was not re-validated would change a
+    label and nothing the study recommends, so its time is not spent. Where nothing was
+    re-validated (a study cut short), it is measured again as before."""
+    from factories import measurement
+
+    import search.study.driver
+    import search.study.late_checks
+    from search.execution.trial import TrialResult
+    from search.revalidation.pooling import pool
+    from search.storage.repeat_runs import save_revalidation
+    from search.study.late_checks import dispersed_at_the_end
+
+    figures = {1: (4000.0, 0.30), 2: (1000.0, 0.01)}  # micro-batch -> (throughput, window CV)
+
+    def run(request):
+        throughput, cv = figures[request.config["micro_batch_size"]]
+        if request.probe_compute:  # the control: steady
+            throughput, cv = 1000.0, 0.01
+        m = measurement(throughput, cv=cv)
+        return TrialResult(state="complete", measurement=m, peak_memory_mb=10.0, unit="tokens")
+
+    again: list[int] = []
+
+    def run_again(request):
+        again.append(request.config["micro_batch_size"])
+        return run(request)
+
+    monkeypatch.setattr(search.study.driver, "run_isolated", run)
+    monkeypatch.setattr(search.study.driver, "again_if_dispersed", lambda *a: None)
+    monkeypatch.setattr(search.study.late_checks, "run_isolated", run_again)
+    study = new_study()
+    control = {"batch_size": 4, "micro_batch_size": 2}
+    d = driver(study, make_space(), cfg(n_trials=2), control=control)
+    records = d.run().records
+    by_micro = {r.config["micro_batch_size"]: r for r in records}
+    assert by_micro[1].reason.startswith("dispersion") and by_micro[2].stable
+    if revalidated:
+        steady = by_micro[2]
+        pooled = pool([run(d.request(steady.config))] * 3, [0.0, 1.0, 2.0], confidence=0.95)
+        save_revalidation(study, d.fingerprint, steady.number, pooled)
+    measured = dispersed_at_the_end(d, {r.number for r in records})
+    assert (measured, again) == (([], []) if revalidated else ([by_micro[1].number], [1]))
+
+
 @pytest.mark.parametrize(
     ("figures", "extra", "told", "front"),
     [
