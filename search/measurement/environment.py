@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from search.measurement.host_load import CpuMark, busyness
+from search.measurement.host_load import CpuMark, busyness, usable_cores
 from search.measurement.nvml import nvml_handle
 
 __all__ = ["MemoryProbe", "contention", "device_label", "device_name", "environment", "rss_bytes"]
@@ -228,7 +228,7 @@ def device_label(env: Mapping[str, str]) -> str:
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"{_cpu_model()} ({os.cpu_count()} cores)"
+    return f"{_cpu_model()} ({len(usable_cores())} cores)"  # what taskset or a cpuset leaves it
 
 
 def environment(device: torch.device) -> dict[str, str]:
@@ -240,6 +240,7 @@ def environment(device: torch.device) -> dict[str, str]:
         "python": platform.python_version(),
         "cpu_model": _cpu_model(),
         "cpu_count": str(os.cpu_count()),
+        "cpu_usable": str(len(usable_cores())),
         "torch_threads": str(torch.get_num_threads()),
         "load_average_1min": f"{os.getloadavg()[0]:.2f}",
         "platform": platform.platform(),

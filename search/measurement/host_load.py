@@ -10,6 +10,11 @@ trials) used meanwhile: what is left is the others'.
 Read from ``/proc`` rather than through psutil: it is Linux's own accounting, a few lines, and
 the GPU machines this runs on install from a wheel folder without a package index, where each
 dependency is one more wheel to carry. Where ``/proc`` cannot be read, the load average stands in.
+
+Only the cores this process may run on count (``usable_cores``: its affinity, which ``taskset``
+and a container's cpuset set): a study pinned to 2 of 16 cores read the host's other 14, so a
+neighbour on cores it never touched called it busy, and one on its own 2 cores read 1 core busy
+of 16, under the bar.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ __all__ = [
     "busyness",
     "cpu_mark",
     "others_busy_cores",
+    "usable_cores",
 ]
 
 BUSY_SHARE = 0.25
@@ -48,23 +54,38 @@ class CpuMark:
     """The machine's and this process tree's CPU seconds at one moment."""
 
     machine_busy_s: float
-    """Busy CPU time of every core since boot: user, nice, system, irq, softirq and steal."""
+    """Busy CPU time of the usable cores since boot: user, nice, system, irq, softirq and
+    steal."""
     own_s: float
     """CPU time of this process and its live descendants, each with its reaped children's."""
     at_s: float
     """``time.monotonic()`` when read."""
 
 
+def usable_cores() -> set[int]:
+    """The cores this process may run on (its affinity; every core where that cannot be read)."""
+    if hasattr(os, "sched_getaffinity"):
+        return set(os.sched_getaffinity(0))
+    return set(range(os.cpu_count() or 1))
+
+
 def cpu_mark() -> CpuMark | None:
-    """The CPU seconds now, or None where ``/proc`` cannot be read (not Linux)."""
+    """The CPU seconds now, of the cores this process may run on (``usable_cores``), or None
+    where ``/proc`` cannot be read (not Linux)."""
+    cores = {f"cpu{i}" for i in usable_cores()}
     try:
-        first = (_PROC / "stat").read_text().split("\n", 1)[0].split()
-        ticks = [int(v) for v in first[1:9]]  # user nice system idle iowait irq softirq steal
+        lines = (_PROC / "stat").read_text().splitlines()
+        busy = sum(_busy_ticks(line.split()) for line in lines if line.split(" ", 1)[0] in cores)
         own = _tree_ticks(os.getpid())
     except (OSError, ValueError, IndexError):
         return None
-    busy = sum(ticks) - ticks[3] - ticks[4]
     return CpuMark(busy / _TICKS_PER_S, own / _TICKS_PER_S, time.monotonic())
+
+
+def _busy_ticks(fields: list[str]) -> int:
+    """A ``/proc/stat`` cpu line's busy ticks: all but idle and iowait."""
+    ticks = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    return sum(ticks) - ticks[3] - ticks[4]
 
 
 @dataclass(frozen=True)
@@ -77,10 +98,10 @@ class Busyness:
 
     def busy(self) -> bool:
         share = BUSY_SHARE if self.by_others else LOAD_SHARE
-        return self.cores_busy > share * (os.cpu_count() or 1)
+        return self.cores_busy > share * len(usable_cores())
 
     def said(self) -> str:
-        cores = os.cpu_count() or 1
+        cores = len(usable_cores())
         if self.by_others:
             return f"other processes kept {self.cores_busy:.1f} of {cores} cores busy"
         return f"1-minute load average {self.cores_busy:.1f} on {cores} cores"

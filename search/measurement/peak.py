@@ -25,7 +25,7 @@ from typing import Any
 import filelock
 import torch
 
-from search.measurement.host_load import busyness, cpu_mark
+from search.measurement.host_load import busyness, cpu_mark, usable_cores
 
 __all__ = [
     "AUTOCAST_PRECISIONS",
@@ -300,7 +300,7 @@ def _measured_into(
             "measurements": entry.get("measurements", 0) + 1,
             "measured_at": now,
             "others_busy_cores" if cpu.by_others else "load_1min": round(cpu.cores_busy, 2),
-            "cores": os.cpu_count() or 1,
+            "cores": len(usable_cores()),
         },
         records,
     )

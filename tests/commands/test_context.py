@@ -171,7 +171,7 @@ def test_a_peak_measured_under_load_is_measured_again_before_the_summary(tmp_pat
     from search.measurement.peak import Peak, device_peak
 
     busy, rates = iter([3.0, 0.0]), iter([1e9, 4e9])
-    monkeypatch.setattr("search.measurement.host_load.os.cpu_count", lambda: 2)
+    monkeypatch.setattr("search.measurement.host_load.usable_cores", lambda: {0, 1})
     monkeypatch.setattr("search.measurement.host_load.others_busy_cores", lambda since: next(busy))
     monkeypatch.setattr(
         "search.measurement.peak.measure_peak",

@@ -71,3 +71,31 @@ def test_without_a_mark_the_load_average_stands_in_held_to_half_the_cores(monkey
     assert not read.by_others and not read.busy() and "1-minute load average" in read.said()
     monkeypatch.setattr(os, "getloadavg", lambda: (0.6 * cores, 1.0, 1.0))
     assert busyness(None).busy()
+
+
+def _stat(busy_ticks: list[int]) -> str:
+    """A ``/proc/stat`` with one line per core, each ``busy_ticks`` user ticks and 1000 idle."""
+    per_core = [f"cpu{i} {b} 0 0 1000 0 0 0 0 0 0" for i, b in enumerate(busy_ticks)]
+    total = f"cpu  {sum(busy_ticks)} 0 0 {1000 * len(busy_ticks)} 0 0 0 0 0 0"
+    return "\n".join([total, *per_core, "intr 0"]) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("busy_cores", "busy"),
+    [((2, 3), False), ((0,), True)],  # neighbours on cores it never runs on; one on its own
+)
+def test_only_the_cores_this_process_may_run_on_count(monkeypatch, tmp_path, busy_cores, busy):
+    """Under ``taskset`` or a container's cpuset, a study pinned to cores 0 and 1 of 4 is busy
+    where others keep its own cores busy, whatever the host's other cores do."""
+    from search.measurement import host_load
+
+    monkeypatch.setattr(host_load, "_PROC", tmp_path)  # no process folders: none of its own time
+    monkeypatch.setattr(host_load, "usable_cores", lambda: {0, 1})
+    clock = iter([100.0, 101.0])
+    monkeypatch.setattr(host_load.time, "monotonic", lambda: next(clock))
+    (tmp_path / "stat").write_text(_stat([0, 0, 0, 0]))
+    since = cpu_mark()
+    (tmp_path / "stat").write_text(_stat([TICKS if i in busy_cores else 0 for i in range(4)]))
+    read = busyness(since)
+    assert read.cores_busy == pytest.approx(1.0 if busy else 0.0)
+    assert read.busy() is busy and "of 2 cores" in read.said()
