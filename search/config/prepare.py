@@ -28,7 +28,14 @@ from search.core.errors import ConfigError, KnobError, SpaceError
 from search.core.knob_registry import GENERIC_KNOBS
 from search.core.metrics import METRICS
 from search.execution.fp8 import FP8_PRECISIONS
-from search.execution.knobs import Knobs, together_unsupported, unsupported_reason, value_rule
+from search.execution.knobs import (
+    AUTOCAST_DTYPES,
+    Knobs,
+    attention_precision_unsupported,
+    together_unsupported,
+    unsupported_reason,
+    value_rule,
+)
 from search.execution.recompute import named_by, recompute_setting
 from search.measurement.energy import energy_unavailable_reason
 from search.space.params import CategoricalParam, FloatParam, IntParam, Param
@@ -124,6 +131,8 @@ def load_space(
         )
     _check_generic_knobs(space)
     _check_some_config_passes_the_step(space, feasible, device)
+    space, pairs = _without_pairs_it_refuses(space, device)
+    notes += pairs
     _check_fixed_knobs_run_here(space, device)
     _check_workload(space)
     _check_workload_settings(space, slo or {})
@@ -214,6 +223,33 @@ def _check_some_config_passes_the_step(
         f"space '{space.name}': no configuration can run, e.g. {first_error} Add a constraint "
         "or narrow the ranges"
     )
+
+
+def _without_pairs_it_refuses(
+    space: SearchSpace, device: torch.device
+) -> tuple[SearchSpace, list[str]]:
+    """``space`` with a constraint that keeps the attention kernels ``device`` runs at half
+    precision only (CUDA's flash and cuDNN, ``attention_precision_unsupported``) to the half
+    precisions, and a note saying so; ``space`` itself where no such pair can be proposed.
+
+    Why: such a pair is refused by the trial's own process, after it started and imported torch,
+    and counted as a trial. At an fp32 best the order tried both kernels there, and the sampler
+    could draw them at any time; as a constraint, none of them is proposed or counted."""
+    kernels, precisions = (
+        [str(v) for v in space.params[k].values() or []] if k in space.params else []
+        for k in ("attention", "precision")
+    )
+    refused = [k for k in kernels if attention_precision_unsupported(k, "fp32", device)]
+    halves = [p for p in precisions if p in AUTOCAST_DTYPES]
+    if not refused or len(halves) == len(precisions):
+        return space, []
+    text = " and ".join(f"attention != {k!r}" for k in refused)
+    text = " or ".join([f"({text})", *(f"precision == {p!r}" for p in halves)])
+    where = f"precision {'/'.join(halves)} only" if halves else "never (no half precision here)"
+    return space.with_constraint(text), [
+        f"attention={'/'.join(refused)} at {where}: on {device.type.upper()} these kernels take "
+        f"half-precision inputs only (constraint {text})"
+    ]
 
 
 def _check_recompute(space: SearchSpace, cls: type) -> None:

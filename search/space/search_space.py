@@ -190,6 +190,12 @@ class SearchSpace:
                 return config
         return None
 
+    def with_constraint(self, text: str) -> SearchSpace:
+        """This space with one more constraint, written by the tool (``text`` is trusted: a space
+        file's own constraints are parsed and checked by ``search.space.parse``)."""
+        constraint = Constraint(text, ast.parse(text, mode="eval"))
+        return replace(self, constraints=(*self.constraints, constraint))
+
     def without_choices(
         self, reject: Callable[[str, Any], str | None]
     ) -> tuple[SearchSpace, list[str]]:

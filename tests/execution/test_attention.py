@@ -102,6 +102,29 @@ def test_a_cuda_space_whose_every_configuration_pairs_them_is_refused_before_its
     assert load_space(raw, gpu)[0].params["attention"].values() == ["flash", "efficient"]
 
 
+def test_on_cuda_the_half_only_kernels_are_not_proposed_at_fp32(monkeypatch):
+    """At an fp32 best the order tried CUDA's flash and cuDNN kernels, each refused by its own
+    process after it started and counted as a trial; the space now leaves them out there."""
+    raw = {
+        "name": "t",
+        "workload": {"_target_": "search.workloads.GPT", **TINY},
+        "params": {
+            "batch_size": {"type": "int", "low": 2, "high": 4, "pow2": True},
+            "precision": {"type": "categorical", "choices": ["fp32", "bf16"]},
+            "attention": {"type": "categorical", "choices": ["math", "flash", "cudnn"]},
+        },
+        "objectives": {"throughput": "maximize"},
+    }
+    gpu = torch.device("cuda")  # only named: the checks read its type, and bf16 its capability
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
+    space, notes = load_space(raw, gpu)
+    pairs = {(c["attention"], c["precision"]) for c in space.feasible_configs() or []}
+    assert pairs == {("math", "fp32"), ("math", "bf16"), ("flash", "bf16"), ("cudnn", "bf16")}
+    assert any(n.startswith("attention=flash/cudnn at precision bf16 only") for n in notes), notes
+    raw["params"]["attention"]["choices"] = ["math", "flash"]  # a CPU's flash kernel takes fp32
+    assert len(load_space(raw, CPU)[0].feasible_configs() or []) == 2 * 2 * 2
+
+
 def test_the_choices_and_the_label():
     assert ATTENTION_KERNELS == ("default", "math", "flash", "efficient", "cudnn")
     assert config_name({"batch_size": 8, "attention": "default"}) == "bs8"
