@@ -13,19 +13,15 @@ it and at its end, and reads the machine from those runs and from the re-validat
   group's mean (the control is one group, each re-validated candidate another) less what their
   own within-run errors explain, floored at zero; its degrees of freedom are the groups' runs less
   one each (less two for the control when its drift is fitted).
-- **drift** (``search.analysis.drift``): a straight line fitted to the control's log level against
-  time, one per session (an invocation, on one device). When its slope is significant
-  (``DRIFT_ALPHA``) and the compute probe of the same runs moved with it, the figures its device
-  measured during it are *corrected* to its average level (divided by the fitted level at their
-  time) and the line's own uncertainty is added to their intervals; another device's figures are not
-  (workers on several GPUs at once drift apart); a slope that is not significant is reported but
-  nothing is corrected, since a fitted line from a few runs would add more noise than it removes.
+- **drift** (``search.analysis.drift``): a line fitted to the control's log level against time,
+  one per session (an invocation, on one device). Where its slope is significant (``DRIFT_ALPHA``)
+  and the compute probe moved with it, its device's figures are *corrected* to its average level,
+  the line's uncertainty added to their intervals; otherwise it is reported, nothing corrected.
 - **between-session variance** σ_s² (``search.analysis.between_sessions``): how far one
   invocation's level lands from the long-run level, from the control runs of the study's earlier
   invocations and of other studies on this machine (``estimate``'s history); until it rests on
   ``MIN_BETWEEN_DF`` degrees of freedom (3 invocations whose control runs timed the probe, else
-  4) it is taken as ``SESSION_PRIOR`` times the class's between-run spread, and the terminal says
-  so.
+  4) it is taken as ``SESSION_PRIOR`` times the class's between-run spread, as the terminal says.
 - **intervals that span runs**: a figure from one run gets the variance ``σ_b² + se² + σ_s²``
   (plus the drift line's), with Welch-Satterthwaite degrees of freedom, where ``σ_b² + se²`` is
   the class's total spread (``search.analysis.run_spread``) and what the run's own ``se²``
@@ -33,10 +29,8 @@ it and at its end, and reads the machine from those runs and from the re-validat
   its own spread pooled with its class's (``NoiseFloor.pooled``). The interval is never narrower
   than the run's own.
 
-Stability, judged against the control runs this floor holds, is ``search.stability.judge``.
-
-Nothing here knows Optuna, MLflow or processes: ``search.storage.repeat_runs`` keeps the control
-runs, the study driver (``search.study.driver``) schedules them.
+Stability against these control runs is ``search.stability.judge``. Nothing here knows Optuna,
+MLflow or processes: ``search.storage.repeat_runs`` keeps the control runs, the driver runs them.
 """
 
 from __future__ import annotations
@@ -98,7 +92,7 @@ its t quantile (12.7, 4.3) makes an interval wider than any spread seen between 
 trials would be ranked on that width; until 3 (t 3.18) a figure carries its within-run interval,
 and the end of the study judges every figure again with the floor as it then stands (the control's
 start, study and end runs, and the re-validation replicates)."""
-SESSION_PRIOR = 1.0
+SESSION_PRIOR = 1.5
 """Until the between-session variance σ_s² is known (``MIN_BETWEEN_DF``), it is taken as this
 multiple of the class's total between-run variance (``search.analysis.run_spread``: its runs'
 own within-run errors included): a prior, stated, not a measurement of this machine.
@@ -106,7 +100,10 @@ Its source: on the 2-core AMD EPYC, rounds of about 2 minutes (``benchmarks/cove
 moved their means by about as much as one run moved within a round, in every series: matrix
 products 10.7% against 10.6%, a Python loop 11.9% against 12.3%, a waiting step 1.9% against 1.8%,
 the compute probe about 6% against 6%. Left out, the intervals of a first invocation covered the
-long-run mean in 61-89% of runs at 95% nominal. ``NoiseFloor.session_prior`` = 0 drops it."""
+long-run mean in 61-89% of runs at 95% nominal. 1.5 rather than 1: at a first invocation coverage
+comes first, at up to 2.5x the width the spread needs; the coverage records judged again with each
+(``benchmarks/session_prior_tradeoff.py``) are in ``docs/method/noise-floor.md``.
+``NoiseFloor.session_prior`` = 0 drops it."""
 SESSION_GRACE_S = 60.0
 """A figure measured more than this before the latest session's first control run belongs to an
 earlier session: the latest session's drift line does not correct it."""
@@ -328,6 +325,11 @@ class NoiseFloor:
         ]
         return min(dfs) if dfs else 0
 
+    @property
+    def session_width_cost(self) -> float:
+        """How much wider the prior on σ_s makes a one-run interval (its t quantile aside)."""
+        return math.sqrt(1.0 + self.session_prior)
+
     def single_run(
         self, run: RunFigures, low: float, high: float, confidence: float
     ) -> tuple[float, float, float]:
@@ -429,7 +431,8 @@ class NoiseFloor:
             if self.between_session_df >= MIN_BETWEEN_DF
             else f"between invocations not known yet ({len(self.lines) or 1} so far"
             + (
-                f", taken as {self.session_prior:g}x between runs)"
+                f", taken as {self.session_prior:g}x between runs, which makes a one-run "
+                f"interval {self.session_width_cost:.2f}x as wide)"
                 if self.session_prior and any(x.df >= MIN_BETWEEN_DF for x in self.spreads)
                 else ")"
             )

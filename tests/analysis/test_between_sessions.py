@@ -10,7 +10,7 @@ import pytest
 from synthetic import Machine
 
 from search.analysis.between_sessions import between_sessions, session_levels
-from search.analysis.noise_floor import NoiseFloor, RunFigures
+from search.analysis.noise_floor import SESSION_PRIOR, NoiseFloor, RunFigures
 from search.config.settings import StableSettings
 from search.stability.judge import Yardstick, assess
 
@@ -54,7 +54,10 @@ def test_sessions_that_moved_read_about_their_spread():
 def test_a_first_invocation_says_its_intervals_hold_for_its_own_processes():
     floor = NoiseFloor.estimate([r for i in range(3) for r in _session(i, 1 + 0.05 * i)])
     assert floor.between_session_df == 2
-    assert "between invocations not known yet (3 so far, taken as 1x between runs)" in floor.line()
+    assert (
+        "between invocations not known yet (3 so far, taken as 1.5x between runs, which makes a "
+        "one-run interval 1.58x as wide)"
+    ) in floor.line()
     later = NoiseFloor.estimate([r for i in range(4) for r in _session(i, 1 + 0.05 * i)])
     assert f"between invocations {later.between_session_cv:.1%} (3 df)" in later.line()
     assert 0.8 * 0.060 < later.between_session_cv < 1.1 * 0.060  # the factors' log spread
@@ -123,7 +126,7 @@ def test_a_first_invocation_takes_the_session_spread_as_large_as_a_process_s_unt
         levels = np.exp(rng.uniform(np.log(2e3), np.log(1e5), size=12))
         controls, trials = _study(machine, math.exp(rng.normal(0.0, 0.04)), 0, levels)
         floor = NoiseFloor.estimate(controls)
-        assert floor.between_session_df == 0 and floor.session_prior == 1.0
+        assert floor.between_session_df == 0 and floor.session_prior == SESSION_PRIOR
         for level, metrics, t in trials:
             for name, judged_by in (("prior", floor), ("none", replace(floor, session_prior=0))):
                 spanned, _ = assess(metrics, t, Yardstick(judged_by, STABLE, 0.95))

@@ -7,7 +7,7 @@ import pytest
 from factories import measurement
 from scipy import stats
 
-from search.analysis.noise_floor import NoiseFloor, RunFigures
+from search.analysis.noise_floor import SESSION_PRIOR, NoiseFloor, RunFigures
 from search.config.settings import StableSettings
 from search.core.metrics import quantile_upper_bound
 from search.core.records import COMPLETE, FAILED, TrialRecord
@@ -91,7 +91,7 @@ def test_the_judged_interval_pools_the_runs_own_spread_with_the_machines_as_a_pr
     within = 0.01**2 / 5
     own = np.var(np.log([100.0, 102.0, 98.0]), ddof=1)
     total = (20 * 0.03**2 + 2 * own) / 22
-    between = total / 3 + 1.0 * 0.03**2
+    between = total / 3 + SESSION_PRIOR * 0.03**2
     var = between + within / 3
     df = var**2 / (between**2 / 20 + (within / 3) ** 2 / 12)
     half = stats.t.ppf(0.975, df) * var**0.5
