@@ -16,7 +16,7 @@ from search.commands.context import Context, sync_command
 from search.config.compose import redact
 from search.core.records import COMPLETE, TrialRecord
 from search.execution.trial import TrialResult
-from search.measurement.environment import device_label
+from search.measurement.environment import device_label, device_memory_mb
 from search.measurement.peak import MEASURE_FAILURES, PEAKS_FILE, Beaten, measure_beaten
 from search.reporting.report import Columns, StudyProgress, knobs_text, si, trial_line
 from search.revalidation import candidates
@@ -48,7 +48,12 @@ def study_driver(
         settings=ctx.settings,
         space=ctx.space,
         study=study,
-        bench=Bench(ctx.fingerprint, where=device_label(ctx.env), control=ctx.control),
+        bench=Bench(
+            ctx.fingerprint,
+            where=device_label(ctx.env),
+            control=ctx.control,
+            memory_mb=device_memory_mb(ctx.env),
+        ),
         callbacks=DriverCallbacks(
             request=ctx.request,
             log_trial=log_trial,

@@ -207,6 +207,7 @@ def _nvml(device_index: int) -> dict[str, str]:
         info["gpu_mem_clock_mhz"] = str(
             pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM)
         )
+        info["gpu_memory_mb"] = f"{pynvml.nvmlDeviceGetMemoryInfo(handle).total / 2**20:.0f}"
         info["gpu_uuid"] = str(pynvml.nvmlDeviceGetUUID(handle))
         info["gpu_index"] = str(pynvml.nvmlDeviceGetIndex(handle))
     except pynvml.NVMLError:
@@ -214,6 +215,12 @@ def _nvml(device_index: int) -> dict[str, str]:
     finally:
         pynvml.nvmlShutdown()
     return info
+
+
+def device_memory_mb(env: Mapping[str, str]) -> float | None:
+    """The GPU's memory, MB, as NVML read it into ``env`` (None: a CPU, or NVML unreadable)."""
+    value = env.get("gpu_memory_mb")
+    return float(value) if value else None
 
 
 def device_label(env: Mapping[str, str]) -> str:

@@ -45,6 +45,10 @@ class Bench:
     fingerprint: str
     where: str = ""
     control: Mapping[str, Any] | None = None
+    memory_mb: float | None = None
+    """The device's memory, MB (a GPU's, as NVML reads it; None: not known, as on a CPU): the
+    bound the memory model's predictions are held to where ``runner.memory_limit_mb`` sets
+    none."""
 
 
 @dataclass(frozen=True, kw_only=True)

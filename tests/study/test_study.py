@@ -123,9 +123,11 @@ def driver(
     progress=None,
     warn=None,
     control=None,
+    device_memory_mb=None,
 ):
     """A driver of ``study`` over ``space`` whose trials measure as ``measure`` says; the configs
-    it requested go to ``measured``; ``control``: the control configuration (None: none)."""
+    it requested go to ``measured``; ``control``: the control configuration (None: none);
+    ``device_memory_mb``: the device's memory (None: not known, as on a CPU)."""
     measured = [] if measured is None else measured
 
     def request(c):
@@ -138,7 +140,7 @@ def driver(
         settings=config or cfg(),
         space=space,
         study=study,
-        bench=Bench(FINGERPRINT, control=control),
+        bench=Bench(FINGERPRINT, control=control, memory_mb=device_memory_mb),
         callbacks=DriverCallbacks(
             request=request,
             log_trial=lambda record, result: None,
@@ -1141,6 +1143,31 @@ def test_a_configuration_predicted_past_the_limit_by_the_model_s_margin_is_not_r
     }
     # the order reads it as out of memory, as it does a trial that ran out
     assert any(s.config == four and s.outcome == "oom" for s in d.known.seen())
+
+
+@pytest.mark.parametrize("device_memory_mb, skipped", [(115, True), (None, False)])
+def test_without_a_limit_set_a_prediction_is_held_to_the_device_s_own_memory(
+    device_memory_mb, skipped, monkeypatch
+):
+    """On a GPU no ``runner.memory_limit_mb`` is set by default, and every wall was found by a
+    probe that ran out; the device's own memory (NVML's) now bounds the prediction. A CPU's
+    memory is not known here: nothing is skipped without a limit."""
+    from search.study import driver as driver_module
+
+    monkeypatch.setattr(driver_module, "MAX_REPEATS", 5)
+    study = new_study()
+    stored_peak(study, 1, 110.0)  # 100 MB and 10 MB a sample: micro-batch 4 at 140 MB
+    stored_peak(study, 2, 120.0)
+    measured = []
+    space = make_space(micro_choices=(1, 2, 4))
+    settings = cfg(n_trials=1)
+    assert settings.runner.memory_limit_mb is None
+    d = driver(study, space, settings, measured, device_memory_mb=device_memory_mb)
+    d.run()
+    four = {"batch_size": 4, "micro_batch_size": 4}
+    assert (measured, d.known.predicted_out) == (([], [four]) if skipped else ([four], []))
+    told = {t.user_attrs.get("failure") for t in study.trials if t.state == TrialState.PRUNED}
+    assert not skipped or any("over the device's memory = 115 MB" in (f or "") for f in told)
 
 
 def test_a_second_process_kept_in_the_study_is_read_after_a_restart_and_copied_with_its_trial():
