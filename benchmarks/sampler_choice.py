@@ -53,11 +53,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from simulator import WORKLOADS, Figures, Workload, expert_guess, feasible, key  # noqa: E402
 
+from search.analysis.memory_model import MemoryModel  # noqa: E402
 from search.analysis.pareto import pareto_mask  # noqa: E402
 from search.core.records import COMPLETE  # noqa: E402
 from search.strategy.book import OOM, Seen  # noqa: E402
 from search.strategy.guided import HANDED_OVER, WHY, GuidedSampler  # noqa: E402
 from search.strategy.samplers import suggest  # noqa: E402
+from search.study.guards import PREDICTION_MARGIN  # noqa: E402
 
 DIRECTIONS = ["maximize", "minimize", "minimize"]
 METRICS = ["throughput", "latency_p95_ms", "peak_memory_mb"]
@@ -89,6 +91,8 @@ class Truth:
     workload: Workload
     best_throughput: float
     expert_throughput: float
+    compiled_throughput: float
+    """The expert's first guess compiled (the eager one where the space does not compile)."""
     low: np.ndarray
     high: np.ndarray
     front_hv: float
@@ -102,6 +106,9 @@ class Truth:
             workload,
             max(f.throughput for f in runs),
             workload.figures(expert_guess(workload)).throughput,
+            workload.figures(
+                expert_guess(workload, compiled="compile" in workload.space.params)
+            ).throughput,
             low,
             high,
             1.0,
@@ -153,6 +160,13 @@ class Study:
     at_least_expert: dict[int, bool]
     hv: dict[int, float]
     wall_s: float
+    at_least_compiled: dict[int, bool]
+    """Whether the recommendation is at least the expert's first guess compiled (where the space
+    compiles; else as ``at_least_expert``)."""
+    ooms: dict[int, dict[str, int]]
+    """Trials that ran out of memory by precision, at each budget."""
+    skipped: dict[int, int]
+    """Configurations not run, predicted to run out (``PredictedOom``), at each budget."""
 
 
 def run_study(sampler: str, workload_name: str, seed: int, budgets: list[int]) -> Study:
@@ -165,12 +179,13 @@ def run_study(sampler: str, workload_name: str, seed: int, budgets: list[int]) -
     measured: dict[tuple, Figures] = {}
     configs: dict[tuple, dict[str, Any]] = {}
     ran_out: list[dict[str, Any]] = []
+    predicted_out: list[dict[str, Any]] = []
 
     def seen() -> list[Seen]:
         return [
             Seen(configs[k], OOM if f.oom else COMPLETE, {} if f.oom else f.objectives())
             for k, f in measured.items()
-        ]
+        ] + [Seen(c, OOM, {}) for c in predicted_out]
 
     names = {k: k for k in space.searched}
     made = (
@@ -180,7 +195,9 @@ def run_study(sampler: str, workload_name: str, seed: int, budgets: list[int]) -
     )
     study = optuna.create_study(directions=DIRECTIONS, sampler=made)
     started = time.perf_counter()
-    scores: dict[int, tuple[float, bool, float]] = {}
+    scores: dict[int, tuple[float, bool, float, bool]] = {}
+    ooms: dict[int, dict[str, int]] = {}
+    skipped: dict[int, int] = {}
     for _ in range(100 * max(budgets)):
         if len(measured) >= max(budgets):
             break
@@ -188,7 +205,10 @@ def run_study(sampler: str, workload_name: str, seed: int, budgets: list[int]) -
         config = {k: suggest(trial, k, p) for k, p in space.searched.items()}
         k = key(config)
         certain_oom = any(space.certain_oom(config, r) for r in ran_out)
-        if space.violations(config) or certain_oom or k in measured:
+        predicted = _predicted_out(workload, measured, configs, config)
+        if predicted and config not in predicted_out:
+            predicted_out.append(config)
+        if space.violations(config) or certain_oom or predicted or k in measured:
             study.tell(trial, state=TrialState.PRUNED)
             why = study._storage.get_trial(trial._trial_id).user_attrs.get(WHY)
             if sampler != "guided" or why in (None, HANDED_OVER):
@@ -203,6 +223,8 @@ def run_study(sampler: str, workload_name: str, seed: int, budgets: list[int]) -
             study.tell(trial, [figures.objectives()[m] for m in METRICS])
         if len(measured) in budgets:
             scores[len(measured)] = _score(workload, truth, measured, rng)
+            ooms[len(measured)] = _ooms(measured, configs)
+            skipped[len(measured)] = len(predicted_out)
     else:
         raise RuntimeError(f"{sampler} on {workload_name}, seed {seed}: the budget was not reached")
     return Study(
@@ -213,7 +235,33 @@ def run_study(sampler: str, workload_name: str, seed: int, budgets: list[int]) -
         {b: s[1] for b, s in scores.items()},
         {b: s[2] for b, s in scores.items()},
         time.perf_counter() - started,
+        {b: s[3] for b, s in scores.items()},
+        ooms,
+        skipped,
     )
+
+
+def _predicted_out(workload, measured, configs, config) -> bool:
+    """Whether the tool's memory model, fitted to the complete trials so far, predicts ``config``
+    past the device's memory by more than its margin (``search.study.guards.PredictedOom``)."""
+    limit_mb = getattr(workload, "device_memory_mb", None)
+    if limit_mb is None:
+        return False
+    model = MemoryModel(
+        (i, configs[k], f.memory_mb) for i, (k, f) in enumerate(measured.items()) if not f.oom
+    )
+    predicted = model.predict(config)
+    return predicted is not None and predicted.peak_mb > limit_mb * (1 + PREDICTION_MARGIN)
+
+
+def _ooms(measured, configs) -> dict[str, int]:
+    """Trials that ran out of memory, by precision."""
+    counts: dict[str, int] = {}
+    for k, f in measured.items():
+        if f.oom:
+            precision = configs[k]["precision"]
+            counts[precision] = counts.get(precision, 0) + 1
+    return counts
 
 
 def _queue(study, space, measured, ran_out, rng) -> None:
@@ -226,12 +274,17 @@ def _queue(study, space, measured, ran_out, rng) -> None:
         study.enqueue_trial(pool[int(rng.integers(len(pool)))])
 
 
-def _score(workload, truth: Truth, measured, rng) -> tuple[float, bool, float]:
+def _score(workload, truth: Truth, measured, rng) -> tuple[float, bool, float, bool]:
     chosen = recommend(workload, measured, rng)
     configs = {key(c): c for c in feasible(workload.space)}
     true = workload.figures(configs[chosen]).throughput if chosen is not None else 0.0
     hv = truth.hv([workload.figures(configs[k]) for k in measured])
-    return true / truth.best_throughput, true >= truth.expert_throughput, hv
+    return (
+        true / truth.best_throughput,
+        true >= truth.expert_throughput,
+        hv,
+        true >= truth.compiled_throughput,
+    )
 
 
 def _run(args: tuple[str, str, int, list[int]]) -> Study:
@@ -248,28 +301,38 @@ def report(studies: list[Study], budgets: list[int], workloads: list[str]) -> st
         expert = truth.expert_throughput / truth.best_throughput
         guess = expert_guess(truth.workload)
         expert_hv = truth.hv([truth.workload.figures(guess)])
+        compiled = truth.compiled_throughput / truth.best_throughput
         lines += [
             f"\n{name}: true best {truth.best_throughput:.4g} {truth.workload.unit}/s; the "
-            f"expert's first guess {expert:.3f} of it",
+            f"expert's first guess {expert:.3f} of it, compiled {compiled:.3f}",
             "",
             "| sampler | budget | best found / true best: median (min) | mean | >= expert | "
-            "hypervolume (mean ± sd) |",
-            "|---|---:|---:|---:|---:|---:|",
+            ">= expert compiled | out of memory, most of one precision in a seed | predicted "
+            "out (mean) | hypervolume (mean ± sd) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for sampler in dict.fromkeys(s.sampler for s in studies):
             runs = [s for s in studies if s.sampler == sampler and s.workload == name]
-            for b in budgets:
-                found = np.array([s.best_found[b] for s in runs])
-                hv = np.array([s.hv[b] for s in runs])
-                lines.append(
-                    f"| {sampler} | {b} | {np.median(found):.3f} ({found.min():.3f}) | "
-                    f"{found.mean():.3f} | {sum(s.at_least_expert[b] for s in runs)}/{len(runs)} | "
-                    f"{hv.mean():.3f} ± {hv.std(ddof=1) if len(hv) > 1 else 0:.3f} |"
-                )
+            lines += [_row(sampler, b, runs) for b in budgets]
         lines.append(
-            f"| expert's first guess | 1 | {expert:.3f} | {expert:.3f} | – | {expert_hv:.3f} |"
+            f"| expert's first guess | 1 | {expert:.3f} | {expert:.3f} | – | – | – | – | "
+            f"{expert_hv:.3f} |"
         )
     return "\n".join(lines)
+
+
+def _row(sampler: str, budget: int, runs: list[Study]) -> str:
+    """One sampler at one budget over its seeds, as a row of the report's table."""
+    found = np.array([s.best_found[budget] for s in runs])
+    hv = np.array([s.hv[budget] for s in runs])
+    ooms = max((max(s.ooms[budget].values(), default=0) for s in runs), default=0)
+    skipped = np.mean([s.skipped[budget] for s in runs])
+    return (
+        f"| {sampler} | {budget} | {np.median(found):.3f} ({found.min():.3f}) | "
+        f"{found.mean():.3f} | {sum(s.at_least_expert[budget] for s in runs)}/{len(runs)} | "
+        f"{sum(s.at_least_compiled[budget] for s in runs)}/{len(runs)} | {ooms} | "
+        f"{skipped:.1f} | {hv.mean():.3f} ± {hv.std(ddof=1) if len(hv) > 1 else 0:.3f} |"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

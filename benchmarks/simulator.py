@@ -36,7 +36,7 @@ import csv
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,14 +59,19 @@ def space_of(
     micro: list[int],
     precisions: list[str],
     recompute: list[str] | None = None,
+    levers: Mapping[str, list[str]] | None = None,
 ) -> SearchSpace:
     """The ``llm`` space's knobs and constraints over these ranges, as the tool parses it;
-    ``recompute`` its settings from the least recomputed to the most (None: a flag)."""
+    ``recompute`` its settings from the least recomputed to the most (None: a flag); ``levers``
+    the choices of the knobs that change how a step executes (``compile``, ``optimizer``,
+    ``kernels``), the plain one first."""
+    lever_params = {k: {"type": "categorical", "choices": v} for k, v in (levers or {}).items()}
     return parse_space(
         name,
         {
             "workload": {"_target_": "simulated"},
             "params": {
+                **lever_params,
                 "batch_size": {"type": "int", "low": batch[0], "high": batch[-1], "pow2": True},
                 "micro_batch_size": {
                     "type": "int",
@@ -121,6 +126,21 @@ def noisy(true: Figures, sigma: float, rng: np.random.Generator) -> Figures:
     return Figures(true.throughput / factor, true.step_ms * factor, true.memory_mb, False)
 
 
+H100_MEMORY_MB = 81_559.0
+"""An H100 80 GB's memory as NVML reads it (81,559 MiB), where PyTorch could allocate 78,700 MB."""
+
+
+@dataclass(frozen=True)
+class Lever:
+    """What a lever's value does to a step, against the plain step of the same configuration:
+    its device work divided by ``speed``, its activations times ``activations``, and the
+    optimizer step's time where ``optimizer_ms`` is set."""
+
+    speed: float = 1.0
+    activations: float = 1.0
+    optimizer_ms: float | None = None
+
+
 @dataclass(frozen=True)
 class Simulated:
     """A training step's cost model (module docstring); times in ms, memory in MB."""
@@ -160,13 +180,22 @@ class Simulated:
     items_per_sample: int = 128
     noise_sigma: float = 0.05
     unit: str = "tokens"
+    device_memory_mb: float | None = None
+    """The device's memory as NVML reads it, which bounds the memory model's predictions where no
+    limit is set (``search.study.guards.PredictedOom``); None: a CPU, where nothing bounds them."""
+    levers: Mapping[str, Mapping[str, Lever]] = field(default_factory=dict)
+    """Each lever knob's values that change the step (the plain value has none)."""
+    together: Mapping[frozenset[tuple[str, str]], Lever] = field(default_factory=dict)
+    """Levers on at once (``(knob, value)`` pairs; the precision may be one) whose effects do not
+    simply multiply: their joint effect, in place of the product of their own."""
 
     def figures(self, c: Mapping[str, Any]) -> Figures:
         b, m, p, s, r = (
             c[k] for k in ("batch_size", "micro_batch_size", "precision", "streams", "recompute")
         )
         keeps, cost = self.recompute(r)
-        activations = self.activation_mb_per_sample[p] * m * s * keeps
+        lever = self.lever(c)
+        activations = self.activation_mb_per_sample[p] * m * s * keeps * lever.activations
         memory = self.weights_mb + activations + 0.01 * b
         if memory > self.capacity_mb:
             return Figures(0.0, math.inf, memory, True)
@@ -175,11 +204,35 @@ class Simulated:
         device = self.device_ms_per_sample[p] * in_flight / s + self.device_ms_per_micro
         if self.cache_micro and m > self.cache_micro:
             device *= self.cache_growth ** math.log2(m / self.cache_micro)
-        device *= cost * (1.0 + self.lane_contention * (s - 1))
+        device *= cost * (1.0 + self.lane_contention * (s - 1)) / lever.speed
         host = self.host_ms_per_micro * (self.lane_host_share if s > 1 else 1.0)
         per_micro = max(host, device) if self.host_runs_ahead else host + device
-        step_ms = (b // m) * per_micro + self.optimizer_ms
+        optimizer_ms = self.optimizer_ms if lever.optimizer_ms is None else lever.optimizer_ms
+        step_ms = (b // m) * per_micro + optimizer_ms
         return Figures(b * self.items_per_sample / step_ms * 1000.0, step_ms, memory, False)
+
+    def lever(self, c: Mapping[str, Any]) -> Lever:
+        """The joint effect of ``c``'s levers: each on its own multiplied, but where a set of
+        them (the precision may be one) has a joint effect of its own (``together``), that in
+        place of their product, the largest such set first."""
+        on = {
+            (k, str(c[k])): self.levers[k][str(c[k])]
+            for k in self.levers
+            if k in c and str(c[k]) in self.levers[k]
+        }
+        on[("precision", str(c["precision"]))] = Lever()  # a joint effect may name it
+        for named, joint in sorted(self.together.items(), key=lambda kv: -len(kv[0])):
+            if named <= on.keys():
+                for knob_value in named:
+                    del on[knob_value]
+                on[("together", str(sorted(named)))] = joint
+        effects = on.values()
+        optimizer = [e.optimizer_ms for e in effects if e.optimizer_ms is not None]
+        return Lever(
+            math.prod(e.speed for e in effects),
+            math.prod(e.activations for e in effects),
+            min(optimizer) if optimizer else None,
+        )
 
     def recompute(self, value: bool | str) -> tuple[float, float]:
         """A recompute value's share of the activations kept and device time over none: a flag
@@ -238,16 +291,17 @@ Workload = Simulated | Replayed
 
 
 def key(config: Mapping[str, Any]) -> tuple[Any, ...]:
-    return tuple(
-        config[k] for k in ("batch_size", "micro_batch_size", "precision", "streams", "recompute")
-    )
+    return tuple((k, config[k]) for k in sorted(config))
 
 
-def expert_guess(workload: Workload) -> dict[str, Any]:
+def expert_guess(workload: Workload, compiled: bool = False) -> dict[str, Any]:
     """The expert's first guess, from the true figures: the lowest precision (every precision of
     these workloads computes the same), the largest batch, one lane, no recompute (false, or
-    ``none`` where the space lists settings), the largest micro-batch that fits."""
+    ``none`` where the space lists settings), the largest micro-batch that fits, each lever at its
+    plain value; ``compiled``: the same configuration with ``compile=default`` (as
+    ``versus_baseline.py``'s compiled arm: the micro-batch the eager step fits)."""
     space = workload.space
+    plain = {k: space.params[k].values()[0] for k in LLAMA_LEVERS if k in space.params}
     precisions = space.params["precision"].values()
     precision = next(p for p in ("bf16", "fp16", "tf32", "fp32") if p in precisions)
     no_recompute = next(
@@ -261,9 +315,10 @@ def expert_guess(workload: Workload) -> dict[str, Any]:
             "precision": precision,
             "streams": 1,
             "recompute": no_recompute,
+            **plain,
         }
         if space.contains(config) and not workload.figures(config).oom:
-            return config
+            return {**config, "compile": "default"} if compiled else config
     raise ValueError(f"{workload.name}: no micro-batch fits at the largest batch")
 
 
@@ -379,6 +434,78 @@ def gpu_memory_simulated() -> Simulated:
         device_ms_per_micro=25.2,
         items_per_sample=2048,
         noise_sigma=0.003,
+        device_memory_mb=H100_MEMORY_MB,
+    )
+
+
+LLAMA_LEVERS = {
+    "compile": ["off", "default"],
+    "optimizer": ["foreach", "fused"],
+    "kernels": ["torch", "liger"],
+}
+"""The lever knobs of the CUDA ``llama`` space that ``gpu-levers-sim`` models, the plain value first
+(the compiler's CUDA-graph and autotuning modes are tried only where the host bounds the step,
+which it does not here)."""
+
+
+def gpu_levers_simulated() -> Simulated:
+    """The CUDA ``llama`` preset on an H100 80 GB with its levers: ``gpu-mem-sim``'s memory wall
+    and recompute, refitted to the H100 records of 2026-11-27 (``benchmarks/results/``: batch 32,
+    micro-batch 8, bf16, one lane, 2 fresh processes each where named), with each lever's measured
+    effect on speed and memory, and a stated assumption where nothing was measured:
+
+    * eager, torch's kernels, AdamW ``foreach``: 43.8k tokens/s (``llama_levers_versus``,
+      1,498 ms a step) and 41.3k at micro-batch 4 (1,587 ms) give 43.07 ms of bf16 device work a
+      sample and 22.3 ms a micro-batch over a 30 ms optimizer step (assumed: 1.1B fp32 weights,
+      gradients and two moments; what ``fused`` then saves is measured); 65,169 MB at micro-batch 8;
+    * ``optimizer=fused``: 44.4k against 43.8k in one study (``llama_levers``): the step 20 ms
+      shorter, so 10 ms; memory the same (65,169.5 MB);
+    * ``compile=default``: 55.3k (1,185 ms; ``llama_levers_versus``, 2 processes) and 48,111 MB:
+      device work 1.271x as fast, activations 0.6245 of eager's;
+    * ``kernels=liger`` with ``fused``: 60.5k (1,083 ms) and 49,443 MB: device work 1.367x as fast,
+      activations 0.654 of eager's;
+    * ``fp8-tensorwise`` with ``fused``, eager: 21.9k (2,992 ms) and 63,280 MB: 90.4 ms a sample,
+      5,442 MB of activations a sample;
+    * assumed, not measured: the compiler with Liger 1.05x the compiler alone and 0.9 of its
+      activations (the compiler fuses what Liger's norm, SwiGLU and rotary kernels fuse; Liger's
+      fused linear cross-entropy still never writes the logits); fp8 compiled as fast as bf16
+      compiled, with its activations (torchao's published gains are on 8B models, whose matrix
+      products are four times as wide); the compiler 1.271x at fp32 too; Liger at fp8 as at bf16;
+    * noise 0.5% a trial (windows within +-0.6%, processes within 0.1-0.3%; compiled runs more).
+
+    So the fastest configurations stack the levers, and the memory the compiler and Liger free
+    lets micro-batch 16 fit without recompute: the expert's first guess compiled is not the best."""
+    base = gpu_memory_simulated()
+    compiled = Lever(speed=1.271, activations=0.6245)
+    return replace(
+        base,
+        name="gpu-levers-sim",
+        space=space_of(
+            "gpu-levers-sim",
+            [8, 16, 32],
+            [1, 2, 4, 8, 16, 32],
+            ["fp32", "bf16", "fp8-tensorwise"],
+            recompute=[NO_RECOMPUTE, "attention", "mlp", "every-2", "all"],
+            levers=LLAMA_LEVERS,
+        ),
+        device_ms_per_sample={"fp32": 271.3, "bf16": 43.07, "fp8-tensorwise": 90.4},
+        device_ms_per_micro=22.3,
+        optimizer_ms=30.0,
+        activation_mb_per_sample={"fp32": 11_360.0, "bf16": 5_680.0, "fp8-tensorwise": 5_442.0},
+        levers={
+            "compile": {"default": compiled},
+            "optimizer": {"fused": Lever(optimizer_ms=10.0)},
+            "kernels": {"liger": Lever(speed=1.367, activations=0.654)},
+        },
+        together={
+            frozenset({("compile", "default"), ("kernels", "liger")}): Lever(
+                speed=1.271 * 1.05, activations=0.6245 * 0.9
+            ),
+            frozenset({("compile", "default"), ("precision", "fp8-tensorwise")}): Lever(
+                speed=1.271 * 90.4 / 43.07, activations=0.6245
+            ),
+        },
+        noise_sigma=0.005,
     )
 
 
@@ -391,6 +518,7 @@ WORKLOADS = {
     "cpu-sim": cpu_simulated,
     "gpu-sim": gpu_simulated,
     "gpu-mem-sim": gpu_memory_simulated,
+    "gpu-levers-sim": gpu_levers_simulated,
     "cpu-replay": cpu_replayed,
 }
 
@@ -411,6 +539,12 @@ def _check() -> None:  # python benchmarks/simulator.py: each workload's true be
         best = max(figures, key=lambda fc: fc[0].throughput)
         guess = expert_guess(w)
         oom = sum(f.oom for f, _ in figures)
+        if "compile" in w.space.params:
+            compiled = w.figures(expert_guess(w, compiled=True)).throughput
+            print(
+                f"{w.name}: the expert compiled {compiled:.0f} "
+                f"({compiled / best[0].throughput:.3f})"
+            )
         print(
             f"{w.name}: {len(configs)} configurations ({oom} out of memory); best "
             f"{best[0].throughput:.0f} {best[1]}; expert {w.figures(guess).throughput:.0f} "
