@@ -8,6 +8,12 @@ squares over their micro-batches, and a configuration of the group is predicted 
 runs. The batch is left out of the group: the gradients it accumulates take the same memory at
 any batch (measured on the ``llm`` CPU preset: batch 16 and 32 at micro-batch 16 peaked 4% apart).
 
+A group measured at one micro-batch only (a lever just tried at the best so far) borrows the
+fixed part from the lines of its precision: the weights, gradients and optimizer state are the
+same memory whatever the compiler or the kernels do, while the activations are what those levers
+change. So the memory a lever frees is known from its first trial, and a micro-batch it lets fit,
+or one it still does not, is predicted without a probe.
+
 Pure numbers, no torch: the study predicts each trial before it runs and reports the error
 against every measured peak (``search.study.driver``); a guard skips a configuration predicted to
 run out by a clear margin (``search.study.guards``).
@@ -48,10 +54,18 @@ class PeakPrediction:
     """What one more sample of the micro-batch adds, MB."""
     trials: tuple[int, ...]
     """The trials the line was fitted to."""
+    fixed_from: tuple[int, ...] = ()
+    """The trials whose lines gave the fixed part, where the group had one micro-batch only."""
 
     def text(self) -> str:
         """How it was predicted, for a trial's line: fixed part, part per sample, trials."""
         numbers = ", ".join(f"#{n}" for n in self.trials)
+        if self.fixed_from:
+            lines = ", ".join(f"#{n}" for n in self.fixed_from)
+            return (
+                f"{self.peak_mb:,.0f} MB predicted ({self.fixed_mb:,.0f} MB fixed, as the lines of "
+                f"{lines}, + {self.per_sample_mb:,.1f} MB a sample, from {numbers})"
+            )
         return (
             f"{self.peak_mb:,.0f} MB predicted ({self.fixed_mb:,.0f} MB + "
             f"{self.per_sample_mb:,.1f} MB a sample, from {numbers})"
@@ -65,13 +79,14 @@ class MemoryModel:
     def __init__(self, measured: Iterable[tuple[int, Mapping[str, Any], float]]):
         """``measured``: each complete trial's number, configuration and peak memory, MB."""
         self._groups: dict[str, list[tuple[int, float, float]]] = {}
+        self._precision: dict[str, str] = {}
         for number, config, peak_mb in measured:
             micro = config.get("micro_batch_size", config.get("batch_size"))
             if micro is None or not np.isfinite(peak_mb):
                 continue
-            self._groups.setdefault(group_key(config), []).append(
-                (number, float(micro), float(peak_mb))
-            )
+            key = group_key(config)
+            self._groups.setdefault(key, []).append((number, float(micro), float(peak_mb)))
+            self._precision[key] = str(config.get("precision"))
 
     @classmethod
     def of(cls, history: Sequence[TrialRecord]) -> MemoryModel:
@@ -83,21 +98,61 @@ class MemoryModel:
         )
 
     def predict(self, config: Mapping[str, Any]) -> PeakPrediction | None:
-        """``config``'s peak memory on its group's line; None where the group has fewer than two
-        micro-batches measured, or its memory does not grow with the micro-batch (a line that
+        """``config``'s peak memory on its group's line; with one micro-batch measured, on the
+        line through it from the fixed part of its precision's lines (``_borrowed_fixed``). None
+        where neither is known, or its memory does not grow with the micro-batch (a line that
         falls is noise, not a model)."""
         points = self._groups.get(group_key(config), [])
-        if len({micro for _, micro, _ in points}) < 2:
-            return None
-        micros = np.array([micro for _, micro, _ in points])
-        peaks = np.array([peak for _, _, peak in points])
-        per_sample, fixed = np.polyfit(micros, peaks, 1)
-        if per_sample <= 0:
-            return None
         micro = float(config.get("micro_batch_size", config.get("batch_size")))
+        trials = tuple(sorted(number for number, _, _ in points))
+        if len({m for _, m, _ in points}) == 1:
+            borrowed = self._borrowed_fixed(config)
+            if borrowed is None:
+                return None
+            fixed, lines = borrowed
+            per_sample = float(np.mean([(peak - fixed) / m for _, m, peak in points]))
+            if per_sample <= 0:
+                return None
+            return PeakPrediction(
+                peak_mb=fixed + per_sample * micro,
+                fixed_mb=fixed,
+                per_sample_mb=per_sample,
+                trials=trials,
+                fixed_from=lines,
+            )
+        line = _line(points)
+        if line is None:
+            return None
+        fixed, per_sample = line
         return PeakPrediction(
-            peak_mb=float(fixed + per_sample * micro),
-            fixed_mb=float(fixed),
-            per_sample_mb=float(per_sample),
-            trials=tuple(sorted(number for number, _, _ in points)),
+            peak_mb=fixed + per_sample * micro,
+            fixed_mb=fixed,
+            per_sample_mb=per_sample,
+            trials=trials,
         )
+
+    def _borrowed_fixed(self, config: Mapping[str, Any]) -> tuple[float, tuple[int, ...]] | None:
+        """The median fixed part of the lines of ``config``'s precision, and their trials."""
+        precision = str(config.get("precision"))
+        fixed, trials = [], []
+        for key, points in self._groups.items():
+            if self._precision[key] != precision:
+                continue
+            line = _line(points)
+            if line is not None and line[0] > 0:
+                fixed.append(line[0])
+                trials += [number for number, _, _ in points]
+        if not fixed:
+            return None
+        return float(np.median(fixed)), tuple(sorted(trials))
+
+
+def _line(points: Sequence[tuple[int, float, float]]) -> tuple[float, float] | None:
+    """(fixed part, part per sample) of the least-squares line through ``points``; None with
+    fewer than two micro-batches, or a line that falls."""
+    if len({micro for _, micro, _ in points}) < 2:
+        return None
+    micros = np.array([micro for _, micro, _ in points])
+    peaks = np.array([peak for _, _, peak in points])
+    per_sample, fixed = np.polyfit(micros, peaks, 1)
+    return (float(fixed), float(per_sample)) if per_sample > 0 else None

@@ -70,3 +70,26 @@ def test_a_completed_trial_keeps_its_prediction_and_the_summary_gives_the_error(
     assert "predicted 2 of 3 trials' peak memory" in line
     assert "off by 12% (median), at most -15% (#5)" in line
     assert prediction_lines(records[2:]) == []
+
+
+def test_a_group_of_one_micro_batch_borrows_its_precision_s_fixed_part():
+    """A lever tried at one micro-batch (here the compiler, at 8) is predicted at another from the
+    fixed part of its precision's lines (weights, gradients and optimizer state do not depend on
+    it) and the activations its one trial showed: what it freed is known without a probe."""
+    eager = {"compile": "off"}
+    model = MemoryModel.of(
+        [
+            record(1, 4, 116.0, **eager),  # bf16 eager: 100 MB + 4 MB a sample
+            record(2, 8, 132.0, **eager),
+            record(3, 8, 116.0),  # compiled at 8: 2 MB a sample over the same 100 MB
+            record(4, 4, 300.0, precision="fp32", **eager),  # another precision: not borrowed
+        ]
+    )
+    predicted = model.predict({**BF16, "micro_batch_size": 32})
+    assert predicted.peak_mb == pytest.approx(164.0)
+    assert (predicted.fixed_mb, predicted.per_sample_mb) == pytest.approx((100.0, 2.0))
+    assert predicted.trials == (3,) and predicted.fixed_from == (1, 2)
+    assert predicted.text() == (
+        "164 MB predicted (100 MB fixed, as the lines of #1, #2, + 2.0 MB a sample, from #3)"
+    )
+    assert model.predict({**BF16, "micro_batch_size": 32, "precision": "fp32"}) is None
