@@ -7,8 +7,10 @@ overhead, an idling device, precision speed-ups, lanes, an optimizer step and an
 like the ``llm`` space on the 2-core CPU and on an H100; ``gpu-mem-sim``, the same model shaped
 like the ``llama`` space on an H100 (TinyLlama-1.1B at sequence 2048, fitted to the H100
 campaign's llama study): memory-bound, with recompute settings from ``none`` to ``all`` that each
-keep a share of the activations for a share of another forward; and ``cpu-replay``, the CPU
-``llm`` space measured once by the tool, every configuration, and replayed with noise.
+keep a share of the activations for a share of another forward; ``gpu-levers-sim``, the same
+with the llama space's levers (the compiler, fused AdamW, Liger's kernels, fp8), each with its
+effect on speed and memory as measured on the H100; and ``cpu-replay``, the CPU ``llm`` space
+measured once by the tool, every configuration, and replayed with noise.
 
 Each sampler runs this tool's protocol (``search.study.driver``) through Optuna's ask and tell: a
 proposal that breaks a constraint, is certain to run out of memory (``memory_grows_with``) or was
@@ -23,7 +25,11 @@ Scored per budget, over seeds:
   throughput) are measured 2 more times and the one with the highest mean is recommended;
 * **>= expert**: in how many seeds the recommendation's true throughput is at least that of the
   expert's first guess (bf16, the largest batch and micro-batch that fits, one lane, no
-  recompute);
+  recompute); **>= expert compiled**: the same guess with ``compile=default``, where the space
+  compiles;
+* **out of memory**: the most trials that ran out of memory at one precision in one seed; the
+  memory model skips what it predicts past the device's memory (``predicted out``), as the tool
+  does on a GPU;
 * **hypervolume** of the measured configurations' true objectives (throughput, p95 latency,
   peak memory, normalised over the feasible configurations) over that of the true front.
 

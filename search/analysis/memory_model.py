@@ -8,11 +8,12 @@ squares over their micro-batches, and a configuration of the group is predicted 
 runs. The batch is left out of the group: the gradients it accumulates take the same memory at
 any batch (measured on the ``llm`` CPU preset: batch 16 and 32 at micro-batch 16 peaked 4% apart).
 
-A group measured at one micro-batch only (a lever just tried at the best so far) borrows the
-fixed part from the lines of its precision: the weights, gradients and optimizer state are the
-same memory whatever the compiler or the kernels do, while the activations are what those levers
-change. So the memory a lever frees is known from its first trial, and a micro-batch it lets fit,
-or one it still does not, is predicted without a probe.
+A group measured at one micro-batch only (a lever just tried at the best so far, another
+precision) borrows the fixed part from the lines of its precision, else of every precision: the
+weights, gradients and optimizer state are the same memory whatever the compiler or the kernels
+do, and under autocast whatever the precision, while the activations are what those change. So
+the memory a lever frees is known from its first trial, and a micro-batch it lets fit, or one it
+still does not, is predicted without a probe.
 
 Pure numbers, no torch: the study predicts each trial before it runs and reports the error
 against every measured peak (``search.study.driver``); a guard skips a configuration predicted to
@@ -132,19 +133,17 @@ class MemoryModel:
         )
 
     def _borrowed_fixed(self, config: Mapping[str, Any]) -> tuple[float, tuple[int, ...]] | None:
-        """The median fixed part of the lines of ``config``'s precision, and their trials."""
+        """The median fixed part of the lines of ``config``'s precision, and their trials; of
+        every precision's lines where its own has none (a step under autocast keeps fp32
+        weights, gradients and optimizer state whatever its precision)."""
+        lines = {key: line for key, points in self._groups.items() if (line := _line(points))}
         precision = str(config.get("precision"))
-        fixed, trials = [], []
-        for key, points in self._groups.items():
-            if self._precision[key] != precision:
-                continue
-            line = _line(points)
-            if line is not None and line[0] > 0:
-                fixed.append(line[0])
-                trials += [number for number, _, _ in points]
-        if not fixed:
+        own = [key for key in lines if self._precision[key] == precision]
+        keys = [key for key in own or lines if lines[key][0] > 0]
+        if not keys:
             return None
-        return float(np.median(fixed)), tuple(sorted(trials))
+        trials = sorted(number for key in keys for number, _, _ in self._groups[key])
+        return float(np.median([lines[key][0] for key in keys])), tuple(trials)
 
 
 def _line(points: Sequence[tuple[int, float, float]]) -> tuple[float, float] | None:

@@ -8,21 +8,70 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from search.analysis.memory_model import MemoryModel
 from search.core.records import COMPLETE
 from search.strategy.book import OOM, Book, config_key, recomputes
-from search.strategy.move import Move, bisect_wall, feasible_micro
+from search.strategy.move import Move, bisect_wall, feasible_micro, ladder_step
 
-__all__ = ["precision_walls", "recompute_between", "recompute_past_the_wall", "with_recompute"]
+__all__ = [
+    "precision_walls",
+    "recompute_between",
+    "recompute_past_the_wall",
+    "reopened_wall",
+    "with_recompute",
+]
 
 MEMORY = "peak_memory_mb"
 """The figure recompute is judged on (``_recompute_saves_memory``)."""
+
+
+REOPEN_MARGIN = 0.15
+"""How far past the largest peak a trial has held a micro-batch the memory model predicts may be,
+for ``reopened_wall`` to try it: the model's error goal, as for ``PredictedOom``."""
+
+
+def reopened_wall(book: Book) -> Iterator[Move]:
+    """The micro-batch above the best so far, at its levers, where the memory they freed lets it
+    fit: the memory model, from the best's one trial and its precision's fixed part
+    (``search.analysis.memory_model``), predicts it within ``REOPEN_MARGIN`` of the largest peak
+    a trial has held. Why: the wall was found eagerly, and the compiler or fused kernels that
+    won since hold fewer activations (on the H100 llama preset, 48-49 GB at micro-batch 8 against
+    65 GB eager), so the micro-batch the eager step could not fit may fit now."""
+    best = book.best()
+    if best is None or "micro_batch_size" not in book.discrete:
+        return
+    micro = best.config["micro_batch_size"]
+    above = ladder_step(book, "micro_batch_size", micro, 1)
+    if above is None:
+        return
+    config = {**best.config, "micro_batch_size": above}
+    held = [s.figures[MEMORY] for s in book.complete if MEMORY in s.figures]
+    model = MemoryModel(
+        (i, s.config, s.figures[MEMORY]) for i, s in enumerate(book.complete) if MEMORY in s.figures
+    )
+    predicted = model.predict(config)
+    if predicted is None or predicted.peak_mb > max(held) * (1 + REOPEN_MARGIN):
+        return
+    yield Move(
+        config,
+        f"micro-batch {above} at the best so far, whose levers freed memory: "
+        f"{predicted.peak_mb:,.0f} MB predicted, against {max(held):,.0f} MB a trial has held",
+    )
+
+
+RECOMPUTE_PAYS = 1.10
+"""What doubling the micro-batch must gain, where it was measured just below the wall, for
+recompute to be tried past it: the least the space's recompute settings cost in time (a part of
+every block, about 1.10x the step on the H100 llama preset; every other block 1.175x, measured).
+Where doubling gains less, the device is full already and recompute only costs."""
 
 
 def recompute_past_the_wall(book: Book) -> Iterator[Move]:
     """The least recompute that lets the micro-batch at the wall fit: at the fastest
     configuration without recompute, on one lane, the smallest micro-batch that ran out of memory
     above every one that fitted; the space's recompute settings from the least recomputed up, each
-    until one fits there."""
+    until one fits there. Not where the last doubling below the wall gained less than
+    ``RECOMPUTE_PAYS``: a larger micro-batch would not pay for the recompute."""
     settings = book.recompute_settings()
     best = book.best(recompute=False)
     if "micro_batch_size" not in book.discrete or not settings or best is None:
@@ -31,7 +80,7 @@ def recompute_past_the_wall(book: Book) -> Iterator[Move]:
     if "streams" in book.discrete:
         base["streams"] = book.ladder("streams")[0]
     wall = _wall(book, base)
-    if wall is None:
+    if wall is None or not _doubling_pays(book, base, wall):
         return
     for setting in settings:
         config = {**base, "micro_batch_size": wall, "recompute": setting}
@@ -45,6 +94,18 @@ def recompute_past_the_wall(book: Book) -> Iterator[Move]:
             return
         if outcome == COMPLETE:
             return
+
+
+def _doubling_pays(book: Book, config: Mapping[str, Any], wall: Any) -> bool:
+    """Whether the last two micro-batches below ``wall`` at ``config`` gained ``RECOMPUTE_PAYS``
+    from one to the next (True where either is not measured: nothing says it does not)."""
+    below = ladder_step(book, "micro_batch_size", wall, -1)
+    lower = ladder_step(book, "micro_batch_size", below, -1) if below is not None else None
+    if lower is None:
+        return True
+    high = book.throughput({**config, "micro_batch_size": below})
+    low = book.throughput({**config, "micro_batch_size": lower})
+    return high is None or low is None or high >= RECOMPUTE_PAYS * low
 
 
 def _wall(book: Book, config: Mapping[str, Any]) -> Any:

@@ -24,11 +24,15 @@ of memory, breaks a constraint or is being measured by another process:
    each attention kernel, then fused kernels and fp8 precisions (compiled, where the space can
    compile) where the host does not bound the step. The rest of the order starts from whichever
    won.
-3. **The least recompute that lets a larger micro-batch fit**: at the micro-batch just above
-   the wall, the space's recompute settings from the least recomputed up (as it lists them: a
-   part of every block, every K-th block, all), each until one fits. Then **each other
-   precision's own wall**, bisected where it ran out of memory: bf16's activations take half of
-   fp32's, so bf16's wall is not fp32's.
+3. **The wall re-opened by the levers**: the micro-batch above the best so far, at its levers,
+   where the memory model predicts it within 15% of the largest peak a trial has held (the
+   compiler and fused kernels hold fewer activations than the eager step the wall was found
+   with). **The least recompute that lets a larger micro-batch fit**: at the micro-batch just
+   above the wall, the space's recompute settings from the least recomputed up (as it lists them:
+   a part of every block, every K-th block, all), each until one fits; not where doubling the
+   micro-batch below the wall gained less than recompute costs (``RECOMPUTE_PAYS``). Then **each
+   other precision's own wall**, bisected where it ran out of memory: bf16's activations take
+   half of fp32's, so bf16's wall is not fp32's.
 4. **The best inner configuration of each batch size**, from the largest down (the throughput-
    latency front): at the largest batch, micro-batch sweeps from the largest that fits down, on
    more lanes and on one, each until it has passed its peak; a smaller batch starts from the best
@@ -58,6 +62,7 @@ from search.strategy.memory_moves import (
     precision_walls,
     recompute_between,
     recompute_past_the_wall,
+    reopened_wall,
     with_recompute,
 )
 from search.strategy.move import Move, bisect_wall, feasible_micro, ladder_step, overhead_bound
@@ -94,6 +99,7 @@ def _order(book: Book) -> Iterator[Move]:
     yield from lever_moves.attention(book)
     yield from lever_moves.fused_kernels(book)
     yield from lever_moves.fp8(book)
+    yield from reopened_wall(book)
     yield from recompute_past_the_wall(book)
     yield from precision_walls(book)
     yield from _batches(book)
@@ -231,7 +237,10 @@ def _sweeps(book: Book, batch: Any) -> Iterator[Move]:
     )
     lanes = "streams" in book.discrete
     for many in (True, False) if lanes else (False,):
-        figures: list[float] = []
+        # the sweep's start counts toward its peak where it was measured on these lanes
+        figures = _start_figure(
+            book, {**best.config, "micro_batch_size": top["micro_batch_size"]}, many
+        )
         micro = ladder_step(book, "micro_batch_size", top["micro_batch_size"], -1)
         while micro is not None and not _past_the_peak(figures):
             config = {**best.config, "micro_batch_size": micro}
@@ -246,6 +255,19 @@ def _sweeps(book: Book, batch: Any) -> Iterator[Move]:
             if outcome == COMPLETE:
                 figures.append(book.throughput(config) or 0.0)
             micro = ladder_step(book, "micro_batch_size", micro, -1)
+
+
+def _start_figure(book: Book, config: Mapping[str, Any], many: bool) -> list[float]:
+    """The throughput of a sweep's start (its largest micro-batch), on the sweep's lanes, where
+    measured: so a sweep that falls twice from there stops a micro-batch sooner."""
+    if "streams" in book.discrete:
+        one = book.ladder("streams")[0]
+        streams = _most_lanes(book, config) if many else one
+        if many and streams == one:
+            return []  # the start cannot run on more lanes: no figure of this sweep's
+        config = {**config, "streams": streams}
+    figure = book.throughput(config)
+    return [figure] if figure is not None else []
 
 
 PAST_THE_PEAK = 2

@@ -32,13 +32,15 @@ def test_a_group_s_line_over_its_micro_batches_predicts_a_larger_one():
     assert model.predict({**BF16, "batch_size": 16, "micro_batch_size": 16}) is not None
 
 
-def test_other_knobs_are_other_groups_and_one_micro_batch_is_no_line():
+def test_other_knobs_are_other_groups_and_a_group_with_no_trial_is_not_predicted():
     model = MemoryModel.of(
         [record(1, 4, 116.0), record(2, 8, 132.0), record(3, 4, 200.0, precision="fp32")]
     )
-    assert model.predict({**BF16, "micro_batch_size": 16, "precision": "fp32"}) is None
     assert model.predict({**BF16, "micro_batch_size": 16, "streams": 2}) is None
     assert model.predict({**BF16, "micro_batch_size": 16, "compile": "off"}) is None
+    # one trial and no line of its own: not on bf16's line, but through its one point
+    fp32 = model.predict({**BF16, "micro_batch_size": 16, "precision": "fp32"})
+    assert fp32.fixed_from == (1, 2) and fp32.peak_mb == pytest.approx(100.0 + 25.0 * 16)
 
 
 def test_a_line_that_falls_is_noise_not_a_model_and_failed_trials_do_not_count():
@@ -75,14 +77,17 @@ def test_a_completed_trial_keeps_its_prediction_and_the_summary_gives_the_error(
 def test_a_group_of_one_micro_batch_borrows_its_precision_s_fixed_part():
     """A lever tried at one micro-batch (here the compiler, at 8) is predicted at another from the
     fixed part of its precision's lines (weights, gradients and optimizer state do not depend on
-    it) and the activations its one trial showed: what it freed is known without a probe."""
+    it) and the activations its one trial showed: what it freed is known without a probe. A
+    precision with a line of its own lends from it first."""
     eager = {"compile": "off"}
     model = MemoryModel.of(
         [
             record(1, 4, 116.0, **eager),  # bf16 eager: 100 MB + 4 MB a sample
             record(2, 8, 132.0, **eager),
             record(3, 8, 116.0),  # compiled at 8: 2 MB a sample over the same 100 MB
-            record(4, 4, 300.0, precision="fp32", **eager),  # another precision: not borrowed
+            record(4, 4, 300.0, precision="fp32", **eager),  # no line: nothing to lend
+            record(5, 4, 132.0, precision="fp32"),  # a line of fp32's own: lent before bf16's
+            record(6, 8, 148.0, precision="fp32"),  # (fixed 116 MB)
         ]
     )
     predicted = model.predict({**BF16, "micro_batch_size": 32})
@@ -92,4 +97,5 @@ def test_a_group_of_one_micro_batch_borrows_its_precision_s_fixed_part():
     assert predicted.text() == (
         "164 MB predicted (100 MB fixed, as the lines of #1, #2, + 2.0 MB a sample, from #3)"
     )
-    assert model.predict({**BF16, "micro_batch_size": 32, "precision": "fp32"}) is None
+    own = model.predict({**BF16, "micro_batch_size": 32, "precision": "fp32", **eager})
+    assert own.fixed_from == (5, 6) and own.fixed_mb == pytest.approx(116.0)

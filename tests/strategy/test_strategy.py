@@ -360,16 +360,19 @@ RECOMPUTE_SETTINGS = {"type": "categorical", "choices": ["none", "attention", "m
 """From the least recomputed to the most, as a space lists them."""
 
 
-def settings_walled(wall: int, keeps: Mapping[str, float], fp32_wall: int | None = None) -> Oracle:
+def settings_walled(
+    wall: int, keeps: Mapping[str, float], fp32_wall: int | None = None, overhead: float = 4.0
+) -> Oracle:
     """Micro-batches above ``wall`` (``fp32_wall`` in fp32) run out of memory; a recompute setting
-    that keeps a share ``keeps[setting]`` of the activations lets ``wall / share`` fit."""
+    that keeps a share ``keeps[setting]`` of the activations lets ``wall / share`` fit. Throughput
+    ``m / (m + overhead)``: the smaller ``overhead``, the less a larger micro-batch gains."""
 
     def run(c: Mapping[str, Any]) -> Seen:
         base = fp32_wall if fp32_wall is not None and c["precision"] == "fp32" else wall
         limit = base / keeps[c["recompute"]] / c["streams"]
         if c["micro_batch_size"] > limit:
             return Seen(dict(c), OOM, {})
-        thr = 1000.0 * c["micro_batch_size"] / (c["micro_batch_size"] + 4)
+        thr = 1000.0 * c["micro_batch_size"] / (c["micro_batch_size"] + overhead)
         figures = {
             "throughput": thr,
             "latency_p95_ms": c["batch_size"] / thr * 1000,
@@ -390,6 +393,47 @@ def test_the_least_recompute_that_lets_the_micro_batch_at_the_wall_fit_is_tried_
     assert [r for r, _ in at_wall] == ["none", "attention", "mlp"]
     assert "the least recompute not yet tried at micro-batch 16" in at_wall[1][1]
     assert not any(c["recompute"] == "all" and c["micro_batch_size"] == 16 for c, _ in made)
+
+
+def test_where_a_larger_micro_batch_would_not_pay_for_it_no_recompute_is_tried_past_the_wall():
+    """Doubling the micro-batch below the wall (4 to 8) gains 1% where the device is full: less
+    than the least recompute costs (``RECOMPUTE_PAYS``), so the wall's probes with recompute, each
+    a trial that may run out of memory, are not made. Where it gains 33% (the test above), they
+    are."""
+    space = llm_like(batch=(32, 32), micro=(1, 32), recompute=RECOMPUTE_SETTINGS)
+    keeps = {"none": 1.0, "attention": 0.8, "mlp": 0.5, "all": 0.1}
+    made = drive(space, settings_walled(8, keeps, overhead=0.05), budget=8)
+    assert not any("the least recompute" in why for _, why in made), made
+
+
+def test_memory_a_lever_frees_reopens_the_wall():
+    """The compiler holds half the eager step's activations: micro-batch 16, past the eager
+    wall, fits compiled. Once the compiler wins at the wall's micro-batch, the micro-batch above
+    is tried compiled, predicted from the compiled trial and bf16's fixed part, and fits."""
+    compile_modes = {"type": "categorical", "choices": ["off", "default"]}
+    space = llm_like(batch=(32, 32), micro=(1, 32), precisions=("bf16",), compile=compile_modes)
+
+    def run(c: Mapping[str, Any]) -> Seen:
+        per_sample = 10.0 if c["compile"] == "off" else 5.0
+        memory = 100.0 + per_sample * c["micro_batch_size"] * c["streams"] * (
+            0.4 if c["recompute"] else 1.0
+        )
+        if memory > 200.0:
+            return Seen(dict(c), OOM, {})
+        thr = (
+            (1.3 if c["compile"] == "default" else 1.0)
+            * c["micro_batch_size"]
+            / (c["micro_batch_size"] + 1)
+        )
+        figures = {"throughput": thr, "latency_p95_ms": 32 / thr, "peak_memory_mb": memory}
+        return Seen(dict(c), COMPLETE, figures)
+
+    made = drive(space, run, budget=10)
+    won = next(i for i, (c, why) in enumerate(made) if why.startswith("the compiler"))
+    config, why = made[won + 1]
+    assert (config["compile"], config["micro_batch_size"]) == ("default", 16), made
+    assert why.startswith("micro-batch 16 at the best so far, whose levers freed memory: 180 MB")
+    assert run(config).outcome == COMPLETE
 
 
 def test_each_other_precision_bisects_its_own_wall():
