@@ -92,9 +92,10 @@ KNOBS: tuple[Knob, ...] = (
         short="recompute:",
         tasks=("train",),
         changes_numerics=True,
-        description="none | all | every-K | a part's name: recompute in backward, instead of "
-        "keeping them, the activations of every block of ``workload.recompute_modules()``, of "
-        "every K-th, or of one part of every block (``workload.recompute_parts()``); true and "
+        description="none | all | every-K | selective | a part's name: recompute in backward, "
+        "instead of keeping them, the activations of every block of "
+        "``workload.recompute_modules()``, of every K-th, of every block but its matrix products "
+        "(selective), or of one part of every block (``workload.recompute_parts()``); true and "
         "false mean all and none (serving has no backward pass).",
         unlabelled="none",
     ),

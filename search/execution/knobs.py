@@ -115,8 +115,9 @@ class Knobs:
     """Lanes running micro-batches concurrently: a CUDA stream each on a GPU, a thread each on a
     CPU."""
     recompute: str = RECOMPUTE_NONE
-    """Which activations backward recomputes instead of keeping them: none, all, every-K (blocks)
-    or a part of every block (``search.execution.recompute``); a flag is read as all or none."""
+    """Which activations backward recomputes instead of keeping them: none, all, every-K (blocks),
+    selective (every block but its matrix products) or a part of every block
+    (``search.execution.recompute``); a flag is read as all or none."""
     compile: str = "off"
     """off | default | reduce-overhead (CUDA only) | max-autotune: ``torch.compile``'s mode for the
     step's function (``search.execution.compiling``)."""
@@ -142,7 +143,8 @@ class Knobs:
             )
         if not is_recompute_setting(self.recompute):
             raise KnobError(
-                "`recompute` must be none, all, every-K or the name of a part of a block, but "
+                "`recompute` must be none, all, every-K, selective or the name of a part of a "
+                "block, but "
                 f"got {self.recompute!r}."
             )
         object.__setattr__(self, "recompute", recompute_setting(self.recompute))
@@ -198,7 +200,10 @@ def value_rule(name: str) -> tuple[Callable[[object], bool], str]:
         choices = KNOB_CHOICES[name]
         return (lambda v: v in choices, f"one of {', '.join(choices)}")
     if name == "recompute":
-        return (is_recompute_setting, "none, all, every-K, a part's name, or true or false")
+        return (
+            is_recompute_setting,
+            "none, all, every-K, selective, a part's name, or true or false",
+        )
     if _FIELD_TYPES[name] is bool:
         return (lambda v: isinstance(v, bool), "true or false")
     if _FIELD_TYPES[name] in (int, int | None):

@@ -8,7 +8,13 @@ A setting is one of:
 - ``every-K``: recompute every K-th block (blocks 0, K, 2K, ...; torchtitan's selective
   checkpointing by layer), which saves about 1/K of what ``all`` saves for 1/K of its cost;
 - a part's name (``attention``, ``mlp``, ...): recompute that part of every block, where the
-  workload names the parts of its blocks (``Workload.recompute_parts()``).
+  workload names the parts of its blocks (``Workload.recompute_parts()``);
+- ``selective``: every block, but its matrix products and attention are kept from forward and
+  only the rest (norms, activations, residual adds, casts) is recomputed: torch's selective
+  activation checkpointing (``create_selective_checkpoint_contexts``), as torchtitan's op-level
+  policy. The cheap operators hold much of a block's activations (a SwiGLU's gate and up
+  products' activations, every norm's output in fp32 under autocast) for a small share of its
+  FLOPs, so it saves a share of ``all``'s memory for a fraction of its time.
 
 Each setting computes the same step as ``none`` (recomputation repeats the same operators on the
 same inputs), which the fidelity check confirms like any other knob.
@@ -18,15 +24,23 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from functools import partial
+from typing import Any
 
+import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
 
 from search.core.errors import KnobError
 from search.workloads.base import Workload, is_counting
 
 __all__ = [
     "RECOMPUTE_NONE",
+    "SELECTIVE",
     "apply_recompute",
     "is_recompute_setting",
     "named_by",
@@ -35,6 +49,7 @@ __all__ = [
 ]
 
 RECOMPUTE_NONE = "none"
+SELECTIVE = "selective"
 _ALL = "all"
 _EVERY = re.compile(r"every-([1-9][0-9]*)")
 _PART = re.compile(r"[a-z][a-z0-9_]*")
@@ -63,7 +78,7 @@ def named_by(setting: str) -> str | None:
     blocks: all, every-K), ``recompute_parts`` (a part's name); None for none."""
     if setting == RECOMPUTE_NONE:
         return None
-    if setting == _ALL or _EVERY.fullmatch(setting):
+    if setting in (_ALL, SELECTIVE) or _EVERY.fullmatch(setting):
         return "recompute_modules"
     return "recompute_parts"
 
@@ -74,7 +89,7 @@ def recompute_targets(workload: Workload, model: nn.Module, setting: str) -> lis
     if setting == RECOMPUTE_NONE:
         return []
     name = type(workload).__name__
-    if setting == _ALL or _EVERY.fullmatch(setting):
+    if setting in (_ALL, SELECTIVE) or _EVERY.fullmatch(setting):
         blocks = workload.recompute_modules(model)
         if not blocks:
             raise KnobError(
@@ -95,15 +110,39 @@ def recompute_targets(workload: Workload, model: nn.Module, setting: str) -> lis
 
 
 def apply_recompute(workload: Workload, model: nn.Module, setting: str) -> None:
-    """Make every target module of ``setting`` recompute its activations in backward."""
+    """Make every target module of ``setting`` recompute its activations in backward (under
+    ``selective``, all but what ``_SAVED`` keeps)."""
     for module in recompute_targets(workload, model, setting):
-        module.forward = _checkpointed(module.forward)
+        module.forward = _checkpointed(module.forward, selective=setting == SELECTIVE)
 
 
-def _checkpointed(forward: Callable) -> Callable:
+def _saved_ops() -> frozenset[Any]:
+    """The operators ``selective`` keeps from forward: the matrix products and attention kernels
+    (those this torch build has), where a block's FLOPs are."""
+    aten = torch.ops.aten
+    names = ["mm", "addmm", "bmm", "baddbmm", "linear", "_scaled_mm"] + [
+        name
+        for name in dir(aten)
+        if name.startswith("_scaled_dot_product") and "backward" not in name
+    ]
+    return frozenset(getattr(aten, n).default for n in names if hasattr(aten, n))
+
+
+_SAVED = _saved_ops()
+
+
+def _keep_the_products(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE if op in _SAVED else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _checkpointed(forward: Callable, selective: bool = False) -> Callable:
+    contexts = partial(create_selective_checkpoint_contexts, _keep_the_products)
+
     def run(*args, **kwargs):
         if is_counting():  # model FLOPs, not the repeats
             return forward(*args, **kwargs)
+        if selective:
+            return checkpoint(forward, *args, use_reentrant=False, context_fn=contexts, **kwargs)
         return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
     return run

@@ -287,7 +287,7 @@ BAD_INPUT = {
     ),
     "a recompute setting of another form": (
         ["+space=llama", "space.params.recompute.choices=[none,every-0]"],
-        "params.recompute must be none, all, every-K, a part's name, or true or false",
+        "params.recompute must be none, all, every-K, selective, a part's name, or true or false",
     ),
     "a space set without its plus": (["space=llm"], "a space is added, not set: write +space=llm"),
     "a space named with its extension": (

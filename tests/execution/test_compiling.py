@@ -136,12 +136,14 @@ class Blocks(Small):
         return model(x).square().mean()
 
 
-def test_a_recomputed_step_traces_as_one_graph():
+@pytest.mark.parametrize("setting", ["all", "selective"])
+def test_a_recomputed_step_traces_as_one_graph(setting):
     """Recompute asks whether the step's work is being counted; the compiler must see through
-    that question, or each recomputed block breaks the graph (a llama step broke 9 times)."""
+    that question, or each recomputed block breaks the graph (a llama step broke 9 times). The
+    selective policy traces too: in a compiled step it is what keeps the products."""
     workload = Blocks()
     model = workload.build_model()
-    apply_recompute(workload, model, "all")
+    apply_recompute(workload, model, setting)
     batch = workload.make_batch(4, torch.Generator().manual_seed(0))
     explained = torch._dynamo.explain(workload.loss)(model, batch)
     assert explained.graph_break_count == 0, [b.reason for b in explained.break_reasons]

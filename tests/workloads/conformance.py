@@ -95,7 +95,7 @@ class WorkloadConformance:
         gradient norm agree with the step that keeps everything (the fidelity check's fp32
         bounds)."""
         workload, model, _ = self._model_and_batch()
-        settings = ["all", "every-2", *workload.recompute_parts(model)]
+        settings = ["all", "every-2", "selective", *workload.recompute_parts(model)]
         if not workload.recompute_modules(model):
             settings = []
         for setting in settings:

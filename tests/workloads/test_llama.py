@@ -46,7 +46,15 @@ def test_the_model_is_transformers_llama_with_grouped_key_value_heads():
 
 @pytest.mark.parametrize(
     ("setting", "expected"),
-    [("none", 0), ("all", 4), ("every-2", 2), ("every-3", 2), ("attention", 4), ("mlp", 4)],
+    [
+        ("none", 0),
+        ("all", 4),
+        ("every-2", 2),
+        ("every-3", 2),
+        ("attention", 4),
+        ("mlp", 4),
+        ("selective", 4),
+    ],
 )
 def test_each_recompute_setting_checkpoints_its_modules(setting, expected):
     workload = Llama(**TINY)
@@ -69,6 +77,37 @@ def test_recompute_runs_the_recomputed_forwards_again_in_backward(setting, mlp_f
             layer.mlp.gate_proj.register_forward_hook(lambda *_: calls.append(1))
         step()
     assert len(calls) == mlp_forwards  # 4 layers, each recomputed one once more
+
+
+def _silus_and_flops(setting: str) -> tuple[int, int]:
+    """How many SiLUs a training step ran (forward, and again where recomputed) and its FLOPs."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    class Silus(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Silus.count += func is torch.ops.aten.silu.default
+            return func(*args, **(kwargs or {}))
+
+    with TrainStep(Llama(**TINY), Knobs(batch_size=2, recompute=setting), CPU) as step:
+        step()  # warm: the optimizer's state is built
+        flops = FlopCounterMode(display=False)
+        with flops, Silus():
+            step()
+    return Silus.count, flops.get_total_flops()
+
+
+def test_selective_recompute_keeps_the_matrix_products_and_recomputes_the_rest():
+    """``selective`` runs every block's cheap operators again in backward (each layer's SiLU
+    twice, as ``all`` does) but none of its matrix products: the step's FLOPs are those of the
+    step that keeps everything, where ``all`` adds another forward's."""
+    none_silus, none_flops = _silus_and_flops("none")
+    silus, flops = _silus_and_flops("selective")
+    all_silus, all_flops = _silus_and_flops("all")
+    assert (none_silus, silus, all_silus) == (4, 8, 8)
+    assert flops == none_flops < all_flops
 
 
 @pytest.mark.parametrize("field", ["vocab_size", "seq_len", "n_layers", "n_kv_heads"])
