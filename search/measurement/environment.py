@@ -207,9 +207,9 @@ def _nvml(device_index: int) -> dict[str, str]:
         info["gpu_mem_clock_mhz"] = str(
             pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM)
         )
-        info["gpu_memory_mb"] = f"{pynvml.nvmlDeviceGetMemoryInfo(handle).total / 2**20:.0f}"
         info["gpu_uuid"] = str(pynvml.nvmlDeviceGetUUID(handle))
         info["gpu_index"] = str(pynvml.nvmlDeviceGetIndex(handle))
+        info["gpu_memory_mb"] = f"{pynvml.nvmlDeviceGetMemoryInfo(handle).total / 2**20:.0f}"
     except pynvml.NVMLError:
         pass
     finally:

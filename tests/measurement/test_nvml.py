@@ -16,7 +16,12 @@ import pytest
 import torch
 
 from search.measurement.energy import CpuEnergyMonitor, energy_unavailable_reason
-from search.measurement.environment import contention, device_label, environment
+from search.measurement.environment import (
+    contention,
+    device_label,
+    device_memory_mb,
+    environment,
+)
 from search.measurement.nvml import GpuMonitor, decode_clock_event_reasons, nvml_handle
 
 NO_POLL_S = 3600.0  # a polling period no test window reaches: only the begin and end samples count
@@ -57,6 +62,7 @@ class FakeDevice:
         self.reasons = 0
         self.name = f"fake {uuid}"
         self.max_sm_clock_mhz = 1980
+        self.memory_bytes = 80 * 2**30  # an H100 80 GB reads 81,559 MiB; a round figure here
         self.processes: list[SimpleNamespace] = []  # each with a pid, as pynvml's process records
         self.failing: dict[str, type[NVMLError]] = {}  # query -> error it raises
         self.calls: dict[str, int] = {}
@@ -119,6 +125,9 @@ class FakeNvml:
     def nvmlDeviceGetTemperature(self, handle: FakeDevice, sensor: int) -> int:
         assert sensor == self.NVML_TEMPERATURE_GPU
         return handle.answer("temperature", handle.temperature_c)
+
+    def nvmlDeviceGetMemoryInfo(self, handle: FakeDevice):
+        return handle.answer("memory", SimpleNamespace(total=handle.memory_bytes, used=0))
 
     def nvmlDeviceGetUtilizationRates(self, handle: FakeDevice):
         return handle.answer("utilization", SimpleNamespace(gpu=handle.util_pct, memory=10))
@@ -486,6 +495,8 @@ def test_environment_describes_the_gpu_with_the_cuda_uuid(visible_second_gpu):
     # which GPU: NVML's index on the host (1), not the 0 that CUDA_VISIBLE_DEVICES shows
     assert env["gpu_uuid"] == "GPU-bbbb" and env["gpu_index"] == "1"
     assert device_label({**env, "hostname": "n1"}) == "n1 GPU 1 GPU-bbbb"
+    # its memory, which bounds the memory model's predictions where no limit is set
+    assert env["gpu_memory_mb"] == "81920" and device_memory_mb(env) == 81920.0
     assert other.calls == {}
     assert nvml.shutdowns == 1
 
