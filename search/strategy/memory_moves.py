@@ -42,8 +42,8 @@ def reopened_wall(book: Book) -> Iterator[Move]:
         return
     micro = best.config["micro_batch_size"]
     above = ladder_step(book, "micro_batch_size", micro, 1)
-    if above is None:
-        return
+    if above is None or not _ran_out_at(book, best.config.get("precision"), above):
+        return  # no wall there: nothing was freed, and the sweeps and climbs reach it
     config = {**best.config, "micro_batch_size": above}
     held = [s.figures[MEMORY] for s in book.complete if MEMORY in s.figures]
     model = MemoryModel(
@@ -56,6 +56,17 @@ def reopened_wall(book: Book) -> Iterator[Move]:
         config,
         f"micro-batch {above} at the best so far, whose levers freed memory: "
         f"{predicted.peak_mb:,.0f} MB predicted, against {max(held):,.0f} MB a trial has held",
+    )
+
+
+def _ran_out_at(book: Book, precision: Any, micro: Any) -> bool:
+    """Whether some configuration of ``precision`` ran out of memory (or was skipped as certain
+    or predicted to) at ``micro`` or below: the wall the levers may have moved."""
+    return any(
+        s.outcome == OOM
+        and s.config.get("precision") == precision
+        and s.config.get("micro_batch_size", micro) <= micro
+        for s in book.outcomes.values()
     )
 
 

@@ -406,34 +406,51 @@ def test_where_a_larger_micro_batch_would_not_pay_for_it_no_recompute_is_tried_p
     assert not any("the least recompute" in why for _, why in made), made
 
 
-def test_memory_a_lever_frees_reopens_the_wall():
-    """The compiler holds half the eager step's activations: micro-batch 16, past the eager
-    wall, fits compiled. Once the compiler wins at the wall's micro-batch, the micro-batch above
-    is tried compiled, predicted from the compiled trial and bf16's fixed part, and fits."""
-    compile_modes = {"type": "categorical", "choices": ["off", "default"]}
-    space = llm_like(batch=(32, 32), micro=(1, 32), precisions=("bf16",), compile=compile_modes)
+def compiled_halves_activations(capacity_mb: float, bf16_speed: float = 1.0) -> Oracle:
+    """Peak memory 100 MB plus 10 MB a sample eager, 5 compiled; above ``capacity_mb`` out of
+    memory. The compiler 1.3x; micro-batch 32 past the peak (0.8x); bf16 ``bf16_speed`` x fp32."""
 
     def run(c: Mapping[str, Any]) -> Seen:
         per_sample = 10.0 if c["compile"] == "off" else 5.0
         memory = 100.0 + per_sample * c["micro_batch_size"] * c["streams"] * (
             0.4 if c["recompute"] else 1.0
         )
-        if memory > 200.0:
+        if memory > capacity_mb:
             return Seen(dict(c), OOM, {})
-        thr = (
-            (1.3 if c["compile"] == "default" else 1.0)
-            * c["micro_batch_size"]
-            / (c["micro_batch_size"] + 1)
-        )
+        micro = c["micro_batch_size"]
+        thr = (1.3 if c["compile"] == "default" else 1.0) * micro / (micro + 1)
+        thr *= (0.8 if micro == 32 else 1.0) * (bf16_speed if c["precision"] == "bf16" else 1.0)
         figures = {"throughput": thr, "latency_p95_ms": 32 / thr, "peak_memory_mb": memory}
         return Seen(dict(c), COMPLETE, figures)
 
+    return run
+
+
+COMPILE_MODES = {"type": "categorical", "choices": ["off", "default"]}
+
+
+def test_memory_a_lever_frees_reopens_the_wall():
+    """The compiler holds half the eager step's activations: micro-batch 16, past the eager
+    wall, fits compiled. Once the compiler wins at the wall's micro-batch, the micro-batch above
+    is tried compiled, predicted from the compiled trial and bf16's fixed part, and fits."""
+    space = llm_like(batch=(32, 32), micro=(1, 32), precisions=("bf16",), compile=COMPILE_MODES)
+    run = compiled_halves_activations(200.0)
     made = drive(space, run, budget=10)
     won = next(i for i, (c, why) in enumerate(made) if why.startswith("the compiler"))
     config, why = made[won + 1]
     assert (config["compile"], config["micro_batch_size"]) == ("default", 16), made
     assert why.startswith("micro-batch 16 at the best so far, whose levers freed memory: 180 MB")
     assert run(config).outcome == COMPLETE
+
+
+def test_where_nothing_ran_out_of_memory_no_move_says_memory_was_freed():
+    """fp32 wins at half the first guess's micro-batch (bf16 is slow here) and the compiler at
+    that: no micro-batch ran out of memory, so there is no wall the compiler re-opened (in the
+    default llm run on the CPU such a move read "whose levers freed memory" with no wall)."""
+    space = llm_like(batch=(32, 32), micro=(1, 32), compile=COMPILE_MODES)
+    made = drive(space, compiled_halves_activations(1000.0, bf16_speed=0.5), budget=10)
+    assert any(why.startswith("the compiler") and c["precision"] == "fp32" for c, why in made)
+    assert not any("freed memory" in why for _, why in made), made
 
 
 def test_each_other_precision_bisects_its_own_wall():
