@@ -16,7 +16,9 @@ of memory, breaks a constraint or is being measured by another process:
    micro-batch fitting at a batch, the next smaller batch.
 2. **The other 16-bit precision** (fp16 for bf16, and back) at the best so far, once; **fp32**
    there once, at half its micro-batch (lower precision is fast only where the device has the
-   units for it: not on a CPU without bf16 instructions); then **the levers**
+   units for it: not on a CPU without bf16 instructions), and where fp32 won by less than 2x, the
+   first guess's precision at fp32's micro-batch (the micro-batch alone can win); then **the
+   levers**
    (``search.strategy.lever_moves``), each once at the best so far (the compiler and the attention
    kernels once per precision): the compiler's ``default`` mode, at each precision that ties
    the best eagerly too (its other modes only where the host bounds the step), each
@@ -53,6 +55,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from search.core.knob_registry import levers_on
 from search.core.records import COMPLETE
 from search.space.params import FloatParam, IntParam
 from search.space.search_space import SearchSpace
@@ -94,6 +97,7 @@ def _order(book: Book) -> Iterator[Move]:
         return  # the opening is sequential: each step needs the one before it
     yield from _precision_peer(book)
     yield from _reference_precision(book)
+    yield from _opening_precision_at_its_micro(book)
     yield from lever_moves.compiler(book)
     yield from lever_moves.optimizer(book)
     yield from lever_moves.attention(book)
@@ -195,6 +199,38 @@ def _reference_precision(book: Book) -> Iterator[Move]:
     yield Move(
         config,
         f"fp32 at half the micro-batch: is {best.config['precision']} faster on this device?",
+    )
+
+
+PRECISION_CLEAR = 2.0
+"""How far fp32 must lead the opening's precision for the lead to be the device's, not the
+micro-batch's: on the CPU without bf16 instructions it led by 12x; on the one with AMX by 1.17x
+at half the micro-batch, where the micro-batch alone moved the compiled fp32 step by up to 1.2x
+(micro-batches 4 to 16, one run)."""
+
+
+def _opening_precision_at_its_micro(book: Book) -> Iterator[Move]:
+    """Where fp32 is the best so far (its check at half the micro-batch won), the opening's
+    precision at fp32's micro-batch and lanes: the check differed from the first guess in
+    micro-batch too, and the micro-batch alone can win. In the default llm run on the 2-core
+    Intel Xeon with AMX, fp32 at micro-batch 16 (14.7k tokens/s) beat bf16 at 32 (12.6k), the run
+    went on in fp32, and bf16 was never measured at 16: compiled, bf16 at micro-batch 32 ran
+    within noise of the fp32 recommendation, and bf16 at 8 at 1.5x it in an earlier run."""
+    best = book.best()
+    if best is None or "precision" not in book.discrete or best.config["precision"] != "fp32":
+        return
+    opening = book.precision()
+    if opening == "fp32" or levers_on(best.config):
+        return  # the levers compare precisions themselves (``lever_moves._tied_precisions``)
+    first = [s for s in book.complete if s.config.get("precision") == opening]
+    fastest = max((s.figures.get("throughput", 0.0) for s in first), default=0.0)
+    if fastest * PRECISION_CLEAR < (book.throughput(best.config) or 0.0):
+        return  # so far ahead that no micro-batch explains it: a device without the units
+    micro = best.config.get("micro_batch_size")
+    yield Move(
+        {**best.config, "precision": opening},
+        f"{opening} at fp32's micro-batch{f' {micro}' if micro else ''}: which precision is "
+        "faster, the rest the same?",
     )
 
 

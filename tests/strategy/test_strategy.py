@@ -131,6 +131,27 @@ def test_where_the_device_has_no_units_for_the_lower_precision_fp32_takes_over()
     assert all(c["precision"] == "fp32" for c, _ in made[2:])
 
 
+def test_where_fp32_wins_at_half_the_micro_batch_the_opening_precision_is_measured_there_too():
+    """A device with bf16 units whose caches favour smaller micro-batches: fp32 at micro-batch 4
+    beats bf16 at 8 (the first guess) by the micro-batch, not the precision. bf16 at 4 is
+    measured next, wins, and the rest of the order starts from it. Where fp32 leads by more than
+    ``PRECISION_CLEAR`` (the test above, a twentieth), it is not."""
+    space = llm_like(batch=(8, 8), micro=(1, 8), precisions=("fp32", "bf16"))
+
+    def caches(c):  # bf16 1.5x fp32; micro-batch 8 at 0.6x of 4
+        scale = 1.5 if c["precision"] == "bf16" else 1.0
+        return scale * 1000.0 * (0.6 if c["micro_batch_size"] == 8 else 1.0)
+
+    made = drive(space, walled(8, caches), budget=6)
+    assert [(c["precision"], c["micro_batch_size"]) for c, _ in made[:3]] == [
+        ("bf16", 8),
+        ("fp32", 4),
+        ("bf16", 4),
+    ]
+    assert "bf16 at fp32's micro-batch 4" in made[2][1]
+    assert all(c["precision"] == "bf16" for c, _ in made[3:])
+
+
 def test_the_opening_steps_down_a_batch_when_nothing_fits():
     space = llm_like(batch=(16, 32), micro=(1, 32))
 
