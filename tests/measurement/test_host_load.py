@@ -92,7 +92,7 @@ def test_only_the_cores_this_process_may_run_on_count(monkeypatch, tmp_path, bus
     monkeypatch.setattr(host_load, "_PROC", tmp_path)  # no process folders: none of its own time
     monkeypatch.setattr(host_load, "usable_cores", lambda: {0, 1})
     clock = iter([100.0, 101.0])
-    monkeypatch.setattr(host_load.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(host_load, "_clock", lambda: next(clock))
     (tmp_path / "stat").write_text(_stat([0, 0, 0, 0]))
     since = cpu_mark()
     (tmp_path / "stat").write_text(_stat([TICKS if i in busy_cores else 0 for i in range(4)]))
