@@ -29,7 +29,6 @@ from search.core.knob_registry import GENERIC_KNOBS
 from search.core.metrics import METRICS
 from search.execution.fp8 import FP8_PRECISIONS
 from search.execution.knobs import (
-    AUTOCAST_DTYPES,
     Knobs,
     attention_precision_unsupported,
     together_unsupported,
@@ -239,9 +238,15 @@ def _without_pairs_it_refuses(
         [str(v) for v in space.params[k].values() or []] if k in space.params else []
         for k in ("attention", "precision")
     )
-    refused = [k for k in kernels if attention_precision_unsupported(k, "fp32", device)]
-    halves = [p for p in precisions if p in AUTOCAST_DTYPES]
-    if not refused or len(halves) == len(precisions):
+    refused = [
+        k for k in kernels if any(attention_precision_unsupported(k, p, device) for p in precisions)
+    ]
+    halves = [
+        p
+        for p in precisions
+        if not any(attention_precision_unsupported(k, p, device) for k in refused)
+    ]
+    if not refused:
         return space, []
     text = " and ".join(f"attention != {k!r}" for k in refused)
     text = " or ".join([f"({text})", *(f"precision == {p!r}" for p in halves)])

@@ -136,13 +136,15 @@ def _keep_the_products(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Checkpoi
 
 
 def _checkpointed(forward: Callable, selective: bool = False) -> Callable:
-    contexts = partial(create_selective_checkpoint_contexts, _keep_the_products)
+    policy: dict[str, Any] = (
+        {"context_fn": partial(create_selective_checkpoint_contexts, _keep_the_products)}
+        if selective
+        else {}
+    )
 
     def run(*args, **kwargs):
         if is_counting():  # model FLOPs, not the repeats
             return forward(*args, **kwargs)
-        if selective:
-            return checkpoint(forward, *args, use_reentrant=False, context_fn=contexts, **kwargs)
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        return checkpoint(forward, *args, use_reentrant=False, **policy, **kwargs)
 
     return run

@@ -60,8 +60,8 @@ def reopened_wall(book: Book) -> Iterator[Move]:
 
 
 def _ran_out_at(book: Book, precision: Any, micro: Any) -> bool:
-    """Whether some configuration of ``precision`` ran out of memory (or was skipped as certain
-    or predicted to) at ``micro`` or below: the wall the levers may have moved."""
+    """Whether some configuration of ``precision`` ran out of memory (or was predicted to) at
+    ``micro`` or below: the wall the levers may have moved."""
     return any(
         s.outcome == OOM
         and s.config.get("precision") == precision

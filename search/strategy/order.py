@@ -281,7 +281,7 @@ def _sweeps(book: Book, batch: Any) -> Iterator[Move]:
         while micro is not None and not _past_the_peak(figures):
             config = {**best.config, "micro_batch_size": micro}
             if lanes:
-                config["streams"] = _most_lanes(book, config) if many else book.ladder("streams")[0]
+                config["streams"] = _sweep_lanes(book, config, many)
             outcome = book.outcome(config)
             if outcome is None:
                 shape = "on more lanes" if many and config.get("streams", 1) > 1 else "on one lane"
@@ -297,13 +297,17 @@ def _start_figure(book: Book, config: Mapping[str, Any], many: bool) -> list[flo
     """The throughput of a sweep's start (its largest micro-batch), on the sweep's lanes, where
     measured: so a sweep that falls twice from there stops a micro-batch sooner."""
     if "streams" in book.discrete:
-        one = book.ladder("streams")[0]
-        streams = _most_lanes(book, config) if many else one
-        if many and streams == one:
+        streams = _sweep_lanes(book, config, many)
+        if many and streams == book.ladder("streams")[0]:
             return []  # the start cannot run on more lanes: no figure of this sweep's
         config = {**config, "streams": streams}
     figure = book.throughput(config)
     return [figure] if figure is not None else []
+
+
+def _sweep_lanes(book: Book, config: Mapping[str, Any], many: bool) -> Any:
+    """The lanes a sweep runs ``config`` on: as many as it allows, or one."""
+    return _most_lanes(book, config) if many else book.ladder("streams")[0]
 
 
 PAST_THE_PEAK = 2

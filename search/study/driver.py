@@ -119,8 +119,9 @@ class StudyDriver:
         liveness = liveness or Liveness()
         self.recovery, self.heartbeat = liveness.recovery, liveness.heartbeat
         self.outcome = StudyOutcome(study_name=study.study_name)
-        self.known = KnownOutcomes.load(study, space, fingerprint, settings.runner.memory_limit_mb)
-        self.known.device_memory_mb = bench.memory_mb
+        self.known = KnownOutcomes.load(
+            study, space, fingerprint, settings.runner.memory_limit_mb, bench.memory_mb
+        )
         self.guards = guards(study, space, self.known)
         self.names, self.notes = optuna_names(study, space)
         """Each searched knob's Optuna parameter name; a note for each one renamed."""

@@ -115,9 +115,15 @@ class KnownOutcomes:
         space: SearchSpace,
         fingerprint: str,
         memory_limit_mb: float | None,
+        device_memory_mb: float | None = None,
     ) -> KnownOutcomes:
         """What the study holds at the start; of repeated outcomes the latest is reused."""
-        known = cls(space=space, fingerprint=fingerprint, memory_limit_mb=memory_limit_mb)
+        known = cls(
+            space=space,
+            fingerprint=fingerprint,
+            memory_limit_mb=memory_limit_mb,
+            device_memory_mb=device_memory_mb,
+        )
         known.seconds = late_seconds(study.user_attrs)
         for trial in own_trials(study, fingerprint, space):
             if known._reusable(trial):
