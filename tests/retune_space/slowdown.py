@@ -2,7 +2,10 @@
 
 Each micro-batch's loss does ``base`` units of work times ``factor`` (half that when the step's
 precision is the ``fast`` one), so ``factor`` makes a model slower and ``fast`` moves the optimum.
-``work: sleep`` sleeps ``base`` ms per unit: far less noise than the machine's, for tests.
+``work: wait`` waits ``base`` ms per unit on the wall clock, spinning: for tests, since its time is
+the clock's, whatever the machine's speed or load (a preempted spin ends at the same instant).
+``work: sleep`` sleeps instead: its wake-ups wait for a core, so its speed follows the host's load,
+which an unchanged model once read as a 16% regression 30 s after its baseline.
 ``work: matmul`` multiplies 128x128 matrices ``base`` times: real compute, with the machine's own
 noise, for the benchmark.
 """
@@ -19,10 +22,10 @@ from search.workloads import Workload
 
 class Slowdown(Workload):
     def __init__(
-        self, factor: float = 1.0, fast: str = "fp32", work: str = "sleep", base: float = 4.0
+        self, factor: float = 1.0, fast: str = "fp32", work: str = "wait", base: float = 4.0
     ):
-        if work not in ("sleep", "matmul"):
-            raise ValueError(f"work must be sleep or matmul, but got {work!r}")
+        if work not in ("wait", "sleep", "matmul"):
+            raise ValueError(f"work must be wait, sleep or matmul, but got {work!r}")
         self.factor, self.fast, self.work, self.base = factor, fast, work, base
 
     def build_model(self):
@@ -36,7 +39,11 @@ class Slowdown(Workload):
             torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
         )
         units = self.base * self.factor * (0.5 if ("bf16" if bf16 else "fp32") == self.fast else 1)
-        if self.work == "sleep":
+        if self.work == "wait":
+            until = time.perf_counter() + units / 1000
+            while time.perf_counter() < until:
+                pass
+        elif self.work == "sleep":
             time.sleep(units / 1000)
         else:
             with torch.no_grad(), torch.autocast("cpu", enabled=False):
