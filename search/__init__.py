@@ -11,11 +11,25 @@ from typing import TYPE_CHECKING
 from search.core.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
+    from search.api.tuning import RetuneResult, TuneResult, retune, tune
     from search.core.errors import SearchError
     from search.workloads.base import ServingWorkload, Workload
 
-__all__ = ["SearchError", "ServingWorkload", "Workload"]
+__all__ = [
+    "RetuneResult",
+    "SearchError",
+    "ServingWorkload",
+    "TuneResult",
+    "Workload",
+    "retune",
+    "tune",
+]
 
 __getattr__ = lazy_exports(
-    __name__, {"core.errors": ["SearchError"], "workloads.base": ["ServingWorkload", "Workload"]}
+    __name__,
+    {
+        "api.tuning": ["RetuneResult", "TuneResult", "retune", "tune"],
+        "core.errors": ["SearchError"],
+        "workloads.base": ["ServingWorkload", "Workload"],
+    },
 )

@@ -3,7 +3,7 @@
 
 ``sync`` copies to MLflow the trials a run could not log (see ``search.commands.sync``); ``retune``
 re-tunes against the study's last tuning and says whether it got slower (see
-``search.commands.retune`` and ``search.retune``); ``history`` lists the study's tunings. Each
+``search.commands.retune`` and ``search.retuning``); ``history`` lists the study's tunings. Each
 takes the same overrides as the tuning run, so that it finds the same study and experiment.
 
 Overrides use Hydra syntax. Exit codes: 0 done, 2 bad input (one line, no traceback), 3 a
@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-__all__ = ["USAGE", "main"]
+__all__ = ["USAGE", "main", "refuse_a_file_store"]
 
 USAGE = """usage: python -m search +space=NAME [key=value ...] [--config-dir DIR] [--cfg]
        python -m search sync +space=NAME [key=value ...] [--config-dir DIR]
@@ -82,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(command, argv[1:] if command != "tune" else argv)
 
 
-def _refuse_a_file_store(uri: str) -> None:
+def refuse_a_file_store(uri: str) -> None:
     """Before any command opens a store, and with ``--cfg``: a settings check that needs MLflow,
     which the settings themselves must not import (re-validation and stability read them)."""
     from search.config.compose import ConfigError
@@ -100,7 +100,7 @@ def _run(command: str, argv: list[str]) -> int:
     try:
         overrides, config_dirs, show = _parse(argv)
         cfg = compose_config(overrides, config_dirs)
-        _refuse_a_file_store(str(cfg.tracking.uri))
+        refuse_a_file_store(str(cfg.tracking.uri))
         if show:
             import yaml
 

@@ -13,8 +13,8 @@ from search.config.compose import load_settings, redact
 from search.core.errors import ConfigError
 from search.core.records import si
 from search.reporting.report import console
-from search.retune.tuned import tuned_runs
-from search.retune.tuning_history import config_text, history_rows, write_history
+from search.retuning.tuned import tuned_runs
+from search.retuning.tuning_history import config_text, history_rows, write_history
 from search.storage.stores import quiet_libraries, require_study
 
 __all__ = ["run_history"]

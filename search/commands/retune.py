@@ -14,7 +14,7 @@ from search.core.records import COMPLETE, TrialRecord
 from search.execution.isolation import run_isolated
 from search.execution.trial import TrialResult
 from search.reporting.report import knobs_text, si
-from search.retune.tuned import Tuned
+from search.retuning.tuned import Tuned
 from search.revalidation.pooling import FreshRuns, Pooled, revalidate
 from search.storage.repeat_runs import save_revalidation
 from search.strategy.book import config_key

@@ -46,8 +46,8 @@ from search.measurement.environment import contention, environment
 from search.measurement.host_load import CpuMark, cpu_mark
 from search.measurement.peak import MEASURE_FAILURES, PEAKS_FILE, Peak, device_peak
 from search.reporting.report import console, si
-from search.retune.comparison import MIN_RUNS
-from search.retune.tuned import Tuned, baseline
+from search.retuning.comparison import MIN_RUNS
+from search.retuning.tuned import Tuned, baseline
 from search.revalidation.pooling import Pooled
 from search.space.search_space import SearchSpace
 from search.storage.liveness import Heartbeat, Recovery, owner
@@ -56,11 +56,32 @@ from search.storage.stores import open_stores, quiet_libraries, recover_runs, re
 from search.storage.trial_store import set_aside
 from search.tracking.tracker import Tracker
 
-__all__ = ["run_retune", "run_tune"]
+__all__ = ["Ran", "retuning", "run_retune", "run_tune", "tuning"]
+
+
+@dataclass(frozen=True)
+class Ran:
+    """What an invocation left: its exit code, and where to read what it found."""
+
+    code: int
+    parent_run_id: str | None
+    """The invocation's MLflow parent run (None where MLflow could not be reached)."""
+    study_dir: Path
+    """``runs_dir/<study.name>``: ``best.yaml``, ``pareto.csv``, ``summary.md``."""
 
 
 def run_tune(cfg_node: DictConfig) -> int:
     """A tuning: the study searched, re-validated and concluded; the exit code."""
+    return tuning(cfg_node).code
+
+
+def run_retune(cfg_node: DictConfig) -> int:
+    """A re-tune (``retuning``); the exit code."""
+    return retuning(cfg_node).code
+
+
+def tuning(cfg_node: DictConfig) -> Ran:
+    """A tuning: the study searched, re-validated and concluded."""
     checked = _checked(cfg_node)
     study = checked.settings.study
     if study.n_trials == 0:  # a summary of what workers stored: a study must exist
@@ -68,10 +89,10 @@ def run_tune(cfg_node: DictConfig) -> int:
     return _invocation(checked, _opened(checked), None)
 
 
-def run_retune(cfg_node: DictConfig) -> int:
+def retuning(cfg_node: DictConfig) -> Ran:
     """A re-tune against the study's last tuning (or ``retune.baseline``): the baseline's front
-    re-measured, a little search, and today's recommendation confirmed and compared; the exit
-    code. It needs confirmation runs and its baseline's study."""
+    re-measured, a little search, and today's recommendation confirmed and compared. It needs
+    confirmation runs and its baseline's study."""
     checked = _checked(cfg_node)
     settings = checked.settings
     if settings.retune.confirm == 0:
@@ -132,7 +153,7 @@ def _opened(checked: _Checked) -> _Opened:
     return _Opened(study, tracker, recovery, cpu_since)
 
 
-def _invocation(checked: _Checked, opened: _Opened, base: Tuned | None) -> int:
+def _invocation(checked: _Checked, opened: _Opened, base: Tuned | None) -> Ran:
     """The parent run started and the study run under it (a re-tune of ``base`` where given)."""
     out, device, settings, tracker = checked.out, checked.device, checked.settings, opened.tracker
     if tracker.offline_reason:
@@ -156,7 +177,8 @@ def _invocation(checked: _Checked, opened: _Opened, base: Tuned | None) -> int:
     )
     cfg = for_logging(checked.cfg_node)  # as written, for the parent run's params and config.yaml
     _start_parent(ctx, tracker, cfg, base, contention(device, opened.cpu_since))
-    return _run_study(ctx, opened.study, tracker, opened.recovery, base, cfg)
+    code = _run_study(ctx, opened.study, tracker, opened.recovery, base, cfg)
+    return Ran(code, tracker.parent_id, ctx.study_dir())
 
 
 def _run_study(

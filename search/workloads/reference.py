@@ -1,6 +1,6 @@
 """The reference step: a fixed small training step that does not depend on any space's model.
 
-Measured right before each confirmation run of a recommendation (``search.retune.confirm``), it
+Measured right before each confirmation run of a recommendation (``search.retuning.confirm``), it
 reads the machine's speed at that moment, so that a slower machine is not blamed on the model. It
 is the built-in GPT at a tiny fixed shape, plus a fixed product of two square matrices per
 micro-batch: the GPT step alone is serial enough that a machine losing one of its cores to another

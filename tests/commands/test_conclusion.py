@@ -18,10 +18,10 @@ from search.commands.conclusion import conclude_tuning
 from search.commands.finish import Finished
 from search.core.records import TrialRecord
 from search.reporting.report import write_best
-from search.retune.confirm import Confirmed
-from search.retune.figure import Figure
-from search.retune.tuned import RETUNE, TUNE, Tuned, tuned_runs
-from search.retune.verdict import MOVED, SAME
+from search.retuning.confirm import Confirmed
+from search.retuning.figure import Figure
+from search.retuning.tuned import RETUNE, TUNE, Tuned, tuned_runs
+from search.retuning.verdict import MOVED, SAME
 from search.space.parse import parse_space
 
 SPACE = parse_space(

@@ -17,16 +17,16 @@ import pytest
 from invoke import search as invoke_search  # tests/ is on sys.path
 
 from search.core.errors import ConfigError
-from search.retune.comparison import (
+from search.retuning.comparison import (
     compare,
     runs_needed,
     sensitivity,
     sensitivity_interval,
     shift,
 )
-from search.retune.figure import Figure
-from search.retune.tuned import Tuned, baseline, save_tuned, tuned_runs
-from search.retune.verdict import AMBIGUOUS, IMPROVED, MOVED, REGRESSION, SAME, conclude
+from search.retuning.figure import Figure
+from search.retuning.tuned import Tuned, baseline, save_tuned, tuned_runs
+from search.retuning.verdict import AMBIGUOUS, IMPROVED, MOVED, REGRESSION, SAME, conclude
 from search.revalidation.pooling import FreshRuns
 
 REPO = Path(__file__).resolve().parents[2]
@@ -507,7 +507,7 @@ def test_what_a_run_concluded_survives_the_json_of_a_database_storage():
 
 
 def test_a_round_whose_reference_run_failed_is_left_out_for_every_configuration(monkeypatch):
-    import search.retune.confirm
+    import search.retuning.confirm
     from search.execution.trial import TrialResult
 
     calls = []
@@ -525,16 +525,16 @@ def test_a_round_whose_reference_run_failed_is_left_out_for_every_configuration(
             state="complete", measurement=M(50.0 if reference else 100.0 + len(calls))
         )
 
-    monkeypatch.setattr(search.retune.confirm, "run_isolated", run)
+    monkeypatch.setattr(search.retuning.confirm, "run_isolated", run)
     rounds = FreshRuns(5, 0, 0.95)
-    done = search.retune.confirm.confirm([A, B], lambda c: _request(c), "cpu", rounds, _quiet)
+    done = search.retuning.confirm.confirm([A, B], lambda c: _request(c), "cpu", rounds, _quiet)
     best, other = done.figures
     assert best is not None and other is not None
     assert len(best.runs) == len(best.references) == 4 == len(other.runs)
     assert done.failures == ["round 2: reference step: crash: worker exited with code 1"]
     assert all(not r.fidelity for r in calls), "confirmation runs skip the fidelity check"
     rounds = FreshRuns(3, 0, 0.95)
-    too_few = search.retune.confirm.confirm([A], lambda c: _request(c), "cpu", rounds, _quiet)
+    too_few = search.retuning.confirm.confirm([A], lambda c: _request(c), "cpu", rounds, _quiet)
     assert too_few.figures == [None]
 
 
@@ -561,7 +561,7 @@ def test_a_retune_needs_confirmation_runs(tmp_path):
 
 
 def test_the_old_recommendation_is_held_back_unless_the_new_one_is_surely_faster():
-    from search.retune.verdict import held_back
+    from search.retuning.verdict import held_back
 
     near = held_back(fig(102, config=B), fig(100), 0.05)
     assert near is not None and near.ratio == pytest.approx(1.02, abs=0.01)
@@ -574,7 +574,7 @@ def test_the_old_recommendation_is_held_back_unless_the_new_one_is_surely_faster
 
 
 def test_a_kept_recommendation_is_listed_with_the_comparisons():
-    from search.retune.verdict import held_back
+    from search.retuning.verdict import held_back
 
     kept = held_back(fig(101, config=B), fig(100), 0.05)
     c = conclude(tuned(fig(100)), tuned(fig(100), "retune 2"), fig(100), 0.05, kept=kept)
@@ -583,8 +583,8 @@ def test_a_kept_recommendation_is_listed_with_the_comparisons():
 
 def test_history_and_the_report_show_figures_and_configurations_as_people_read_them(tmp_path):
     from search.core.records import si
-    from search.retune.retune_report import write_report
-    from search.retune.tuning_history import config_text, history_rows
+    from search.retuning.retune_report import write_report
+    from search.retuning.tuning_history import config_text, history_rows
 
     base, today = tuned(fig(27950)), tuned(fig(27950), "retune 2", time_s=2.0)
     row = history_rows([base])[0]

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from search.core.records import value_text
-from search.retune.tuned import Tuned
+from search.retuning.tuned import Tuned
 
 __all__ = ["HISTORY_COLUMNS", "config_text", "history_rows", "write_history"]
 

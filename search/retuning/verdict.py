@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from search.retune.comparison import (
+from search.retuning.comparison import (
     MIN_RUNS,
     Comparison,
     at_machine_speed,
@@ -14,9 +14,9 @@ from search.retune.comparison import (
     runs_needed,
     sensitivity_interval,
 )
-from search.retune.environment_diff import machine_lines, software_changes, what_changed
-from search.retune.figure import Figure
-from search.retune.tuned import Tuned
+from search.retuning.environment_diff import machine_lines, software_changes, what_changed
+from search.retuning.figure import Figure
+from search.retuning.tuned import Tuned
 
 __all__ = [
     "AMBIGUOUS",

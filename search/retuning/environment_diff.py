@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from search.retune.comparison import MIN_RUNS, Comparison
-from search.retune.tuned import Tuned
+from search.retuning.comparison import MIN_RUNS, Comparison
+from search.retuning.tuned import Tuned
 
 __all__ = ["SOFTWARE_ENV", "VOLATILE_ENV", "machine_lines", "software_changes", "what_changed"]
 

@@ -10,9 +10,13 @@ from typing import Any
 from search.core.records import COMPLETE
 from search.execution.isolation import run_isolated
 from search.execution.trial import TrialRequest, TrialResult
-from search.retune.comparison import MIN_RUNS
-from search.retune.figure import Figure
-from search.retune.reference_settings import REFERENCE_CONFIG, REFERENCE_MEASURE, reference_workload
+from search.retuning.comparison import MIN_RUNS
+from search.retuning.figure import Figure
+from search.retuning.reference_settings import (
+    REFERENCE_CONFIG,
+    REFERENCE_MEASURE,
+    reference_workload,
+)
 from search.revalidation.pooling import FreshRuns
 
 __all__ = ["Confirmed", "confirm"]

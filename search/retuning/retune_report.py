@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from search.core.records import si
-from search.retune.figure import Figure
-from search.retune.tuned import Tuned
-from search.retune.verdict import MOVED, Conclusion
+from search.retuning.figure import Figure
+from search.retuning.tuned import Tuned
+from search.retuning.verdict import MOVED, Conclusion
 
 __all__ = ["write_report"]
 

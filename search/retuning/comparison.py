@@ -12,7 +12,7 @@ import numpy as np
 
 from search.core.distributions import norm_ppf
 from search.measurement.statistics import t_quantile
-from search.retune.figure import Figure
+from search.retuning.figure import Figure
 
 __all__ = [
     "EXACT_UP_TO",

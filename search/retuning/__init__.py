@@ -17,8 +17,8 @@ re-tune's files, ``tuning_history`` the study's runs one after another.
 Exported: what the commands use, lazily (``search.core.lazy_exports``): ``tuned`` keeps its
 record in the Optuna study, which the statistics (``comparison``, ``verdict``, ``figure``) do
 without. ``confirm`` is both a module and its main function; the package
-leaves that name to the module (``from search.retune.confirm import confirm``), so that
-``search.retune.confirm`` means one thing.
+leaves that name to the module (``from search.retuning.confirm import confirm``), so that
+``search.retuning.confirm`` means one thing.
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING
 from search.core.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
-    from search.retune.comparison import MIN_RUNS
-    from search.retune.figure import Figure
-    from search.retune.retune_report import write_report
-    from search.retune.tuned import RETUNE, TUNE, Tuned, baseline, save_tuned, tuned_runs
-    from search.retune.tuning_history import history_rows, write_history
-    from search.retune.verdict import MOVED, Conclusion, conclude
+    from search.retuning.comparison import MIN_RUNS
+    from search.retuning.figure import Figure
+    from search.retuning.retune_report import write_report
+    from search.retuning.tuned import RETUNE, TUNE, Tuned, baseline, save_tuned, tuned_runs
+    from search.retuning.tuning_history import history_rows, write_history
+    from search.retuning.verdict import MOVED, Conclusion, conclude
 
 __all__ = [
     "MIN_RUNS",

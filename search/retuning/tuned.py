@@ -13,8 +13,8 @@ from typing import Any
 import optuna
 
 from search.core.errors import ConfigError
-from search.retune.comparison import MIN_RUNS
-from search.retune.figure import Figure
+from search.retuning.comparison import MIN_RUNS
+from search.retuning.figure import Figure
 from search.storage.retried_writes import retried
 
 __all__ = [
