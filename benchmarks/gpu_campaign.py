@@ -34,6 +34,9 @@ window takes up what is not yet recorded (``--again`` measures them anew). The s
 - ``llama_fp8``: the same wall, compiled (``default``), over fp8 training (``fp8-tensorwise``,
   ``fp8-rowwise`` against ``bf16``): torchao's casts fuse only compiled (eager, fp8-tensorwise
   ran at half bf16's speed on an H100).
+- ``hf_qwen``: the whole default ``+space=hf`` run on a transformers model of about 0.5B
+  parameters built by config (Qwen2.5-0.5B's shape, nothing fetched); ``hf_qwen_versus`` sets
+  its recommendation beside the first guess, eager and compiled;
 - ``llm_attention``: a short ``llm`` study of its own (``llm_attention-cuda``) at the default
   run's H100 recommendation (batch 64, micro-batch 64, bf16, compiled, fused AdamW) over the
   kernel of ``scaled_dot_product_attention`` (torch's pick, flash, memory-efficient, cuDNN, math),
@@ -165,6 +168,20 @@ ATTENTION = (
 )
 """The attention kernels: the CUDA presets leave torch to pick one until each is measured."""
 
+QWEN_HALF_B = (
+    "model=qwen2",
+    # Qwen2.5-0.5B's shape, by config (nothing fetched): 24 layers, width 896, 14 heads, 2
+    # key-value heads, feed-forward 4,864, vocabulary 151,936; about 0.5B parameters
+    "space.workload.layers=24",
+    "space.workload.width=896",
+    "space.workload.heads=14",
+    "space.workload.kv_heads=2",
+    "space.workload.intermediate_size=4864",
+    "space.workload.vocab_size=151936",
+    "+space.workload.settings.tie_word_embeddings=true",
+)
+"""A transformers model of about 0.5B parameters built by config (``+space=hf``)."""
+
 
 def _fidelity_errors(runs: Path) -> list[str]:
     script = ROOT / "benchmarks" / "fidelity_errors.py"
@@ -231,6 +248,15 @@ STEPS = (
             "retune.processes=4",
         ),
         needs="llm",
+    ),
+    # a transformers model of about 0.5B parameters by config, its whole default run, then
+    # beside its expert's first guess, eager and compiled
+    Step("hf_qwen", 600, _search("+space=hf", *QWEN_HALF_B), study="hf-qwen2-cuda"),
+    Step(
+        "hf_qwen_versus",
+        420,
+        _versus("hf", "hf-qwen2-cuda", *QWEN_HALF_B, report="hf_qwen_versus"),
+        needs="hf_qwen",
     ),
     Step(
         "llama_levers",

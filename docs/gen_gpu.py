@@ -37,6 +37,8 @@ STEP_ORDER = (
     "pytest_gpu",
     "llm_serve",
     "retune",
+    "hf_qwen",
+    "hf_qwen_versus",
     "llama_levers",
     "llama_levers_versus",
     "llama_fp8",
@@ -225,12 +227,14 @@ RENDER = {
     "llama_levers": _study,
     "llama_fp8": _study,
     "llm_attention": _study,
+    "hf_qwen": _study,
     "llm_versus": _versus,
     "llama_versus": _versus,
     "llama_versus_eager": _versus,
     "llama_default_versus": _versus,
     "llama_levers_versus": _versus,
     "llm_attention_versus": _versus,
+    "hf_qwen_versus": _versus,
 }
 
 

@@ -18,13 +18,14 @@ from search.core.records import COMPLETE, TrialRecord
 from search.execution.trial import TrialResult
 from search.reporting import results
 from search.reporting.report import DESCRIPTION_CHARS, knobs_text, si
-from search.retune.comparison import MIN_RUNS, Comparison
-from search.retune.confirm import confirm
-from search.retune.figure import Figure
-from search.retune.retune_report import write_report
-from search.retune.tuned import RETUNE, TUNE, Tuned, save_tuned, tuned_runs
-from search.retune.tuning_history import write_history
-from search.retune.verdict import MOVED, Conclusion, conclude, held_back
+from search.reporting.trainer_words import HF_TRAINER_FILE, write_trainer_files
+from search.retuning.comparison import MIN_RUNS, Comparison
+from search.retuning.confirm import confirm
+from search.retuning.figure import Figure
+from search.retuning.retune_report import write_report
+from search.retuning.tuned import RETUNE, TUNE, Tuned, save_tuned, tuned_runs
+from search.retuning.tuning_history import write_history
+from search.retuning.verdict import MOVED, Conclusion, conclude, held_back
 from search.revalidation.pooling import FreshRuns
 from search.tracking.tracker import Tracker
 
@@ -86,7 +87,7 @@ def _confirm(
     """The recommendation confirmed in ``retune.confirm`` rounds of fresh runs after it was
     chosen, each round a run of the reference step and then the recommendation (and the old
     recommendation ``old`` of a re-tune, where it is another configuration still in the space):
-    their confirmed figures (``search.retune.confirm.confirm``), None where confirmation is off or
+    their confirmed figures (``search.retuning.confirm.confirm``), None where confirmation is off or
     too many runs failed; and where the old recommendation stays (``held_back``), its figure
     first and the comparison that kept it."""
     settings, out = ctx.settings, ctx.out
@@ -380,3 +381,7 @@ def _amend_best_yaml(
     }
     path.write_text(yaml.safe_dump(payload, sort_keys=False))
     tracker.log_artifact(path)
+    if kept is not None and (ctx.study_dir() / HF_TRAINER_FILE).exists():
+        # the trainers' words follow the configuration kept, as best.yaml does
+        for written in write_trainer_files(ctx.study_dir(), dict(recommended.config)):
+            tracker.log_artifact(written)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from search.analysis.diagnosis import Diagnosis, doubling
 from search.analysis.noise_floor import NoiseFloor
@@ -13,6 +14,7 @@ from search.analysis.pareto import closest_to_slo
 from search.commands.context import Context, sync_command
 from search.commands.revalidation_rounds import revalidate_front
 from search.config.compose import redact
+from search.config.prepare import workload_class
 from search.core.records import COMPLETE, TrialRecord
 from search.reporting import results
 from search.reporting.compiled import compile_lines
@@ -28,6 +30,12 @@ from search.reporting.report import (
     write_noise_plot,
 )
 from search.reporting.study_result import StudyResult
+from search.reporting.trainer_words import (
+    HF_TRAINER_FILE,
+    LIGHTNING_FILE,
+    hf_trainer_line,
+    write_trainer_files,
+)
 from search.reporting.walls import memory_walls, prediction_lines, wall_lines
 from search.revalidation import candidates
 from search.revalidation.pooling import Pooled
@@ -88,6 +96,7 @@ def finish(ctx: Context, driver: StudyDriver, outcome: StudyOutcome, tracker: Tr
         out.print(line, markup=False)
     unit = found.unit
     _print_front(ctx, found)
+    _print_trainer_line(ctx, best)
     regimes = _regime_lines(found.diagnoses, best, ctx.peak.source if ctx.peak else None)
     compiling = compile_lines(final, best, done, floor)
     walls = wall_lines(memory_walls(history)) + prediction_lines(ours)
@@ -187,6 +196,23 @@ def _write_files(ctx: Context, tracker: Tracker, study_dir: Path, found: StudyRe
     device_name = ctx.env["device_name"]
     for path in results.write_files(study_dir, with_figures, ctx.settings, ctx.space, device_name):
         tracker.log_artifact(path)
+    for path in write_trainer_files(study_dir, _trained(ctx, best)):
+        tracker.log_artifact(path)
+
+
+def _print_trainer_line(ctx: Context, best: TrialRecord | None) -> None:
+    """The recommendation as the HF Trainer's arguments, where the workload is a transformers
+    model (one that needs transformers)."""
+    trained = _trained(ctx, best)
+    if trained is not None and "transformers" in getattr(workload_class(ctx.space), "requires", {}):
+        ctx.out.print(f"  for the HF Trainer: {hf_trainer_line(trained)}", markup=False)
+
+
+def _trained(ctx: Context, best: TrialRecord | None) -> dict[str, Any] | None:
+    """The recommendation's configuration where the workload trains (a trainer's arguments say
+    nothing of serving); else None."""
+    training = getattr(workload_class(ctx.space), "task", "train") == "train"
+    return dict(best.config) if best is not None and training else None
 
 
 def _paired(final: Sequence[TrialRecord], mine: set[int]) -> list[TrialRecord]:
@@ -312,8 +338,11 @@ def _print_where(
     out = ctx.out
     noise_png = ", noise.png" if floor.controls else ""
     # history.* follow from the conclusion, before the command ends
+    trainer = (
+        f", {HF_TRAINER_FILE}, {LIGHTNING_FILE}" if (study_dir / HF_TRAINER_FILE).exists() else ""
+    )
     out.print(
-        f"files: {study_dir}/best.yaml, summary.md, pareto.csv, pareto.png, oracle.png"
+        f"files: {study_dir}/best.yaml{trainer}, summary.md, pareto.csv, pareto.png, oracle.png"
         f"{noise_png}, history.csv, history.png"
     )
     if tracker.offline_reason or tracker.log_error:

@@ -12,6 +12,7 @@ Every failure to compose becomes a ``ConfigError`` whose message is one line say
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -123,6 +124,24 @@ def _register_resolvers() -> None:
     if not OmegaConf.has_resolver("by_device"):
         OmegaConf.register_new_resolver("by_device", _by_device)
         OmegaConf.register_new_resolver("device_type", lambda *, _root_: device_type(_root_))
+        OmegaConf.register_new_resolver("model_suffix", model_suffix)
+
+
+def model_suffix(model: Any) -> str:
+    """``${model_suffix:${model}}``: a model's name as the end of a study's (``hf-gpt2``), empty
+    where none is named: a hub name's owner and name joined by ``--`` (as the hub's own cache
+    names them), a local config by its folder (or its file's stem where the file is not
+    ``config.json``), any other character that a folder name cannot hold as ``-``."""
+    if model is None or model == "":
+        return ""
+    text = str(model)
+    path = Path(text)
+    if text.endswith(".json"):
+        text = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
+    elif path.is_dir():
+        text = path.resolve().name
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", text.replace("/", "--")).strip("-")
+    return f"-{slug or 'model'}"
 
 
 def _by_device(*values: Any, _root_: Any) -> Any:
@@ -263,6 +282,7 @@ def load_settings(cfg: DictConfig) -> Settings:
     unknown, or a value is out of range (NaN and inf included).
     """
     _register_resolvers()
+    _check_model_is_read(cfg)
     typed = cfg if OmegaConf.get_type(cfg) is Settings else _apply_schema(cfg)
     preset(typed)  # a bad preset is named as such, not as a failed ${by_device:...}
     try:
@@ -274,6 +294,19 @@ def load_settings(cfg: DictConfig) -> Settings:
         raise ConfigError(" ".join(str(e).split())) from None
     assert isinstance(settings, Settings)
     return settings
+
+
+def _check_model_is_read(cfg: DictConfig) -> None:
+    """``model=`` only with a space whose workload reads it (``${model}``): elsewhere it would be
+    ignored, and the run would tune another model than the one named."""
+    if cfg.get("model") is None or "space" not in cfg:
+        return
+    raw = OmegaConf.to_container(cfg.space, resolve=False)
+    if not re.search(r"\$\{\s*model\s*\}", json.dumps(raw, default=str)):
+        raise ConfigError(
+            f"model={cfg.model}: space '{cfg.space.get('name', '?')}' builds its own model and "
+            "reads no model=; name a model with a library's space (+space=hf model=gpt2)"
+        )
 
 
 def _schema(cfg: DictConfig) -> DictConfig:

@@ -23,6 +23,7 @@ from hydra.utils import instantiate
 
 from search.config.compose import resolve_device
 from search.config.contract import check_workload_contract, one_config_per_own_value
+from search.config.refusals import without_values_it_refuses
 from search.config.settings import Settings
 from search.core.errors import ConfigError, KnobError, SpaceError
 from search.core.knob_registry import GENERIC_KNOBS
@@ -134,7 +135,8 @@ def load_space(
     notes += pairs
     _check_fixed_knobs_run_here(space, device)
     _check_workload(space)
-    _check_workload_settings(space, slo or {})
+    space, refused = without_values_it_refuses(space, _check_workload_settings(space, slo or {}))
+    notes += refused
     _check_metrics_apply(space, slo or {})
     _check_energy_measurable(space, slo or {}, device)
     return space, notes
@@ -361,15 +363,17 @@ def _check_workload(space: SearchSpace) -> None:
             )
 
 
-def _check_workload_settings(space: SearchSpace, slo: Mapping[str, Any]) -> None:
+def _check_workload_settings(space: SearchSpace, slo: Mapping[str, Any]) -> Any:
     """The workload's constructor takes its settings and, in a configuration the constraints
     allow, every value of each of its own knobs (an int range at its ends): a value it refuses
     would fail every trial that draws it. The constructor runs here, in the study's process, once
-    per value; it is meant to store settings, not to build the model."""
+    per value; it is meant to store settings, not to build the model. The first one built (None
+    where no configuration is feasible)."""
     own = [n for n in space.params if n not in GENERIC_KNOBS]
     configs = _configs_to_check(space)
+    built_first = None
     if not configs:
-        return
+        return built_first
     tried = [(configs[0], None), *one_config_per_own_value(space, configs)]
     target = space.workload["_target_"]
     for config, knob in tried:
@@ -389,6 +393,7 @@ def _check_workload_settings(space: SearchSpace, slo: Mapping[str, Any]) -> None
                 else (str(cause).strip().splitlines() or [type(cause).__name__])[0]
             )
             raise ConfigError(f"space '{space.name}': workload {target} {what}: {first}") from None
+        built_first = built_first if built_first is not None else built
         tpot = [o.metric for o in space.objectives] + list(slo)
         if (
             isinstance(built, ServingWorkload)
@@ -400,6 +405,7 @@ def _check_workload_settings(space: SearchSpace, slo: Mapping[str, Any]) -> None
                 f"but {target} generates {built.generation_length()}; raise its generation length "
                 "or drop the tpot objectives and slo"
             )
+    return built_first
 
 
 def _check_metrics_apply(space: SearchSpace, slo: Mapping[str, Any]) -> None:

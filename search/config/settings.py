@@ -355,6 +355,12 @@ class Settings:
     """Seeds the sampler (offset by the trials already in the study) and the batches (0 to
     2**31 - 1)."""
 
+    model: str | None = None
+    """The model a library's space builds, which its workload reads as ``${model}``: for
+    ``+space=hf`` a transformers model type (``gpt2``), a local ``config.json`` or a hub name
+    (its config alone is fetched). None: the space's own; a space that builds its own model
+    refuses one."""
+
     study: StudySettings
     """The Optuna study and when it stops."""
 

@@ -19,11 +19,10 @@ Non-finite values always fail.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import gc
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple, TypeVar
 
@@ -33,6 +32,7 @@ from search.execution.faults import is_out_of_memory
 from search.execution.knobs import Knobs
 from search.execution.optimizers import FirstUpdate, first_update, judge_first_update
 from search.execution.pieces import ServingPieces, TrainingPieces, piece_sizes
+from search.execution.random_draws import random_layers_off, seeded_rng
 from search.execution.recompute import RECOMPUTE_NONE
 from search.execution.serving import Generated, ServeStep
 from search.execution.tolerances import (
@@ -93,17 +93,23 @@ class FidelityReport:
     the stored weights allows, where ``Δw_ref`` is the step the workload's optimizer as built
     takes from the same weights and gradients (``search.execution.optimizers.first_update``); NaN
     where no update was compared (the configuration's ``optimizer`` is the reference's)."""
+    random_layers_off: int = 0
+    """How many random layers (dropout, drop-path) both passes ran with switched off
+    (``search.execution.random_draws``): the check compares the function without its draws."""
 
     @property
     def errors(self) -> dict[str, float]:
         """The errors a trial stores, by metric name; the update's only where it was compared (a
-        NaN in every other trial would read as a failed measurement)."""
+        NaN in every other trial would read as a failed measurement); the random layers switched
+        off only where there were any."""
         errors = {
             "fidelity_loss_rel_error": self.loss_rel_error,
             "fidelity_grad_norm_rel_error": self.grad_norm_rel_error,
         }
         if not math.isnan(self.update_norm_rel_error):
             errors["fidelity_update_norm_rel_error"] = self.update_norm_rel_error
+        if self.random_layers_off:
+            errors["fidelity_random_layers_off"] = float(self.random_layers_off)
         return errors
 
 
@@ -122,6 +128,17 @@ def check_fidelity(
     """
     if isinstance(workload, ServingWorkload):
         return check_serving_fidelity(workload, knobs, device, seed)
+    with random_layers_off() as switched:
+        report = _training_check(workload, knobs, device, seed)
+    off = max(switched, default=0)
+    # in front: a reason's end says whose fault it is (NOT_FINITE_IN_FP32)
+    said = f"with {off} random layers off in both passes, {report.reason}" if report.reason else ""
+    return dataclasses.replace(report, reason=said if off else report.reason, random_layers_off=off)
+
+
+def _training_check(
+    workload: Workload, knobs: Knobs, device: torch.device, seed: int
+) -> FidelityReport:
     update = knobs.optimizer != reference_knobs(knobs).optimizer
     try:
         if not knobs.numerics_apart_from(reference_knobs(knobs)):  # the reference itself
@@ -240,7 +257,7 @@ class _Pass(NamedTuple):
 def _one_pass(
     workload: Workload, knobs: Knobs, device: torch.device, seed: int, update: bool = False
 ) -> _Pass:
-    with _seeded_rng(device, seed), TrainStep(workload, knobs, device, seed) as step:
+    with seeded_rng(device, seed), TrainStep(workload, knobs, device, seed) as step:
         loss, grad_norms = _loss_and_grad_norms(step)
         loss, grad_norms = _backing_off_overflowing_scale(step, loss, grad_norms)
         return _Pass(loss, grad_norms, _first_update(step) if update else None)
@@ -305,23 +322,6 @@ def _backing_off_overflowing_scale(
         scaler.update(new_scale=scaler.get_scale() * scaler.get_backoff_factor())
         loss, grad_norms = _loss_and_grad_norms(step)
     return loss, grad_norms
-
-
-@contextlib.contextmanager
-def _seeded_rng(device: torch.device, seed: int) -> Iterator[None]:
-    """Random layers (dropout) draw the same numbers in every pass; the global generators are
-    restored.
-
-    Concurrent lanes share the global generator in no fixed order, so a workload with dropout
-    differs from the reference by its masks under ``streams > 1``.
-    """
-    cuda_devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=cuda_devices):
-        torch.default_generator.manual_seed(seed)  # torch.manual_seed would reseed every GPU too
-        if cuda_devices:
-            with torch.cuda.device(device):
-                torch.cuda.manual_seed(seed)
-        yield
 
 
 def _compare(
@@ -438,7 +438,7 @@ def _reference_generation(
     """The reference's generation of ``knobs``'s requests, ``piece`` requests per micro-batch."""
     pieces = ServingPieces(workload, knobs, seed, piece)
     plain = reference_knobs(knobs, piece)
-    with _seeded_rng(device, seed), ServeStep(pieces, plain, device, seed) as reference:
+    with seeded_rng(device, seed), ServeStep(pieces, plain, device, seed) as reference:
         return reference.generate()
 
 
@@ -446,7 +446,7 @@ def _forced_generation(
     workload: ServingWorkload, knobs: Knobs, device: torch.device, seed: int, forced: torch.Tensor
 ) -> Generated:
     """``knobs``'s generation of the same requests, decoding the ``forced`` tokens."""
-    with _seeded_rng(device, seed), ServeStep(workload, knobs, device, seed) as step:
+    with seeded_rng(device, seed), ServeStep(workload, knobs, device, seed) as step:
         return step.generate(forced=forced)
 
 

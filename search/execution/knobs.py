@@ -34,6 +34,7 @@ from search.execution.compiling import COMPILE_MODES, compile_unsupported
 from search.execution.fp8 import FP8_PRECISIONS, fp8_unsupported
 from search.execution.kernels import KERNELS, kernels_unsupported
 from search.execution.optimizers import OPTIMIZER_IMPLEMENTATIONS, optimizer_unsupported
+from search.execution.random_draws import as_drawn
 from search.execution.recompute import RECOMPUTE_NONE, is_recompute_setting, recompute_setting
 from search.workloads.base import Batch, ServingWorkload, Workload, is_counting
 
@@ -303,7 +304,7 @@ def build_model(workload: Workload | ServingWorkload, device: torch.device, seed
         torch.manual_seed(seed)
         with torch.device(device):
             model = workload.build_model()
-    return model.to(device).train()
+    return as_drawn(model.to(device).train())  # the fidelity check's passes: no random draws
 
 
 def make_streams(n_lanes: int, device: torch.device) -> list[torch.cuda.Stream | None]:

@@ -3,6 +3,7 @@
 from search.workloads.base import Batch, ServingWorkload, Workload, is_counting
 from search.workloads.gpt import GPT
 from search.workloads.gpt_serve import GPTServe
+from search.workloads.hf import HF
 from search.workloads.llama import Llama
 from search.workloads.vision import TwoBranchCNN
 
@@ -10,6 +11,7 @@ __all__ = [
     "GPT",
     "Batch",
     "GPTServe",
+    "HF",
     "Llama",
     "ServingWorkload",
     "TwoBranchCNN",

@@ -139,6 +139,13 @@ class Workload(abc.ABC):
         """The optimizer of the training step. Default: AdamW, lr 1e-4."""
         return torch.optim.AdamW(params, lr=1e-4)
 
+    def refuses(self, knob: str, value: Any) -> str | None:
+        """Why this workload, as its settings built it, cannot take the generic ``knob`` at
+        ``value`` (an architecture whose layers have no part of that name, say); None where it
+        can. Asked before the study for every value a space searches, so that a value no trial
+        could run is refused in one line. Default: none refused."""
+        return None
+
 
 class ServingWorkload(abc.ABC):
     """Autoregressive generation to tune: a batch of requests, each a prompt of its own, then

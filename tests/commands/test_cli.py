@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 BAD_SPACES = str(REPO / "tests" / "bad_spaces")
 BAD_INPUT = {
     "no space": ([], "add +space=NAME"),
-    "unknown space": (["+space=nope"], "built-in spaces are llama, llm, llm_serve, vision"),
+    "unknown space": (["+space=nope"], "built-in spaces are hf, llama, llm, llm_serve, vision"),
     "unknown key": (["+space=llm", "study.n_trails=3"], "unknown config key 'study.n_trails'"),
     "unknown option": (["+space=llm", "--frobnicate"], "unknown option"),
     "knob that does not apply to serving": (

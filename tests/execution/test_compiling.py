@@ -147,3 +147,59 @@ def test_a_recomputed_step_traces_as_one_graph(setting):
     batch = workload.make_batch(4, torch.Generator().manual_seed(0))
     explained = torch._dynamo.explain(workload.loss)(model, batch)
     assert explained.graph_break_count == 0, [b.reason for b in explained.break_reasons]
+
+
+class SmallWithDropout(Small):
+    """Dropout between the layers: the compiled step draws its masks from the compiler's own
+    random stream, never the eager reference's."""
+
+    def build_model(self):
+        return nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Dropout(0.3), nn.Linear(16, 1))
+
+
+class MiscompiledWithDropout(SmallWithDropout):
+    """Dropout, and a loss 1% off when compiled: a real numeric break beside random layers."""
+
+    def loss(self, model, batch):
+        scale = 1.01 if torch.compiler.is_compiling() else 1.0
+        return super().loss(model, batch) * scale
+
+
+def test_dropout_does_not_decide_the_check_but_a_wrong_op_beside_it_still_does():
+    knobs = Knobs(batch_size=4, compile="default")
+    report = check_fidelity(SmallWithDropout(), knobs, CPU)
+    assert report.ok, report.reason
+    assert report.random_layers_off == 1 and report.errors["fidelity_random_layers_off"] == 1.0
+    assert report.loss_rel_error < 1e-5
+    torch._dynamo.reset()
+    broken = check_fidelity(MiscompiledWithDropout(), knobs, CPU)
+    assert not broken.ok and "loss" in broken.reason
+    assert broken.reason.startswith("with 1 random layers off in both passes, ")
+    # and the measured step keeps its dropout: only the check's passes switch it off
+    workload = SmallWithDropout()
+    with TrainStep(workload, knobs, CPU) as step:
+        assert step.model[2].p == 0.3
+
+
+class TinyGPT2(Small):
+    """GPT-2 from transformers, tiny, with its default dropout (0.1 on embeddings, attention and
+    residuals)."""
+
+    def build_model(self):
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        config = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=16)
+        return GPT2LMHeadModel(config)
+
+    def make_batch(self, size, generator):
+        return torch.randint(0, 64, (size, 16), generator=generator)
+
+    def loss(self, model, batch):
+        return model(input_ids=batch, labels=batch).loss
+
+
+def test_gpt2_with_its_default_dropout_keeps_the_compiler():
+    pytest.importorskip("transformers")
+    report = check_fidelity(TinyGPT2(), Knobs(batch_size=2, compile="default"), CPU)
+    assert report.ok, report.reason
+    assert report.random_layers_off >= 3  # embeddings, attention, residuals
