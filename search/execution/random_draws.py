@@ -25,12 +25,10 @@ __all__ = ["as_drawn", "random_layers_off", "seeded_rng", "switch_off_random_lay
 
 @contextlib.contextmanager
 def seeded_rng(device: torch.device, seed: int) -> Iterator[None]:
-    """Random layers (dropout) draw the same numbers in every pass; the global generators are
-    restored.
-
-    Concurrent lanes share the global generator in no fixed order, so a workload with dropout
-    differs from the reference by its masks under ``streams > 1``.
-    """
+    """Whatever a pass draws from the global generators (a workload's own ``torch.rand`` in its
+    loss, say) is the same numbers in every pass; the generators are restored. Random layers draw
+    nothing in the check's passes (``random_layers_off``): concurrent lanes and a compiled step
+    could not draw the reference's masks."""
     cuda_devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda_devices):
         torch.default_generator.manual_seed(seed)  # torch.manual_seed would reseed every GPU too
