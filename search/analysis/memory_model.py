@@ -80,14 +80,15 @@ class MemoryModel:
     def __init__(self, measured: Iterable[tuple[int, Mapping[str, Any], float]]):
         """``measured``: each complete trial's number, configuration and peak memory, MB."""
         self._groups: dict[str, list[tuple[int, float, float]]] = {}
-        self._precision: dict[str, str] = {}
+        self._knobs: dict[str, dict[str, str]] = {}
+        """Each group's knobs (all but the batch and the micro-batch), as strings."""
         for number, config, peak_mb in measured:
             micro = config.get("micro_batch_size", config.get("batch_size"))
             if micro is None or not np.isfinite(peak_mb):
                 continue
             key = group_key(config)
             self._groups.setdefault(key, []).append((number, float(micro), float(peak_mb)))
-            self._precision[key] = str(config.get("precision"))
+            self._knobs[key] = _knobs_of(config)
 
     @classmethod
     def of(cls, history: Sequence[TrialRecord]) -> MemoryModel:
@@ -133,17 +134,31 @@ class MemoryModel:
         )
 
     def _borrowed_fixed(self, config: Mapping[str, Any]) -> tuple[float, tuple[int, ...]] | None:
-        """The median fixed part of the lines of ``config``'s precision, and their trials; of
-        every precision's lines where its own has none (a step under autocast keeps fp32
-        weights, gradients and optimizer state whatever its precision)."""
+        """The median fixed part of the lines nearest ``config``'s group, and their trials: of
+        its precision where any (a step under autocast keeps fp32 weights, gradients and optimizer
+        state whatever its precision), and of those, the lines that share the most of its other
+        knobs: the nearer the group, the more alike what it holds beside its activations (the
+        compiler's buffers, a lane's own, are not the eager step's)."""
         lines = {key: line for key, points in self._groups.items() if (line := _line(points))}
-        precision = str(config.get("precision"))
-        own = [key for key in lines if self._precision[key] == precision]
+        knobs = _knobs_of(config)
+        precision = knobs.get("precision")
+        own = [key for key in lines if self._knobs[key].get("precision") == precision]
         keys = [key for key in own or lines if lines[key][0] > 0]
         if not keys:
             return None
-        trials = sorted(number for key in keys for number, _, _ in self._groups[key])
-        return float(np.median([lines[key][0] for key in keys])), tuple(trials)
+        shared = {key: _shared(self._knobs[key], knobs) for key in keys}
+        nearest = [key for key in keys if shared[key] == max(shared.values())]
+        trials = sorted(number for key in nearest for number, _, _ in self._groups[key])
+        return float(np.median([lines[key][0] for key in nearest])), tuple(trials)
+
+
+def _knobs_of(config: Mapping[str, Any]) -> dict[str, str]:
+    return {k: str(v) for k, v in config.items() if k not in _PER_SAMPLE}
+
+
+def _shared(a: Mapping[str, str], b: Mapping[str, str]) -> int:
+    """How many knobs two groups set alike."""
+    return sum(a.get(k) == v for k, v in b.items())
 
 
 def _line(points: Sequence[tuple[int, float, float]]) -> tuple[float, float] | None:

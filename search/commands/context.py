@@ -24,7 +24,7 @@ from search.analysis.diagnosis import Diagnosis, diagnose, doubling
 from search.config.compose import redact
 from search.config.settings import Settings
 from search.core.records import COMPLETE, TrialRecord
-from search.execution.phases import PHASE_LABELS
+from search.execution.phases import PHASE_LABELS, timed_so_far_s
 from search.execution.trial import TrialRequest
 from search.measurement.peak import Peak
 from search.space.search_space import SearchSpace
@@ -60,6 +60,8 @@ class Spent:
     cold_compiles: int = 0
     """Compiled trials whose graphs were not in the compiler's cache: one per new shape and mode."""
     warm_compiles: int = 0
+    timed_before_s: float = field(default_factory=timed_so_far_s)
+    """The process's timed windows before this invocation (``timed_so_far_s``), s."""
     phases_s: dict[str, float] = field(default_factory=dict)
     """Of ``new_s``, each phase's (``search.execution.phases.PHASE_LABELS``): timed windows,
     warm-up, compile, build, the fidelity check, process start, second processes, ..."""
@@ -118,8 +120,16 @@ class Spent:
             if phases.get(name, 0.0) >= 0.5
         ]
         timed = phases.get("windows", 0.0) + phases.get("warmup", 0.0) + second_timed
-        share = timed / total_s
-        return f": {', '.join(shown)}; timed windows and their warm-up {share:.0%} of the run"
+        return (
+            f": {', '.join(shown)}; timed windows and their warm-up {self.timed_s() / total_s:.0%}"
+            f" of the run ({timed / total_s:.0%} in the new configurations' own, the rest in "
+            "control runs, re-validation and confirmation)"
+        )
+
+    def timed_s(self) -> float:
+        """Every timed window and warm-up of this invocation's fresh processes, s: the new
+        configurations', the control runs', re-validation's and confirmation's."""
+        return timed_so_far_s() - self.timed_before_s
 
     def metrics(self) -> dict[str, float]:
         return {
@@ -128,6 +138,7 @@ class Spent:
             "time_control_s": self.control_s,
             "time_revalidation_s": self.revalidation_s,
             "time_confirmation_s": self.confirmation_s,
+            "time_timed_windows_s": self.timed_s(),
             **(
                 {"time_compiling_s": self.compile_s}
                 if self.cold_compiles + self.warm_compiles

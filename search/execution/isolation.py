@@ -28,6 +28,7 @@ from dataclasses import replace
 from typing import Any
 
 from search.core.records import FAILED
+from search.execution.phases import count_timed
 from search.execution.trial import TrialRequest, TrialResult
 from search.execution.worker import run_trial
 from search.execution.worker_server import worker_context
@@ -90,7 +91,9 @@ def run_isolated(request: TrialRequest) -> TrialResult:
             worker.join()
             reaped = True
             return _crashed(worker, stderr, started)
-        return _answered(result, request, worker, stderr, started)
+        answered = _answered(result, request, worker, stderr, started)
+        count_timed(answered.phases_s)
+        return answered
     except BaseException:
         if worker.pid is not None:
             _kill_group(worker)

@@ -18,7 +18,9 @@ __all__ = [
     "PHASE_SECOND",
     "PHASE_START",
     "PhaseClock",
+    "count_timed",
     "phase_metrics",
+    "timed_so_far_s",
 ]
 
 PHASE_START = "start"
@@ -92,3 +94,22 @@ class PhaseClock:
 def phase_metrics(phases_s: Mapping[str, float]) -> dict[str, float]:
     """The figures a trial stores of its phases: ``time_<phase>_s`` for each."""
     return {f"time_{name}_s": seconds for name, seconds in phases_s.items()}
+
+
+TIMED_PHASES = ("warmup", "windows")
+"""The phases that measure: the timed windows and the warm-up steps that settle them."""
+
+_timed_s = [0.0]  # this process's sum over every isolated run it made (count_timed)
+
+
+def count_timed(phases_s: Mapping[str, float]) -> None:
+    """Add a finished run's timed windows and warm-up to this process's sum: every fresh process
+    a study runs (a trial's first and second, a control run, a re-validation, a confirmation)
+    measures there, and a run's share of time spent measuring counts them all."""
+    _timed_s[0] += sum(phases_s.get(name, 0.0) for name in TIMED_PHASES)
+
+
+def timed_so_far_s() -> float:
+    """The timed windows and warm-up of every run this process has made so far, s (a caller
+    takes the difference over its own span)."""
+    return _timed_s[0]

@@ -37,8 +37,9 @@ of memory, breaks a constraint or is being measured by another process:
    half of fp32's, so bf16's wall is not fp32's.
 4. **The best inner configuration of each batch size**, from the largest down (the throughput-
    latency front): at the largest batch, micro-batch sweeps from the largest that fits down, on
-   more lanes and on one, each until it has passed its peak; a smaller batch starts from the best
-   inner configuration of the batch above it; each batch's best with the most recompute (the
+   more lanes and on one, each until it has passed its peak (or twice fallen clearly behind the
+   best so far); a smaller batch starts from the best inner configuration of the batch above
+   it; each batch's best with the most recompute (the
    memory end of the front) and, where that saved memory, the largest batch's best with each
    other recompute setting (points between the ends); then each smaller batch climbs to better
    neighbours (micro-batch halved or doubled, lanes, both at once) until none is better. The
@@ -55,12 +56,13 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from search.analysis.pareto import throughputs_tie
 from search.core.knob_registry import levers_on
 from search.core.records import COMPLETE
 from search.space.params import FloatParam, IntParam
 from search.space.search_space import SearchSpace
 from search.strategy import lever_moves
-from search.strategy.book import Book, Seen
+from search.strategy.book import Book, Seen, config_key
 from search.strategy.memory_moves import (
     precision_walls,
     recompute_between,
@@ -277,8 +279,9 @@ def _sweeps(book: Book, batch: Any) -> Iterator[Move]:
         figures = _start_figure(
             book, {**best.config, "micro_batch_size": top["micro_batch_size"]}, many
         )
+        behind: list[bool] = []  # each measured step: clearly slower than the best so far
         micro = ladder_step(book, "micro_batch_size", top["micro_batch_size"], -1)
-        while micro is not None and not _past_the_peak(figures):
+        while micro is not None and not _past_the_peak(figures) and not _left_behind(behind):
             config = {**best.config, "micro_batch_size": micro}
             if lanes:
                 config["streams"] = _sweep_lanes(book, config, many)
@@ -290,6 +293,7 @@ def _sweeps(book: Book, batch: Any) -> Iterator[Move]:
                 break
             if outcome == COMPLETE:
                 figures.append(book.throughput(config) or 0.0)
+                behind.append(_clearly_behind(book, config, best))
             micro = ladder_step(book, "micro_batch_size", micro, -1)
 
 
@@ -319,6 +323,27 @@ def _past_the_peak(figures: Sequence[float]) -> bool:
     return len(tail) == PAST_THE_PEAK + 1 and all(
         a > b for a, b in zip(tail, tail[1:], strict=False)
     )
+
+
+def _left_behind(behind: Sequence[bool]) -> bool:
+    """Whether a sweep's last ``PAST_THE_PEAK`` steps were each clearly slower than the best so
+    far: a smaller micro-batch feeds the device less, so a sweep that lost twice by more than
+    the noise will not catch up further down. (Its own figures may wobble within their noise and
+    never fall twice in a row: on the 2-core CPU, compiled on two lanes, micro-batches 16, 8 and
+    4 read 19.9k, 18.4k and 19.6k tokens/s against one lane's 27.8k, each a cold compile.)"""
+    tail = behind[-PAST_THE_PEAK:]
+    return len(tail) == PAST_THE_PEAK and all(tail)
+
+
+def _clearly_behind(book: Book, config: Mapping[str, Any], best: Seen) -> bool:
+    """Whether ``config`` was measured slower than ``best`` by more than their intervals allow
+    (False where either has no interval: nothing is clear without one)."""
+    known = book.outcomes.get(config_key(config, book.discrete))
+    bounds = ("throughput", "throughput_ci_low", "throughput_ci_high")
+    if known is None or not all(k in f for k in bounds for f in (known.figures, best.figures)):
+        return False
+    slower = known.figures["throughput"] < best.figures.get("throughput", 0.0)
+    return slower and not throughputs_tie(known.figures, best.figures)
 
 
 def _most_lanes(book: Book, config: Mapping[str, Any], at_most: Any = None) -> Any:

@@ -99,3 +99,22 @@ def test_a_group_of_one_micro_batch_borrows_its_precision_s_fixed_part():
     )
     own = model.predict({**BF16, "micro_batch_size": 32, "precision": "fp32", **eager})
     assert own.fixed_from == (5, 6) and own.fixed_mb == pytest.approx(116.0)
+
+
+def test_of_its_precision_s_lines_the_nearest_group_lends_its_fixed_part():
+    """Two bf16 lines with fixed parts 100 MB (eager, one lane) and 140 MB (compiled, two lanes):
+    a compiled two-lane group with recompute borrows 140 MB, the line that shares the most of its
+    knobs, not the median of both (120 MB), which would put it 20 MB off at any micro-batch."""
+    eager, two_lanes = {"compile": "off"}, {"streams": 2}
+    model = MemoryModel.of(
+        [
+            record(1, 4, 116.0, **eager),  # 100 MB + 4 MB a sample
+            record(2, 8, 132.0, **eager),
+            record(3, 4, 148.0, **two_lanes),  # 140 MB + 2 MB a sample
+            record(4, 8, 156.0, **two_lanes),
+            record(5, 8, 148.0, recompute="all", **two_lanes),  # 1 MB a sample over 140 MB
+        ]
+    )
+    predicted = model.predict({**BF16, **two_lanes, "recompute": "all", "micro_batch_size": 32})
+    assert predicted.fixed_from == (3, 4)
+    assert (predicted.fixed_mb, predicted.per_sample_mb) == pytest.approx((140.0, 1.0))

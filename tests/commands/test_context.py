@@ -232,6 +232,8 @@ def test_the_summary_gives_an_mfu_against_a_peak_under_load_as_an_upper_bound():
 
 
 def test_the_time_line_splits_the_new_configurations_by_phase_with_the_share_in_windows():
+    from search.execution.phases import count_timed
+
     spent = Spent(started_s=time.monotonic() - 100, new_s=60, new_trials=2, confirmation_s=30)
     spent.phases_s = {
         "windows": 20.0,
@@ -240,14 +242,21 @@ def test_the_time_line_splits_the_new_configurations_by_phase_with_the_share_in_
         "second": 10.0,
         "second_timed": 4.0,
     }
+    # every fresh process measured: the two trials' first and second, and a confirmation run
+    for phases_s in ({"windows": 12.0, "warmup": 3.0}, {"windows": 8.0, "warmup": 2.0}):
+        count_timed(phases_s)
+    count_timed({"windows": 3.0, "warmup": 1.0})  # a compiled trial's second process
+    count_timed({"windows": 10.0, "compile": 20.0})  # a confirmation run: its compile does not
     line = spent.line()
     assert (
         "compile 25 s, warm-up 5 s, timed windows 20 s, second processes 10 s (4 s of it timed "
         "windows and warm-up)"
     ) in line
-    # the second processes' windows measure the configuration too
-    assert "timed windows and their warm-up 29% of the run" in line
+    # the second processes' windows measure the configuration too, and the confirmation's count
+    # in the run's share: 25 + 4 + 10 of 100 s
+    assert "timed windows and their warm-up 39% of the run (29% in the new configurations'" in line
     metrics = spent.metrics()
+    assert metrics["time_timed_windows_s"] == 39
     assert metrics["time_trials_windows_s"] == 20 and metrics["time_trials_second_s"] == 10
 
 

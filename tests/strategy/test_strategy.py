@@ -529,3 +529,31 @@ def test_a_value_between_a_long_ladder_s_ends_steps_to_its_neighbours_without_a_
     assert ladder_step(book, "micro_batch_size", 37, -1) == 1
     assert ladder_step(book, "micro_batch_size", 8192, +1) is None
     next_move(space, seen)  # the order reads the drawn value without failing
+
+
+def test_a_sweep_twice_clearly_behind_the_best_stops_though_its_own_figures_wobble():
+    """On two lanes every micro-batch runs about 30% behind one lane at micro-batch 32, its own
+    figures wobbling within their noise (700, 650, 690, ...: never two falls in a row): the sweep
+    stops after two steps clearly behind the best, where each more step would cost a compile."""
+    space = llm_like(batch=(32, 32), micro=(1, 32), precisions=("bf16",))
+    on_two_lanes = {16: 700.0, 8: 650.0, 4: 690.0, 2: 600.0, 1: 500.0}
+
+    def oracle(c: Mapping[str, Any]) -> Seen:
+        micro = c["micro_batch_size"]
+        thr = on_two_lanes[micro] if c["streams"] == 2 else 1000.0 * micro / 32
+        figures = {
+            "throughput": thr,
+            "throughput_ci_low": thr - 20,
+            "throughput_ci_high": thr + 20,
+            "latency_p95_ms": 32 / thr * 1000,
+            "peak_memory_mb": 10.0 * micro * c["streams"],
+        }
+        return Seen(dict(c), COMPLETE, figures)
+
+    made = drive(space, oracle, budget=12)
+    on_two = [
+        c["micro_batch_size"]
+        for c, why in made
+        if why.startswith("micro-batch sweep") and c["streams"] == 2
+    ]
+    assert on_two == [16, 8], made
