@@ -9,10 +9,10 @@ A setting is one of:
   checkpointing by layer), which saves about 1/K of what ``all`` saves for 1/K of its cost;
 - a part's name (``attention``, ``mlp``, ...): recompute that part of every block, where the
   workload names the parts of its blocks (``Workload.recompute_parts()``);
-- ``selective``: every block, but its matrix products and attention are kept from forward and
-  only the rest (norms, activations, residual adds, casts) is recomputed: torch's selective
-  activation checkpointing (``create_selective_checkpoint_contexts``), as torchtitan's op-level
-  policy. The cheap operators hold much of a block's activations (a SwiGLU's gate and up
+- ``selective``: every block, but its matrix products, convolutions and attention are kept from
+  forward and only the rest (norms, activations, residual adds, casts) is recomputed: torch's
+  selective activation checkpointing (``create_selective_checkpoint_contexts``), as torchtitan's
+  op-level policy. The cheap operators hold much of a block's activations (a SwiGLU's gate and up
   products' activations, every norm's output in fp32 under autocast) for a small share of its
   FLOPs, so it saves a share of ``all``'s memory for a fraction of its time.
 
@@ -117,10 +117,10 @@ def apply_recompute(workload: Workload, model: nn.Module, setting: str) -> None:
 
 
 def _saved_ops() -> frozenset[Any]:
-    """The operators ``selective`` keeps from forward: the matrix products and attention kernels
-    (those this torch build has), where a block's FLOPs are."""
+    """The operators ``selective`` keeps from forward: the matrix products, convolutions and
+    attention kernels (those this torch build has), where a block's FLOPs are."""
     aten = torch.ops.aten
-    names = ["mm", "addmm", "bmm", "baddbmm", "linear", "_scaled_mm"] + [
+    names = ["mm", "addmm", "bmm", "baddbmm", "linear", "_scaled_mm", "convolution"] + [
         name
         for name in dir(aten)
         if name.startswith("_scaled_dot_product") and "backward" not in name

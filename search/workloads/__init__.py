@@ -5,6 +5,7 @@ from search.workloads.gpt import GPT
 from search.workloads.gpt_serve import GPTServe
 from search.workloads.hf import HF
 from search.workloads.llama import Llama
+from search.workloads.timm_models import Timm
 from search.workloads.vision import TwoBranchCNN
 
 __all__ = [
@@ -14,6 +15,7 @@ __all__ = [
     "HF",
     "Llama",
     "ServingWorkload",
+    "Timm",
     "TwoBranchCNN",
     "Workload",
     "is_counting",
