@@ -6,7 +6,8 @@ network.
 The knobs map onto what the library's models already have: ``recompute`` onto the decoder or
 encoder layers (the longest stack of like layers) and their ``attention`` and ``mlp`` children
 where an architecture names them so; ``attention`` onto the kernel of the SDPA attention
-transformers picks by default (``attn_implementation="sdpa"``); a value an architecture cannot
+transformers picks by default (``attn_implementation="sdpa"``); ``kernels: liger`` onto
+Liger-Kernel's patch for the architecture, on the model alone; a value an architecture cannot
 take is refused before the study (``refuses``). transformers is an optional dependency (the
 ``hf`` extra), imported only here.
 """
@@ -23,6 +24,7 @@ import torch
 from torch import nn
 
 from search.workloads.base import Workload
+from search.workloads.hf_kernels import liger_refusal, use_globals, use_liger
 
 __all__ = ["HEADS", "HF"]
 
@@ -108,7 +110,16 @@ class HF(Workload):
         return {"input_ids": inputs, "labels": ids.masked_fill(~masked, -100)}
 
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        use_globals(model)  # Liger's rotary function for a patched model, transformers' else
         return model(**batch).loss
+
+    def use_kernels(self, model: nn.Module, kernels: str) -> None:
+        """``liger``: Liger-Kernel's kernels for this architecture (its RMSNorm, SwiGLU or GeGLU,
+        rotary embedding and the fused linear cross-entropy, as it has them), on this model
+        alone (``search.workloads.hf_kernels``)."""
+        if kernels != "liger":
+            raise NotImplementedError(f"{self.model_type} names no kernels called {kernels!r}")
+        use_liger(model, self.model_type)
 
     def items_per_sample(self) -> int:
         return self.seq_len
@@ -171,6 +182,8 @@ class HF(Workload):
                     f"{' or '.join(_ATTENTION_PARTS if value == 'attention' else _MLP_PARTS)}; "
                     "recompute all, every-K or selective instead"
                 )
+        if knob == "kernels" and value == "liger":
+            return liger_refusal(self.model_type)
         # as the library chose it for this model (sdpa where the architecture supports it)
         attention = getattr(model.config, "_attn_implementation", None) or "eager"
         if knob == "attention" and value != "default" and attention != "sdpa":

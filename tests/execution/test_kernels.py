@@ -20,10 +20,9 @@ from search.core.errors import ConfigError
 from search.execution import knobs as execution_knobs
 from search.execution.fidelity import check_fidelity
 from search.execution.kernels import KERNELS, apply_kernels, kernels_unsupported
-from search.execution.knobs import KnobError, Knobs
+from search.execution.knobs import KnobError, Knobs, map_tensors
 from search.execution.train_step import TrainStep
-from search.workloads import GPT, Llama
-from search.workloads import llama as llama_module
+from search.workloads import GPT, Llama, hf_kernels
 
 CPU = torch.device("cpu")
 TINY_GPT = dict(vocab_size=64, seq_len=16, d_model=32, n_layers=2, n_heads=2)
@@ -104,19 +103,25 @@ def test_a_space_searching_liger_over_a_workload_without_use_kernels_is_refused(
 
 @pytest.fixture
 def modeling_llama(monkeypatch):
-    """transformers' Llama module, its patched names and the rotary function kept by
-    ``search.workloads.llama`` put back after the test."""
+    """transformers' Llama module, its patched names and the plain values kept by
+    ``search.workloads.hf_kernels`` put back after the test."""
     pytest.importorskip("transformers")
     from transformers.models.llama import modeling_llama
 
     for name in PATCHED:
         monkeypatch.setattr(modeling_llama, name, getattr(modeling_llama, name))
-    monkeypatch.setattr(llama_module, "_PLAIN_ROPE", {})
+    monkeypatch.setattr(hf_kernels, "_PLAIN", {})
     return modeling_llama
 
 
 def plain_rope(modeling_llama):
-    return llama_module._PLAIN_ROPE.get("rope", modeling_llama.apply_rotary_pos_emb)
+    kept = (modeling_llama.__name__, "apply_rotary_pos_emb")
+    return hf_kernels._PLAIN.get(kept, modeling_llama.apply_rotary_pos_emb)
+
+
+def liger_rope_of(model):
+    """The rotary function a Liger patch kept on ``model`` for its own forward passes."""
+    return model.liger_globals["apply_rotary_pos_emb"]
 
 
 def fake_liger(monkeypatch, modeling_llama, calls):
@@ -155,7 +160,8 @@ def test_use_kernels_puts_transformers_module_back_and_keeps_the_rope_on_the_mod
     patched = workload.build_model()
     workload.use_kernels(patched, "liger")
     assert {name: getattr(modeling_llama, name) for name in PATCHED} == plain
-    assert patched.liger_rope is liger_rope
+    assert liger_rope_of(patched) is liger_rope
+    assert set(patched.liger_globals) == {"apply_rotary_pos_emb"}  # the classes stay put back
     fresh: Any = workload.build_model()
     assert type(fresh.model.norm) is plain["LlamaRMSNorm"]
     assert type(fresh.model.layers[0].mlp) is plain["LlamaMLP"]
@@ -186,9 +192,23 @@ def test_a_second_liger_model_restores_transformers_rope_not_the_first_ones(
     first = workload.build_model()
     workload.use_kernels(first, "liger")
     workload.loss(first, workload.make_batch(1, torch.Generator().manual_seed(0)))
-    assert modeling_llama.apply_rotary_pos_emb is first.liger_rope  # left by its forward
+    assert modeling_llama.apply_rotary_pos_emb is liger_rope_of(first)  # left by its forward
     workload.use_kernels(workload.build_model(), "liger")
     assert modeling_llama.apply_rotary_pos_emb is transformers_rope
+
+
+def test_an_architecture_liger_has_no_kernels_for_is_refused_with_the_ones_it_has(
+    monkeypatch, modeling_llama
+):
+    from search.workloads import HF
+
+    fake_liger(monkeypatch, modeling_llama, [])  # Liger with kernels for llama alone
+    tiny = dict(layers=1, width=32, heads=2, vocab_size=64, seq_len=16)
+    assert HF(model="gpt2", **tiny).refuses("kernels", "liger") == (
+        "Liger-Kernel has no kernels for gpt2 (it has: llama)"
+    )
+    assert HF(model="llama", **tiny).refuses("kernels", "liger") is None
+    assert Llama(**TINY_LLAMA).refuses("kernels", "liger") is None
 
 
 # -- on a GPU, with Liger-Kernel ----------------------------------------------------------------
@@ -212,7 +232,7 @@ def test_a_liger_step_trains_with_liger_modules_on_its_model_alone():
         model: Any = step.model
         assert model.model.norm._get_name() == "LigerRMSNorm"
         assert model.model.layers[0].mlp._get_name() == "LigerSwiGLUMLP"
-        assert model.liger_rope is liger_rotary_pos_emb
+        assert liger_rope_of(model) is liger_rotary_pos_emb
         for _ in range(3):
             step()
         loss, grads = step.loss_and_grads()
@@ -224,7 +244,7 @@ def test_a_liger_step_trains_with_liger_modules_on_its_model_alone():
     assert modeling_llama.LlamaRMSNorm.__module__ == modeling_llama.__name__
     assert modeling_llama.LlamaMLP.__module__ == modeling_llama.__name__
     assert "forward" not in plain.__dict__ and "forward" not in plain.model.norm.__dict__
-    batch = workload.make_batch(2, torch.Generator().manual_seed(0)).to(device)
+    batch = map_tensors(lambda t: t.to(device), workload.make_batch(2, torch.Generator()))
     assert math.isfinite(float(workload.loss(plain, batch)))
     rope = modeling_llama.apply_rotary_pos_emb
     assert rope is not liger_rotary_pos_emb and not rope.__module__.startswith("liger_kernel")

@@ -122,7 +122,7 @@ def test_key_value_heads_that_do_not_divide_the_heads_are_rejected():
 
 
 def test_flops_per_token_count_grouped_projections_and_the_untied_head():
-    c = Llama(**TINY).config
+    c = TINY
     d, kv = c["hidden_size"], c["hidden_size"] // c["n_heads"] * c["n_kv_heads"]
     per_layer = 2 * d * d + 2 * d * kv + 3 * d * c["intermediate_size"]
     weights = c["n_layers"] * per_layer + c["vocab_size"] * d
