@@ -75,7 +75,8 @@ def use_liger(model: nn.Module, model_type: str) -> None:
             else:
                 setattr(module, name, plain)
     # classes only matter to models built later; functions are looked up as the model runs
-    model.liger_globals = {n: v for n, v in changed.items() if not isinstance(v, type)}
+    own = {n: v for n, v in changed.items() if not isinstance(v, type)}
+    object.__setattr__(model, "liger_globals", own)  # a plain attribute, not a module's state
 
 
 def use_globals(model: nn.Module) -> None:
