@@ -35,7 +35,12 @@ from search.execution.fp8 import FP8_PRECISIONS, fp8_unsupported
 from search.execution.kernels import KERNELS, kernels_unsupported
 from search.execution.optimizers import OPTIMIZER_IMPLEMENTATIONS, optimizer_unsupported
 from search.execution.random_draws import as_drawn
-from search.execution.recompute import RECOMPUTE_NONE, is_recompute_setting, recompute_setting
+from search.execution.recompute import (
+    RECOMPUTE_NONE,
+    is_recompute_setting,
+    memory_budget,
+    recompute_setting,
+)
 from search.workloads.base import Batch, ServingWorkload, Workload, is_counting
 
 __all__ = [
@@ -144,9 +149,8 @@ class Knobs:
             )
         if not is_recompute_setting(self.recompute):
             raise KnobError(
-                "`recompute` must be none, all, every-K, selective or the name of a part of a "
-                "block, but "
-                f"got {self.recompute!r}."
+                "`recompute` must be none, all, every-K, selective, budget-F (0 < F < 1) or the "
+                f"name of a part of a block, but got {self.recompute!r}."
             )
         object.__setattr__(self, "recompute", recompute_setting(self.recompute))
         if self.precision not in PRECISIONS:
@@ -203,7 +207,7 @@ def value_rule(name: str) -> tuple[Callable[[object], bool], str]:
     if name == "recompute":
         return (
             is_recompute_setting,
-            "none, all, every-K, selective, a part's name, or true or false",
+            "none, all, every-K, selective, budget-F (0 < F < 1), a part's name, or true or false",
         )
     if _FIELD_TYPES[name] is bool:
         return (lambda v: isinstance(v, bool), "true or false")
@@ -284,7 +288,13 @@ def attention_precision_unsupported(
 
 def together_unsupported(knobs: Knobs, device: torch.device) -> str | None:
     """Why ``device`` cannot run two of ``knobs`` together, each of which it can run (None: it
-    can): an attention kernel that takes no input of the step's precision."""
+    can): an attention kernel that takes no input of the step's precision; a memory budget for
+    recompute in a step that is not compiled (only the compiler's partitioner reads it)."""
+    if memory_budget(knobs.recompute) is not None and knobs.compile == "off":
+        return (
+            f"recompute={knobs.recompute!r} is the compiler's activation memory budget, and "
+            "compile=off runs eagerly; compile the step, or pick another recompute setting."
+        )
     reason = attention_precision_unsupported(knobs.attention, knobs.precision, device)
     if reason is None:
         return None

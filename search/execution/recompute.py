@@ -9,6 +9,10 @@ A setting is one of:
   checkpointing by layer), which saves about 1/K of what ``all`` saves for 1/K of its cost;
 - a part's name (``attention``, ``mlp``, ...): recompute that part of every block, where the
   workload names the parts of its blocks (``Workload.recompute_parts()``);
+- ``budget-F`` (``budget-0.5``): a compiled step's own choice under a memory budget, torch's
+  ``activation_memory_budget``: the compiler's partitioner keeps at most the fraction F (0 to 1)
+  of the activations a compiled step keeps and recomputes the cheapest of the rest, whatever the
+  workload's blocks; eager, there is no partitioner, so it is refused with ``compile=off``;
 - ``selective``: every block, but its matrix products, convolutions and attention are kept from
   forward and only the rest (norms, activations, residual adds, casts) is recomputed: torch's
   selective activation checkpointing (``create_selective_checkpoint_contexts``), as torchtitan's
@@ -43,6 +47,7 @@ __all__ = [
     "SELECTIVE",
     "apply_recompute",
     "is_recompute_setting",
+    "memory_budget",
     "named_by",
     "recompute_setting",
     "recompute_targets",
@@ -53,6 +58,8 @@ SELECTIVE = "selective"
 _ALL = "all"
 _EVERY = re.compile(r"every-([1-9][0-9]*)")
 _PART = re.compile(r"[a-z][a-z0-9_]*")
+_BUDGET = re.compile(r"budget-(0?\.[0-9]*[1-9][0-9]*)")
+"""``budget-F``: F a fraction strictly between 0 and 1 (0.5, .25)."""
 
 
 def recompute_setting(value: object) -> str:
@@ -70,13 +77,23 @@ def is_recompute_setting(value: object) -> bool:
     when the step is built)."""
     if isinstance(value, bool):
         return True
-    return isinstance(value, str) and bool(_EVERY.fullmatch(value) or _PART.fullmatch(value))
+    return isinstance(value, str) and any(
+        rule.fullmatch(value) for rule in (_EVERY, _PART, _BUDGET)
+    )
+
+
+def memory_budget(setting: str) -> float | None:
+    """The fraction of a compiled step's activations ``budget-F`` keeps (F); None for any other
+    setting."""
+    budget = _BUDGET.fullmatch(setting)
+    return float(budget.group(1)) if budget else None
 
 
 def named_by(setting: str) -> str | None:
     """The workload method that names what ``setting`` recomputes: ``recompute_modules`` (the
-    blocks: all, every-K), ``recompute_parts`` (a part's name); None for none."""
-    if setting == RECOMPUTE_NONE:
+    blocks: all, every-K), ``recompute_parts`` (a part's name); None for none and for a memory
+    budget (the compiler chooses)."""
+    if setting == RECOMPUTE_NONE or memory_budget(setting) is not None:
         return None
     if setting in (_ALL, SELECTIVE) or _EVERY.fullmatch(setting):
         return "recompute_modules"
@@ -86,8 +103,8 @@ def named_by(setting: str) -> str | None:
 def recompute_targets(workload: Workload, model: nn.Module, setting: str) -> list[nn.Module]:
     """The modules whose forward ``setting`` recomputes in backward; ``KnobError`` where the
     workload names no such blocks or part."""
-    if setting == RECOMPUTE_NONE:
-        return []
+    if setting == RECOMPUTE_NONE or memory_budget(setting) is not None:
+        return []  # a memory budget wraps nothing: the compiler's partitioner recomputes
     name = type(workload).__name__
     if setting in (_ALL, SELECTIVE) or _EVERY.fullmatch(setting):
         blocks = workload.recompute_modules(model)

@@ -36,7 +36,7 @@ from search.execution.knobs import (
 )
 from search.execution.marks import Mark, elapsed_ms, mark
 from search.execution.optimizers import with_implementation
-from search.execution.recompute import apply_recompute
+from search.execution.recompute import apply_recompute, memory_budget
 from search.workloads.base import Batch, Workload, is_counting
 
 __all__ = ["TrainStep"]
@@ -72,6 +72,7 @@ class TrainStep:
         self._previous_matmul_precision = torch.get_float32_matmul_precision()
         self._lanes = lane_threads(knobs.streams)
         self._eager_loss = workload.loss
+        self._previous_budget = _set_memory_budget(memory_budget(knobs.recompute))
         self._loss = compiled(self._eager_loss, knobs.compile)
         self._marks: list[tuple[Mark, Mark]] = []
         """Each micro-batch's start and end since the last ``take_phases``."""
@@ -130,8 +131,10 @@ class TrainStep:
         return {MICRO_BATCH_PHASE: times}
 
     def close(self) -> None:
-        """Restore the float32 matmul precision found at construction; stop the lane threads."""
+        """Restore the float32 matmul precision and the compiler's activation memory budget
+        found at construction; stop the lane threads."""
         torch.set_float32_matmul_precision(self._previous_matmul_precision)
+        _set_memory_budget(self._previous_budget)
         for lane in self._lanes:
             lane.shutdown()
 
@@ -227,3 +230,16 @@ def _make_grad_scaler(precision: str, device: torch.device) -> torch.amp.GradSca
     # The scale tensor is created lazily on first use; create it now, before lanes race to do so.
     scaler.scale(torch.ones((), device=device))
     return scaler
+
+
+def _set_memory_budget(budget: float | None) -> float | None:
+    """Set the compiler's activation memory budget (``recompute=budget-F``; None leaves it as it
+    is) for the steps compiled from now on; the budget it replaced. Read when a graph is
+    partitioned, so it is set before the first pass and kept until the step is closed."""
+    if budget is None:
+        return None
+    import torch._functorch.config as functorch_config
+
+    previous = float(functorch_config.activation_memory_budget)
+    functorch_config.activation_memory_budget = budget
+    return previous

@@ -39,6 +39,17 @@ def _batches(config: Mapping[str, Any]) -> tuple[int, int]:
     return micro, batch // micro
 
 
+def _budget_note(recompute: str) -> str:
+    """What to set for ``budget-F`` (no trainer has an argument for it); '' for another setting."""
+    if not recompute.startswith("budget-"):
+        return ""
+    fraction = recompute.removeprefix("budget-")
+    return (
+        f"{recompute}: torch._functorch.config.activation_memory_budget = {fraction} before the "
+        "model is compiled (the compiler's partitioner recomputes the rest; no checkpointing)"
+    )
+
+
 def _recompute(config: Mapping[str, Any]) -> str:
     value = config.get("recompute", "none")
     return {True: "all", False: "none"}.get(value, str(value)) if isinstance(value, bool) else value
@@ -66,7 +77,10 @@ def hf_trainer_arguments(config: Mapping[str, Any]) -> Words:
             "under bf16"
         )
     recompute = _recompute(config)
-    if recompute != "none":
+    budget = _budget_note(recompute)
+    if budget:
+        notes["recompute"] = budget
+    elif recompute != "none":
         arguments["gradient_checkpointing"] = True
         if recompute != "all":
             notes["recompute"] = (
@@ -141,7 +155,9 @@ def lightning_trainer_arguments(config: Mapping[str, Any]) -> Words:
             "(torchao.float8.convert_to_float8_training) on the model, under bf16-mixed"
         )
     recompute = _recompute(config)
-    if recompute != "none":
+    if _budget_note(recompute):
+        notes["recompute"] = _budget_note(recompute)
+    elif recompute != "none":
         notes["recompute"] = (
             f"{recompute}: activation checkpointing in the LightningModule "
             "(torch.utils.checkpoint around its blocks, or the model's own switch)"

@@ -14,7 +14,7 @@ from search.analysis.pareto import meets_slo, pareto_mask, throughputs_tie
 from search.core.knob_registry import levers_on
 from search.core.records import COMPLETE
 from search.execution.fp8 import FP8_PRECISIONS
-from search.execution.recompute import RECOMPUTE_NONE, recompute_setting
+from search.execution.recompute import RECOMPUTE_NONE, memory_budget, recompute_setting
 from search.space.params import CategoricalParam, FloatParam, IntParam, Param
 from search.space.search_space import SearchSpace
 
@@ -154,12 +154,20 @@ class Book:
         """The values of a discrete knob in order (ascending numbers, choices as written)."""
         return _values(self.space.searched[knob])
 
-    def recompute_settings(self) -> list[Any]:
+    def recompute_settings(self, at: Mapping[str, Any] | None = None) -> list[Any]:
         """The recompute values that recompute something, from the least to the most (as the
-        space lists them: ``true`` for a flag); empty where recompute is not searched."""
+        space lists them: ``true`` for a flag); empty where recompute is not searched. ``at``: a
+        configuration they would be tried at, which takes a memory budget (``budget-F``) only
+        where it is compiled."""
         if "recompute" not in self.discrete:
             return []
-        return [v for v in self.ladder("recompute") if recompute_setting(v) != RECOMPUTE_NONE]
+        eager = at is not None and str(at.get("compile", "off")) == "off"
+        return [
+            v
+            for v in self.ladder("recompute")
+            if recompute_setting(v) != RECOMPUTE_NONE
+            if not (eager and memory_budget(recompute_setting(v)) is not None)
+        ]
 
     def no_recompute(self) -> Any:
         """The value of recompute that recomputes nothing (``false`` or ``none``); None where the

@@ -83,8 +83,8 @@ def recompute_past_the_wall(book: Book) -> Iterator[Move]:
     above every one that fitted; the space's recompute settings from the least recomputed up, each
     until one fits there. Not where the last doubling below the wall gained less than
     ``RECOMPUTE_PAYS``: a larger micro-batch would not pay for the recompute."""
-    settings = book.recompute_settings()
     best = book.best(recompute=False)
+    settings = book.recompute_settings(best.config if best else None)
     if "micro_batch_size" not in book.discrete or not settings or best is None:
         return
     base = dict(best.config)
@@ -156,7 +156,8 @@ def precision_walls(book: Book) -> Iterator[Move]:
 def with_recompute(book: Book, batch: Any) -> Iterator[Move]:
     """The best configuration of ``batch`` with the most recompute the space has: the memory end
     of the front (a third of the activations or so, for another forward pass)."""
-    best, settings = book.best(batch), book.recompute_settings()
+    best = book.best(batch)
+    settings = book.recompute_settings(best.config if best else None)
     if best is None or not settings or recomputes(best.config):
         return
     if _recompute_saves_memory(book):
@@ -170,7 +171,8 @@ def recompute_between(book: Book, batch: Any) -> Iterator[Move]:
     """The space's other recompute settings at the best configuration of ``batch``, from the most
     recomputed down, where recompute saves memory: each keeps another share of the activations
     for another share of a second forward, a point between the two ends of the memory front."""
-    best, settings = book.best(batch, recompute=False), book.recompute_settings()
+    best = book.best(batch, recompute=False)
+    settings = book.recompute_settings(best.config if best else None)
     if best is None or len(settings) < 2 or not _recompute_saves_memory(book):
         return
     if not book.outcome({**best.config, "recompute": settings[-1]}) == COMPLETE:

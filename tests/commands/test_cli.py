@@ -18,7 +18,10 @@ REPO = Path(__file__).resolve().parents[2]
 BAD_SPACES = str(REPO / "tests" / "bad_spaces")
 BAD_INPUT = {
     "no space": ([], "add +space=NAME"),
-    "unknown space": (["+space=nope"], "built-in spaces are hf, llama, llm, llm_serve, vision"),
+    "unknown space": (
+        ["+space=nope"],
+        "built-in spaces are hf, llama, llm, llm_serve, timm, vision",
+    ),
     "unknown key": (["+space=llm", "study.n_trails=3"], "unknown config key 'study.n_trails'"),
     "unknown option": (["+space=llm", "--frobnicate"], "unknown option"),
     "knob that does not apply to serving": (
@@ -287,7 +290,8 @@ BAD_INPUT = {
     ),
     "a recompute setting of another form": (
         ["+space=llama", "space.params.recompute.choices=[none,every-0]"],
-        "params.recompute must be none, all, every-K, selective, a part's name, or true or false",
+        "params.recompute must be none, all, every-K, selective, budget-F (0 < F < 1), a part's "
+        "name, or true or false",
     ),
     "a space set without its plus": (["space=llm"], "a space is added, not set: write +space=llm"),
     "a space named with its extension": (

@@ -203,3 +203,41 @@ def test_gpt2_with_its_default_dropout_keeps_the_compiler():
     report = check_fidelity(TinyGPT2(), Knobs(batch_size=2, compile="default"), CPU)
     assert report.ok, report.reason
     assert report.random_layers_off >= 3  # embeddings, attention, residuals
+
+
+def _saved_bytes(knobs: Knobs) -> int:
+    """The bytes a step's forward saves for backward (every tensor autograd packs), compiled
+    afresh."""
+    torch._dynamo.reset()
+    sizes: list[int] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        sizes.append(t.numel() * t.element_size())
+        return t
+
+    with TrainStep(Blocks(), knobs, CPU) as step:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            step()
+    return sum(sizes)
+
+
+def test_a_memory_budget_makes_the_compiled_step_save_less_and_compute_the_same():
+    """``recompute=budget-F``: the compiler's partitioner keeps at most F of what it would keep
+    and recomputes the rest; the step computes the same, the budget is the compiler's again once
+    the step is closed, and an eager step, which has no partitioner, refuses it."""
+    import torch._functorch.config as functorch_config
+
+    before = functorch_config.activation_memory_budget
+    compiled = Knobs(batch_size=64, compile="default")
+    kept = _saved_bytes(compiled)
+    budgeted = _saved_bytes(replace(compiled, recompute="budget-0.1"))
+    assert budgeted < kept
+    assert functorch_config.activation_memory_budget == before
+    report = check_fidelity(Blocks(), replace(compiled, recompute="budget-0.1"), CPU)
+    assert report.ok, report.reason
+    with pytest.raises(KnobError, match="compile=off runs eagerly"):
+        TrainStep(Blocks(), Knobs(batch_size=4, recompute="budget-0.5"), CPU)
+    assert Knobs(batch_size=4, recompute="budget-.25").recompute == "budget-.25"
+    for wrong in ("budget-0", "budget-1", "budget-1.5", "budget-"):
+        with pytest.raises(KnobError, match="budget-F"):
+            Knobs(batch_size=4, recompute=wrong)

@@ -557,3 +557,14 @@ def test_a_sweep_twice_clearly_behind_the_best_stops_though_its_own_figures_wobb
         if why.startswith("micro-batch sweep") and c["streams"] == 2
     ]
     assert on_two == [16, 8], made
+
+
+def test_a_memory_budget_is_a_recompute_setting_of_compiled_configurations_alone():
+    space = llm_like(
+        recompute={"type": "categorical", "choices": ["none", "budget-0.5", "all"]},
+        compile={"type": "categorical", "choices": ["off", "default"]},
+    )
+    book = Book(space, [], [], {})
+    assert book.recompute_settings() == ["budget-0.5", "all"]
+    assert book.recompute_settings({"compile": "default"}) == ["budget-0.5", "all"]
+    assert book.recompute_settings({"compile": "off"}) == ["all"]
