@@ -180,6 +180,23 @@ def test_a_precision_that_fails_fidelity_is_passed_over():
     assert [c["precision"] for c, _ in made] == ["bf16", "fp16", "tf32"]
 
 
+def test_a_precision_that_failed_only_under_a_lever_is_not_passed_over():
+    """bf16 computed the same eagerly and failed the check compiled: the compiler's failure at
+    bf16, so the first guess stays in bf16 rather than starting over in fp32."""
+    space = llm_like(
+        batch=(8, 8), micro=(8, 8), compile={"type": "categorical", "choices": ["off", "default"]}
+    )
+    eager_bf16 = {"batch_size": 8, "micro_batch_size": 8, "precision": "bf16", "streams": 1,
+                  "recompute": False, "compile": "off"}  # fmt: skip
+    figures = {"throughput": 100.0, "latency_p95_ms": 80.0, "peak_memory_mb": 50.0}
+    seen = [
+        Seen(eager_bf16, COMPLETE, figures),
+        Seen({**eager_bf16, "compile": "default"}, FIDELITY, {}),
+    ]
+    assert Book(space, seen, [], {}).precision() == "bf16"
+    assert Book(space, seen[1:], [], {}).precision() == "fp32"
+
+
 def test_the_compiler_opens_off_then_default_then_other_modes_only_where_the_host_bounds_the_step():
     compile_modes = {"type": "categorical", "choices": ["default", "off", "max-autotune"]}
     space = llm_like(batch=(8, 8), micro=(1, 8), precisions=("bf16",), compile=compile_modes)
