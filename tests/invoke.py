@@ -116,6 +116,21 @@ def measured(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     ]
 
 
+def completed_study(
+    runs_dir: Path, study_name: str, result: subprocess.CompletedProcess, trials: int
+) -> list[optuna.trial.FrozenTrial]:
+    """The complete trials of a finished study in ``runs_dir``, once it measured ``trials``
+    configurations, at least one complete, and wrote its recommendation (``result``: the run, whose
+    output a failed assertion shows)."""
+    study = optuna.load_study(study_name=study_name, storage=f"sqlite:///{runs_dir}/optuna.db")
+    done = measured(study)
+    assert len(done) == trials, result.stdout
+    complete = [t for t in done if t.user_attrs.get("state", "complete") == "complete"]
+    assert complete, result.stdout
+    assert "recommended" in (runs_dir / study_name / "best.yaml").read_text()
+    return complete
+
+
 def seed_runs_dir(runs_dir: Path) -> None:
     """An empty MLflow store and this machine's peak in ``runs_dir``, where it has none."""
     seed_tracking_store(runs_dir)

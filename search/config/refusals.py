@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from search.core.errors import ConfigError, SpaceError
+from search.core.errors import ConfigError, SpaceError, first_line
 from search.core.knob_registry import GENERIC_KNOBS
 from search.space.search_space import SearchSpace
 
@@ -26,7 +26,7 @@ def without_values_it_refuses(space: SearchSpace, built: Any) -> tuple[SearchSpa
         try:
             return asked(name, value)
         except Exception as e:  # the workload's own code (a model built on the meta device)
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            first = first_line(e)
             raise ConfigError(
                 f"space '{space.name}': workload {space.workload['_target_']} failed to say "
                 f"whether it takes {name}={value}: {type(e).__name__}: {first}"

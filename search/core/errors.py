@@ -13,6 +13,7 @@ __all__ = [
     "SpaceError",
     "StoreError",
     "WorkloadContractError",
+    "first_line",
     "require",
 ]
 
@@ -52,3 +53,9 @@ def require(holds: bool, message: str) -> None:
     """
     if not holds:
         raise ValueError(message)
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of what ``error`` says (its type's name where it says nothing): a library's
+    error inside a one-line refusal."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]

@@ -23,6 +23,7 @@ from typing import Any, ClassVar, cast
 import torch
 from torch import nn
 
+from search.core.errors import first_line
 from search.workloads.base import Workload
 from search.workloads.hf_kernels import liger_refusal, use_globals, use_liger
 
@@ -208,7 +209,7 @@ def _config(model: str) -> Any:
         try:
             return AutoConfig.from_pretrained(str(path))
         except (OSError, ValueError, KeyError, json.JSONDecodeError) as e:
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            first = first_line(e)
             raise ValueError(f"model {model!r}: not a transformers config ({first})") from None
     if model in CONFIG_MAPPING:
         return AutoConfig.for_model(model)
@@ -222,7 +223,7 @@ def _config(model: str) -> Any:
     try:
         return AutoConfig.from_pretrained(model)
     except (OSError, ValueError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        first = first_line(e)
         raise ValueError(
             f"model {model!r}: its config.json could not be fetched from the hub ({first}); "
             "with no network, pass a local config.json or its model type"

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from search.core.errors import first_line
 from search.workloads.base import Workload
 
 __all__ = ["MEMORY_FORMATS", "Timm"]
@@ -149,7 +150,7 @@ def _timm() -> Any:
     try:
         import timm
     except (ImportError, RuntimeError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        first = first_line(e)
         raise ValueError(
             f"timm is installed but cannot be imported ({first}); torchvision must be built for "
             "the installed torch (docs/guide/timm.md)"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from invoke import measured
+from invoke import completed_study
 from invoke import search as invoke_search  # tests/ is on sys.path
 from tiny_overrides import LENIENT, TINY_ANY_SPACE
 
@@ -72,18 +72,9 @@ def test_a_four_trial_study_measures_recompute_and_on_the_cnn_channels_last(name
         "measure.max_time_s=0.5",
         runs_dir=tmp_path / "runs",
     )
-    import optuna
-
-    study = optuna.load_study(
-        study_name=f"timm-{name}-cpu", storage=f"sqlite:///{tmp_path}/runs/optuna.db"
-    )
-    trials = measured(study)
-    assert len(trials) == 4, result.stdout
-    done = [t for t in trials if t.user_attrs.get("state", "complete") == "complete"]
-    assert done, result.stdout
+    done = completed_study(tmp_path / "runs", f"timm-{name}-cpu", result, trials=4)
     assert {t.user_attrs["config"]["recompute"] for t in done} <= {"selective", "all"}
     assert {t.user_attrs["config"]["memory_format"] for t in done} == {"channels-last"}
-    assert "recommended" in (tmp_path / "runs" / f"timm-{name}-cpu" / "best.yaml").read_text()
 
 
 def test_a_name_timm_does_not_know_is_one_line_with_close_matches_and_exit_2(tmp_path):
