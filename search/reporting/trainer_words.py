@@ -155,8 +155,9 @@ def lightning_trainer_arguments(config: Mapping[str, Any]) -> Words:
             "(torchao.float8.convert_to_float8_training) on the model, under bf16-mixed"
         )
     recompute = _recompute(config)
-    if _budget_note(recompute):
-        notes["recompute"] = _budget_note(recompute)
+    budget = _budget_note(recompute)
+    if budget:
+        notes["recompute"] = budget
     elif recompute != "none":
         notes["recompute"] = (
             f"{recompute}: activation checkpointing in the LightningModule "

@@ -39,12 +39,12 @@ of memory, breaks a constraint or is being measured by another process:
    latency front): at the largest batch, micro-batch sweeps from the largest that fits down, on
    more lanes and on one, each until it has passed its peak (or twice fallen clearly behind the
    best so far); a smaller batch starts from the best inner configuration of the batch above
-   it; each batch's best with the most recompute (the
-   memory end of the front) and, where that saved memory, the largest batch's best with each
-   other recompute setting (points between the ends); then each smaller batch climbs to better
-   neighbours (micro-batch halved or doubled, lanes, both at once) until none is better. The
-   regime orders the neighbours: where doubling the micro-batch cost little time (overhead-bound)
-   larger micro-batches and more lanes come first; otherwise lanes and smaller micro-batches.
+   it; each batch's best with the most recompute (the memory end of the front) and, where that
+   saved memory, the largest batch's best with each other recompute setting (points between the
+   ends); then each smaller batch climbs to better neighbours (micro-batch halved or doubled,
+   lanes, both at once) until none is better. The regime orders the neighbours: where doubling
+   the micro-batch cost little time (overhead-bound) larger micro-batches and more lanes come
+   first; otherwise lanes and smaller micro-batches.
 5. **Local search around the front**: each configuration on the Pareto front of what was
    measured, one knob a step away (any knob, the workload's own too).
 

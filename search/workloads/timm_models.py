@@ -59,12 +59,11 @@ class Timm(Workload):
             )
         _check_name(self.model)
         self._meta: nn.Module | None = None
+        self._patches: bool | None = None  # whether it cuts images into a fixed grid (_img_size)
         self._input: tuple[int, int, int] | None = None
 
     def build_model(self) -> nn.Module:
-        # a vision transformer's position embeddings follow the image size; a CNN takes any
-        sized = self.image_size is not None and _has_patches(self._on_meta(sized=False))
-        model = self._create(self.image_size if sized else None)
+        model = self._create(self._img_size())
         layout = MEMORY_FORMATS[self.memory_format]
         # torch's stubs lack Module.to's memory_format, which it takes (4-D weights follow it)
         return cast(nn.Module, model.to(memory_format=layout))  # type: ignore[call-overload]
@@ -112,12 +111,19 @@ class Timm(Workload):
         ]
         return [block for stage in inner for block in stage.children()]
 
-    def _on_meta(self, sized: bool = True) -> nn.Module:
-        """The model on the meta device: its structure and defaults, no memory (built once;
-        ``sized=False``: at its own input size, built each time)."""
-        if not sized:
+    def _img_size(self) -> int | None:
+        """``image_size`` as timm's ``img_size`` keyword: for a model whose position embeddings
+        follow the image size (a vision transformer's); None for one that takes any size (a CNN),
+        or at its own size. Asked of the model at its own size on the meta device, once."""
+        if self.image_size is None:
+            return None
+        if self._patches is None:
             with torch.device("meta"):
-                return self._create(None)
+                self._patches = _has_patches(self._create(None))
+        return self.image_size if self._patches else None
+
+    def _on_meta(self) -> nn.Module:
+        """The model on the meta device: its structure and defaults, no memory (built once)."""
         if self._meta is None:
             with torch.device("meta"):
                 self._meta = self.build_model()
