@@ -257,7 +257,7 @@ def _predicted_out(workload, measured, configs, config) -> bool:
         (i, configs[k], f.memory_mb) for i, (k, f) in enumerate(measured.items()) if not f.oom
     )
     predicted = model.predict(config)
-    return predicted is not None and predicted.peak_mb > limit_mb * (1 + PREDICTION_MARGIN)
+    return predicted is not None and predicted.worst_mb > limit_mb * (1 + PREDICTION_MARGIN)
 
 
 def _ooms(measured, configs) -> dict[str, int]:

@@ -8,6 +8,14 @@ squares over their micro-batches, and a configuration of the group is predicted 
 runs. The batch is left out of the group: the gradients it accumulates take the same memory at
 any batch (measured on the ``llm`` CPU preset: batch 16 and 32 at micro-batch 16 peaked 4% apart).
 
+Lanes are left out of the group too, and a configuration of several lanes is predicted as a
+range, not a point: at one end the lanes take turns and one micro-batch's activations are held at
+a time, at the other every lane holds its own at once. Which end a process lands on is the
+threads' (or streams') timing: on the ``llm`` CPU preset the same two-lane configuration at
+micro-batch 16 peaked at 119.4 MB in one process and 85.0 MB in the next, one lane's peaks at
+micro-batch 32 (124.0 MB) and 16 (83.7 MB). So the lines are fitted to one-lane trials only, and
+a peak inside its range is predicted with no error.
+
 A group measured at one micro-batch only (a lever just tried at the best so far, another
 precision) borrows the fixed part from the lines of its precision, else of every precision: the
 weights, gradients and optimizer state are the same memory whatever the compiler or the kernels
@@ -30,18 +38,48 @@ import numpy as np
 
 from search.core.records import COMPLETE, TrialRecord
 
-__all__ = ["PREDICTED", "MemoryModel", "PeakPrediction", "group_key"]
+__all__ = [
+    "PREDICTED",
+    "PREDICTED_HIGH",
+    "MemoryModel",
+    "PeakPrediction",
+    "group_key",
+    "prediction_error",
+]
 
 PREDICTED = "peak_memory_predicted_mb"
-"""A trial's figure: its peak memory as the trials before it predicted it, MB."""
+"""A trial's figure: its peak memory as the trials before it predicted it (with several lanes,
+the low end of the range: the lanes taking turns), MB."""
 
-_PER_SAMPLE = ("batch_size", "micro_batch_size")
-"""The knobs a group's line is drawn over (the micro-batch) or leaves out (the batch)."""
+PREDICTED_HIGH = "peak_memory_predicted_high_mb"
+"""With several lanes, the high end of the predicted range (every lane's micro-batch held at
+once), MB; absent with one lane."""
+
+_PER_SAMPLE = ("batch_size", "micro_batch_size", "streams")
+"""The knobs a group's line is drawn over (the micro-batch, times the lanes that hold one at once)
+or leaves out (the batch)."""
 
 
 def group_key(config: Mapping[str, Any]) -> str:
-    """The group whose line predicts ``config``: every knob but the batch and the micro-batch."""
+    """The group whose line predicts ``config``: every knob but the batch, the micro-batch and the
+    lanes."""
     return repr(sorted((k, str(v)) for k, v in config.items() if k not in _PER_SAMPLE))
+
+
+def _lanes(config: Mapping[str, Any]) -> int:
+    return int(config.get("streams", 1))
+
+
+def prediction_error(metrics: Mapping[str, float]) -> float | None:
+    """How far a trial's measured peak is from its prediction, as a share of the peak: signed,
+    positive where the prediction was above; 0 inside a several-lane range, else from its nearer
+    end. None where nothing was predicted or no peak was read."""
+    low, peak = metrics.get(PREDICTED), metrics.get("peak_memory_mb")
+    if low is None or not peak:
+        return None
+    high = metrics.get(PREDICTED_HIGH, low)
+    nearest = min(max(peak, low), high)
+    return (nearest - peak) / peak
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,6 +87,7 @@ class PeakPrediction:
     """A configuration's peak memory as its group's line predicts it."""
 
     peak_mb: float
+    """With several lanes, the low end: the lanes take turns, MB."""
     fixed_mb: float
     """The line's value at no sample: weights, gradients, optimizer state, the runtime, MB."""
     per_sample_mb: float
@@ -57,34 +96,54 @@ class PeakPrediction:
     """The trials the line was fitted to."""
     fixed_from: tuple[int, ...] = ()
     """The trials whose lines gave the fixed part, where the group had one micro-batch only."""
+    high_mb: float | None = None
+    """With several lanes, the high end: every lane holds its micro-batch at once, MB; None with
+    one lane."""
 
     def text(self) -> str:
         """How it was predicted, for a trial's line: fixed part, part per sample, trials."""
         numbers = ", ".join(f"#{n}" for n in self.trials)
+        span = f"{self.peak_mb:,.0f}"
+        if self.high_mb is not None:
+            span = f"{span}-{self.high_mb:,.0f}"
         if self.fixed_from:
             lines = ", ".join(f"#{n}" for n in self.fixed_from)
-            return (
-                f"{self.peak_mb:,.0f} MB predicted ({self.fixed_mb:,.0f} MB fixed, as the lines of "
-                f"{lines}, + {self.per_sample_mb:,.1f} MB a sample, from {numbers})"
-            )
+            how = f"{self.fixed_mb:,.0f} MB fixed, as the lines of {lines},"
+        else:
+            how = f"{self.fixed_mb:,.0f} MB"
+        lanes = "; lanes in turn to all at once" if self.high_mb is not None else ""
         return (
-            f"{self.peak_mb:,.0f} MB predicted ({self.fixed_mb:,.0f} MB + "
-            f"{self.per_sample_mb:,.1f} MB a sample, from {numbers})"
+            f"{span} MB predicted ({how} + {self.per_sample_mb:,.1f} MB a sample, from "
+            f"{numbers}{lanes})"
         )
+
+    @property
+    def worst_mb(self) -> float:
+        """The peak to plan for: with several lanes the high end, since a configuration that runs
+        out of memory when its lanes happen to overlap is not one to run or recommend, MB."""
+        return self.peak_mb if self.high_mb is None else self.high_mb
+
+    def telemetry(self) -> dict[str, float]:
+        """The figures a measured trial keeps (``PREDICTED``, and ``PREDICTED_HIGH`` with several
+        lanes)."""
+        high = {} if self.high_mb is None else {PREDICTED_HIGH: self.high_mb}
+        return {PREDICTED: self.peak_mb, **high}
 
 
 class MemoryModel:
     """Lines of peak memory over the micro-batch, one per group of the other knobs, fitted to
-    complete trials."""
+    complete one-lane trials."""
 
     def __init__(self, measured: Iterable[tuple[int, Mapping[str, Any], float]]):
-        """``measured``: each complete trial's number, configuration and peak memory, MB."""
+        """``measured``: each complete trial's number, configuration and peak memory, MB. Trials
+        of several lanes are left out: where their peak falls between their range's ends says how
+        the lanes' timing went, not how memory grows with the micro-batch."""
         self._groups: dict[str, list[tuple[int, float, float]]] = {}
         self._knobs: dict[str, dict[str, str]] = {}
         """Each group's knobs (all but the batch and the micro-batch), as strings."""
         for number, config, peak_mb in measured:
             micro = config.get("micro_batch_size", config.get("batch_size"))
-            if micro is None or not np.isfinite(peak_mb):
+            if micro is None or not np.isfinite(peak_mb) or _lanes(config) > 1:
                 continue
             key = group_key(config)
             self._groups.setdefault(key, []).append((number, float(micro), float(peak_mb)))
@@ -101,36 +160,33 @@ class MemoryModel:
 
     def predict(self, config: Mapping[str, Any]) -> PeakPrediction | None:
         """``config``'s peak memory on its group's line; with one micro-batch measured, on the
-        line through it from the fixed part of its precision's lines (``_borrowed_fixed``). None
-        where neither is known, or its memory does not grow with the micro-batch (a line that
-        falls is noise, not a model)."""
+        line through it from the fixed part of its precision's lines (``_borrowed_fixed``). With
+        several lanes, a range: from one micro-batch held at a time to one a lane. None where
+        neither is known, or its memory does not grow with the micro-batch (a line that falls is
+        noise, not a model)."""
         points = self._groups.get(group_key(config), [])
-        micro = float(config.get("micro_batch_size", config.get("batch_size")))
-        trials = tuple(sorted(number for number, _, _ in points))
+        fixed_from: tuple[int, ...] = ()
         if len({m for _, m, _ in points}) == 1:
             borrowed = self._borrowed_fixed(config)
             if borrowed is None:
                 return None
-            fixed, lines = borrowed
+            fixed, fixed_from = borrowed
             per_sample = float(np.mean([(peak - fixed) / m for _, m, peak in points]))
             if per_sample <= 0:
                 return None
-            return PeakPrediction(
-                peak_mb=fixed + per_sample * micro,
-                fixed_mb=fixed,
-                per_sample_mb=per_sample,
-                trials=trials,
-                fixed_from=lines,
-            )
-        line = _line(points)
-        if line is None:
+        elif (line := _line(points)) is not None:
+            fixed, per_sample = line
+        else:
             return None
-        fixed, per_sample = line
+        micro = float(config.get("micro_batch_size", config.get("batch_size")))
+        lanes = _lanes(config)
         return PeakPrediction(
             peak_mb=fixed + per_sample * micro,
             fixed_mb=fixed,
             per_sample_mb=per_sample,
-            trials=trials,
+            trials=tuple(sorted(number for number, _, _ in points)),
+            fixed_from=fixed_from,
+            high_mb=fixed + per_sample * micro * lanes if lanes > 1 else None,
         )
 
     def _borrowed_fixed(self, config: Mapping[str, Any]) -> tuple[float, tuple[int, ...]] | None:
@@ -138,7 +194,7 @@ class MemoryModel:
         its precision where any (a step under autocast keeps fp32 weights, gradients and optimizer
         state whatever its precision), and of those, the lines that share the most of its other
         knobs: the nearer the group, the more alike what it holds beside its activations (the
-        compiler's buffers, a lane's own, are not the eager step's)."""
+        compiler's buffers are not the eager step's)."""
         lines = {key: line for key, points in self._groups.items() if (line := _line(points))}
         knobs = _knobs_of(config)
         precision = knobs.get("precision")

@@ -19,7 +19,13 @@ from torch import nn
 from search.analysis.run_figures import MICRO_BATCH_PHASE
 from search.core.errors import WorkloadContractError
 from search.execution.attention import attention_kernel
-from search.execution.compiling import CompileStats, compiled, warm_up
+from search.execution.compiling import (
+    DYNAMIC_MICRO_BATCH,
+    CompileStats,
+    compiled,
+    marked_dynamic,
+    warm_up,
+)
 from search.execution.fp8 import convert_fp8
 from search.execution.held import module_tensors, tensors_in
 from search.execution.kernels import apply_kernels
@@ -74,6 +80,7 @@ class TrainStep:
         self._eager_loss = workload.loss
         self._previous_budget = _set_memory_budget(memory_budget(knobs.recompute))
         self._loss = compiled(self._eager_loss, knobs.compile)
+        self._dynamic_micro_batch = knobs.compile != "off" and device.type in DYNAMIC_MICRO_BATCH
         self._marks: list[tuple[Mark, Mark]] = []
         """Each micro-batch's start and end since the last ``take_phases``."""
         self.compile_stats: CompileStats | None = None
@@ -177,6 +184,8 @@ class TrainStep:
             for batch in self._lane_batches[lane]:
                 start = mark(self.device)
                 batch = map_tensors(lambda t: t.to(self.device, non_blocking=True), batch)
+                if self._dynamic_micro_batch:
+                    batch = map_tensors(marked_dynamic, batch)
                 # Autocast is thread-local, so each lane enters it itself; backward runs outside it.
                 # Its cache of weights cast to low precision is not: one map for the whole process.
                 # A lane would take a cast another lane's stream has queued but not yet run, and

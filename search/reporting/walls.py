@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from search.analysis.memory_model import PREDICTED
+from search.analysis.memory_model import PREDICTED, PREDICTED_HIGH, prediction_error
 from search.core.records import COMPLETE, FAILED, TrialRecord
 from search.execution.recompute import recompute_setting
 
@@ -108,10 +108,14 @@ def _group(record: TrialRecord) -> tuple[str, str | None]:
 def predicted_text(metrics: Mapping[str, float]) -> str:
     """A trial line's peak memory as predicted before it ran, and how far off it was ('' where
     none was: fewer than two micro-batches of its group measured before)."""
-    predicted, peak = metrics.get(PREDICTED), metrics.get("peak_memory_mb")
-    if predicted is None or not peak:
+    error = prediction_error(metrics)
+    if error is None:
         return ""
-    return f", mem predicted {_memory(predicted)} ({(predicted - peak) / peak:+.0%})"
+    low, high = metrics[PREDICTED], metrics.get(PREDICTED_HIGH)
+    if high is None:
+        return f", mem predicted {_memory(low)} ({error:+.0%})"
+    where = "inside" if error == 0 else f"{error:+.0%} off"
+    return f", mem predicted {_memory(low)} to {_memory(high)} by its lanes ({where})"
 
 
 def prediction_lines(records: Sequence[TrialRecord]) -> list[str]:
@@ -119,9 +123,9 @@ def prediction_lines(records: Sequence[TrialRecord]) -> list[str]:
     peaks before they ran: how many, the median and the largest error; none where it predicted
     none."""
     errors = {
-        r.number: (r.metrics[PREDICTED] - r.metrics["peak_memory_mb"]) / r.metrics["peak_memory_mb"]
+        r.number: error
         for r in records
-        if r.state == COMPLETE and PREDICTED in r.metrics and r.metrics.get("peak_memory_mb")
+        if r.state == COMPLETE and (error := prediction_error(r.metrics)) is not None
     }
     if not errors:
         return []
@@ -129,6 +133,7 @@ def prediction_lines(records: Sequence[TrialRecord]) -> list[str]:
     median = float(np.median([abs(e) for e in errors.values()]))
     return [
         f"memory model: predicted {len(errors)} of {len(records)} trials' peak memory before they "
-        f"ran (from the trials of the same other knobs at two micro-batches or more), off by "
+        f"ran (from the trials of the same other knobs at two micro-batches or more; with lanes, "
+        f"a range, off by nothing inside it), off by "
         f"{median:.0%} (median), at most {errors[worst]:+.0%} (#{worst})"
     ]

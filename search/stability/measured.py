@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from search.analysis.memory_model import PREDICTED, PeakPrediction
+from search.analysis.memory_model import PeakPrediction
 from search.analysis.noise_floor import NoiseFloor
 from search.analysis.racing import Samples, out_of_reach
 from search.config.compose import redact
@@ -107,12 +107,12 @@ def again_if_compiled(
 
 
 def with_predicted_peak(result: TrialResult, predicted: PeakPrediction | None) -> TrialResult:
-    """``result`` with its peak memory as predicted before it ran (``PREDICTED``), where it
-    completed and read its peak, so that the prediction's error is known for every measured
-    peak; as it is otherwise."""
+    """``result`` with its peak memory as predicted before it ran (``PeakPrediction.telemetry``),
+    where it completed and read its peak, so that the prediction's error is known for every
+    measured peak; as it is otherwise."""
     if predicted is None or result.state != COMPLETE or result.peak_memory_mb is None:
         return result
-    return replace(result, telemetry={**result.telemetry, PREDICTED: predicted.peak_mb})
+    return replace(result, telemetry={**result.telemetry, **predicted.telemetry()})
 
 
 def unless_out_of_reach(request: TrialRequest, result: TrialResult) -> TrialResult:

@@ -50,12 +50,12 @@ def reopened_wall(book: Book) -> Iterator[Move]:
         (i, s.config, s.figures[MEMORY]) for i, s in enumerate(book.complete) if MEMORY in s.figures
     )
     predicted = model.predict(config)
-    if predicted is None or predicted.peak_mb > max(held) * (1 + REOPEN_MARGIN):
+    if predicted is None or predicted.worst_mb > max(held) * (1 + REOPEN_MARGIN):
         return
     yield Move(
         config,
         f"micro-batch {above} at the best so far, whose levers freed memory: "
-        f"{predicted.peak_mb:,.0f} MB predicted, against {max(held):,.0f} MB a trial has held",
+        f"{predicted.worst_mb:,.0f} MB predicted, against {max(held):,.0f} MB a trial has held",
     )
 
 

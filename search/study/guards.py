@@ -272,7 +272,7 @@ class PredictedOom:
         if limit_mb is None:
             return None
         predicted = self.known.memory_model().predict(proposal.config)
-        if predicted is None or predicted.peak_mb <= limit_mb * (1 + PREDICTION_MARGIN):
+        if predicted is None or predicted.worst_mb <= limit_mb * (1 + PREDICTION_MARGIN):
             return None
         if proposal.config not in self.known.predicted_out:
             self.known.predicted_out.append(dict(proposal.config))
@@ -280,7 +280,7 @@ class PredictedOom:
             "skipped_oom",
             proposal.config,
             f"predicted to run out of memory: {predicted.text()}, "
-            f"{predicted.peak_mb / limit_mb - 1:.0%} over {named} = "
+            f"{predicted.worst_mb / limit_mb - 1:.0%} over {named} = "
             f"{limit_mb:g} MB (more than the model's margin of {PREDICTION_MARGIN:.0%})",
         )
 

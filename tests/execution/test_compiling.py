@@ -74,6 +74,22 @@ def test_a_compiled_trial_computes_the_same_and_keeps_its_compile_time_apart():
     assert run_trial(request(target(Small))).compile == {}  # eager: nothing to report
 
 
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_on_a_cpu_one_compile_serves_every_micro_batch(monkeypatch, dynamic):
+    # A study's fresh processes each try one micro-batch; one compiled code for every size means a
+    # new micro-batch finds it in the cache instead of compiling C++ anew. Here, in one process,
+    # dynamo's own cache of compiled frames shows it: the second size needs no new graph.
+    from search.execution import train_step
+
+    if not dynamic:  # as a CUDA step runs: specialized to its micro-batch
+        monkeypatch.setattr(train_step, "DYNAMIC_MICRO_BATCH", frozenset())
+    with TrainStep(Small(), Knobs(batch_size=8, micro_batch_size=4, compile="default"), CPU) as s:
+        assert s.compile_stats is not None and s.compile_stats.graphs == 1
+    with TrainStep(Small(), Knobs(batch_size=8, micro_batch_size=2, compile="default"), CPU) as s:
+        assert s.compile_stats is not None
+        assert s.compile_stats.graphs == (0 if dynamic else 1)
+
+
 def test_a_compiled_step_that_computes_something_else_is_rejected_by_fidelity():
     report = check_fidelity(MiscompiledSmall(), Knobs(batch_size=4, compile="default"), CPU)
     assert not report.ok and "compile=default" in report.reason and "loss" in report.reason
