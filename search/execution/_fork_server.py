@@ -9,6 +9,7 @@ with the study, every worker (killed with its parent, the server) goes too.
 
 from __future__ import annotations
 
+import logging
 import os
 
 from search.execution.isolation import die_with_parent
@@ -44,13 +45,23 @@ def _probe_the_cpu_s_vector_instructions() -> None:
     Python of its own, and caches the answer in the process only: every worker would ask again,
     1.3 s of child processes in each compiled trial's process on a 2-core CPU, a third of a warm
     compile (read with cProfile: six probes through ``cpu_vec_isa._probe_load``). Asked here, the
-    forked workers inherit the answer. A failure here is left for the worker to meet and report."""
+    forked workers inherit the answer. A failure here is left for the worker to meet and report.
+
+    The server writes to the study's own stderr, where a refused command prints its one line: the
+    probe imports ``torch.utils.cpp_extension``, which warns on import where a CUDA build of torch
+    finds the CUDA toolkit but no GPU. That warning is kept out of it (a worker still meets it,
+    into its own stderr)."""
+    extension_log = logging.getLogger("torch.utils.cpp_extension")
+    level = extension_log.level
+    extension_log.setLevel(logging.ERROR)
     try:
         from torch._inductor.cpu_vec_isa import pick_vec_isa
 
         pick_vec_isa()
     except Exception:  # noqa: BLE001 - the worker asks again, where its trial can say what failed
         pass
+    finally:
+        extension_log.setLevel(level)
 
 
 _import_the_compiler()
