@@ -140,7 +140,7 @@ class MemoryModel:
         the lanes' timing went, not how memory grows with the micro-batch."""
         self._groups: dict[str, list[tuple[int, float, float]]] = {}
         self._knobs: dict[str, dict[str, str]] = {}
-        """Each group's knobs (all but the batch and the micro-batch), as strings."""
+        """Each group's knobs (all but the batch, the micro-batch and the lanes), as strings."""
         for number, config, peak_mb in measured:
             micro = config.get("micro_batch_size", config.get("batch_size"))
             if micro is None or not np.isfinite(peak_mb) or _lanes(config) > 1:

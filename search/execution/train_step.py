@@ -70,6 +70,10 @@ class TrainStep:
             workload.make_optimizer(self.model.parameters()), knobs.optimizer
         )
         micro_batches = _make_micro_batches(workload, knobs, device, seed)
+        if knobs.compile != "off" and device.type in DYNAMIC_MICRO_BATCH:
+            # Marked once here, out of the timed steps: on these devices ``.to(device)`` in a lane
+            # returns the very tensor, marks and all.
+            micro_batches = [map_tensors(marked_dynamic, batch) for batch in micro_batches]
         self._lane_batches = [micro_batches[lane :: knobs.streams] for lane in range(knobs.streams)]
         self._autocast_dtype = AUTOCAST_DTYPES.get(knobs.precision)  # None: autocast off
         self._grad_scaler = _make_grad_scaler(knobs.precision, device)
@@ -80,7 +84,6 @@ class TrainStep:
         self._eager_loss = workload.loss
         self._previous_budget = _set_memory_budget(memory_budget(knobs.recompute))
         self._loss = compiled(self._eager_loss, knobs.compile)
-        self._dynamic_micro_batch = knobs.compile != "off" and device.type in DYNAMIC_MICRO_BATCH
         self._marks: list[tuple[Mark, Mark]] = []
         """Each micro-batch's start and end since the last ``take_phases``."""
         self.compile_stats: CompileStats | None = None
@@ -184,8 +187,6 @@ class TrainStep:
             for batch in self._lane_batches[lane]:
                 start = mark(self.device)
                 batch = map_tensors(lambda t: t.to(self.device, non_blocking=True), batch)
-                if self._dynamic_micro_batch:
-                    batch = map_tensors(marked_dynamic, batch)
                 # Autocast is thread-local, so each lane enters it itself; backward runs outside it.
                 # Its cache of weights cast to low precision is not: one map for the whole process.
                 # A lane would take a cast another lane's stream has queued but not yet run, and
