@@ -516,8 +516,11 @@ def test_the_control_is_measured_at_the_start_and_kept_in_the_study(monkeypatch)
     (later,) = machine_sessions(Path("runs"), [next_one])
     assert later.runs == tuple(controls) and {r.others_busy for r in later.runs} == {0.0}
     record = d.history()[0]
-    # the interval spans runs: never narrower than the run's own
-    assert record.metrics["throughput_ci_low"] <= record.metrics["throughput_within_ci_low"]
+    # the interval spans runs: never narrower than the run's own. Where the run's own low end was
+    # cut at zero (windows so spread, under a busy suite, that nothing is known of it), the run is
+    # dispersed and judged with another process, whose interval is no longer this run's alone.
+    if record.metrics["throughput_within_ci_low"] > 0:
+        assert record.metrics["throughput_ci_low"] <= record.metrics["throughput_within_ci_low"]
 
 
 def test_trials_of_another_fingerprint_are_counted_as_set_aside():
