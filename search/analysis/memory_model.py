@@ -16,6 +16,14 @@ micro-batch 16 peaked at 119.4 MB in one process and 85.0 MB in the next, one la
 micro-batch 32 (124.0 MB) and 16 (83.7 MB). So the lines are fitted to one-lane trials only, and
 a peak inside its range is predicted with no error.
 
+A step of one micro-batch holds less than one that accumulates, by its gradients: they are set
+to None between optimizer steps, so the one micro-batch's forward runs without them, where an
+accumulating step's later micro-batches run beside the gradients of the first (on the ``llm`` CPU
+preset, batch 8 at micro-batch 8 peaked 3.75 MB below batch 32 at micro-batch 8: its gradients'
+3.75 MB, to the byte). So a one-micro-batch trial's peak counts on the line with its gradients
+added (``GRADIENTS``, each trial's figure), and a one-micro-batch configuration is predicted on
+the line less them.
+
 A group measured at one micro-batch only (a lever just tried at the best so far, another
 precision) borrows the fixed part from the lines of its precision, else of every precision: the
 weights, gradients and optimizer state are the same memory whatever the compiler or the kernels
@@ -39,6 +47,7 @@ import numpy as np
 from search.core.records import COMPLETE, TrialRecord
 
 __all__ = [
+    "GRADIENTS",
     "PREDICTED",
     "PREDICTED_HIGH",
     "MemoryModel",
@@ -55,6 +64,9 @@ PREDICTED_HIGH = "peak_memory_predicted_high_mb"
 """With several lanes, the high end of the predicted range (every lane's micro-batch held at
 once), MB; absent with one lane."""
 
+GRADIENTS = "gradient_memory_mb"
+"""A training trial's figure: its parameters' gradients, MB (``search.execution.held``)."""
+
 _PER_SAMPLE = ("batch_size", "micro_batch_size", "streams")
 """The knobs a group's line is drawn over (the micro-batch, times the lanes that hold one at once)
 or leaves out (the batch)."""
@@ -68,6 +80,23 @@ def group_key(config: Mapping[str, Any]) -> str:
 
 def _lanes(config: Mapping[str, Any]) -> int:
     return int(config.get("streams", 1))
+
+
+def _micro(config: Mapping[str, Any]) -> float | None:
+    micro = config.get("micro_batch_size", config.get("batch_size"))
+    return None if micro is None else float(micro)
+
+
+def _one_micro_batch(config: Mapping[str, Any]) -> bool:
+    """Whether the step is one micro-batch, whose forward holds no gradients."""
+    return _micro(config) == float(config.get("batch_size", _micro(config) or 0))
+
+
+def gradients_of(figures: Iterable[Mapping[str, float]]) -> float | None:
+    """The gradients' memory of a study's workload, MB: the median of its trials' ``GRADIENTS``
+    (the same parameters in every trial); None where no trial read it (a serving workload)."""
+    values = [f[GRADIENTS] for f in figures if GRADIENTS in f]
+    return float(np.median(values)) if values else None
 
 
 def prediction_error(metrics: Mapping[str, float]) -> float | None:
@@ -99,6 +128,9 @@ class PeakPrediction:
     high_mb: float | None = None
     """With several lanes, the high end: every lane holds its micro-batch at once, MB; None with
     one lane."""
+    without_gradients_mb: float = 0.0
+    """What the line's value was lowered by: the gradients, which a step of one micro-batch does
+    not hold through its forward, MB; 0 where it accumulates."""
 
     def text(self) -> str:
         """How it was predicted, for a trial's line: fixed part, part per sample, trials."""
@@ -112,6 +144,8 @@ class PeakPrediction:
         else:
             how = f"{self.fixed_mb:,.0f} MB"
         lanes = "; lanes in turn to all at once" if self.high_mb is not None else ""
+        if self.without_gradients_mb:
+            lanes += f"; one micro-batch: {self.without_gradients_mb:,.1f} MB of gradients less"
         return (
             f"{span} MB predicted ({how} + {self.per_sample_mb:,.1f} MB a sample, from "
             f"{numbers}{lanes})"
@@ -134,28 +168,39 @@ class MemoryModel:
     """Lines of peak memory over the micro-batch, one per group of the other knobs, fitted to
     complete one-lane trials."""
 
-    def __init__(self, measured: Iterable[tuple[int, Mapping[str, Any], float]]):
+    def __init__(
+        self,
+        measured: Iterable[tuple[int, Mapping[str, Any], float]],
+        gradients_mb: float | None = None,
+    ):
         """``measured``: each complete trial's number, configuration and peak memory, MB. Trials
         of several lanes are left out: where their peak falls between their range's ends says how
-        the lanes' timing went, not how memory grows with the micro-batch."""
+        the lanes' timing went, not how memory grows with the micro-batch. ``gradients_mb``: what
+        a step of one micro-batch holds less (``gradients_of``); None where not known."""
+        self._gradients_mb = gradients_mb or 0.0
         self._groups: dict[str, list[tuple[int, float, float]]] = {}
         self._knobs: dict[str, dict[str, str]] = {}
         """Each group's knobs (all but the batch, the micro-batch and the lanes), as strings."""
         for number, config, peak_mb in measured:
-            micro = config.get("micro_batch_size", config.get("batch_size"))
+            micro = _micro(config)
             if micro is None or not np.isfinite(peak_mb) or _lanes(config) > 1:
                 continue
+            on_line = peak_mb + (self._gradients_mb if _one_micro_batch(config) else 0.0)
             key = group_key(config)
-            self._groups.setdefault(key, []).append((number, float(micro), float(peak_mb)))
+            self._groups.setdefault(key, []).append((number, micro, float(on_line)))
             self._knobs[key] = _knobs_of(config)
 
     @classmethod
     def of(cls, history: Sequence[TrialRecord]) -> MemoryModel:
         """The model of ``history``'s complete trials that read their peak memory."""
+        complete = [r for r in history if r.state == COMPLETE]
         return cls(
-            (r.number, r.config, r.metrics["peak_memory_mb"])
-            for r in history
-            if r.state == COMPLETE and "peak_memory_mb" in r.metrics
+            (
+                (r.number, r.config, r.metrics["peak_memory_mb"])
+                for r in complete
+                if "peak_memory_mb" in r.metrics
+            ),
+            gradients_of(r.metrics for r in complete),
         )
 
     def predict(self, config: Mapping[str, Any]) -> PeakPrediction | None:
@@ -178,15 +223,16 @@ class MemoryModel:
             fixed, per_sample = line
         else:
             return None
-        micro = float(config.get("micro_batch_size", config.get("batch_size")))
-        lanes = _lanes(config)
+        micro, lanes = float(_micro(config) or 0.0), _lanes(config)
+        without = self._gradients_mb if _one_micro_batch(config) else 0.0
         return PeakPrediction(
-            peak_mb=fixed + per_sample * micro,
+            peak_mb=fixed + per_sample * micro - without,
             fixed_mb=fixed,
             per_sample_mb=per_sample,
             trials=tuple(sorted(number for number, _, _ in points)),
             fixed_from=fixed_from,
-            high_mb=fixed + per_sample * micro * lanes if lanes > 1 else None,
+            high_mb=fixed + per_sample * micro * lanes - without if lanes > 1 else None,
+            without_gradients_mb=without,
         )
 
     def _borrowed_fixed(self, config: Mapping[str, Any]) -> tuple[float, tuple[int, ...]] | None:

@@ -52,5 +52,11 @@ def trial_metrics(result: TrialResult, confidence: float) -> dict[str, float]:
         metrics["requests_per_s_cv"] = m.throughput_cv
     if result.peak_memory_mb is not None:
         metrics["peak_memory_mb"] = result.peak_memory_mb
-    figures = {**result.work, **result.telemetry, **result.fidelity, **result.compile}
+    figures = {
+        **result.work,
+        **result.telemetry,
+        **result.fidelity,
+        **result.compile,
+        **result.held,
+    }
     return with_requests({**metrics, **figures})

@@ -14,7 +14,9 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["module_tensors", "storage_bytes", "tensors_in"]
+from search.analysis.memory_model import GRADIENTS
+
+__all__ = ["held_figures", "module_tensors", "storage_bytes", "tensors_in"]
 
 
 def tensors_in(value: Any) -> Iterator[torch.Tensor]:
@@ -48,3 +50,10 @@ def storage_bytes(tensors: Iterable[torch.Tensor], device: torch.device) -> int:
         storage = tensor.untyped_storage()
         seen[storage.data_ptr()] = storage.nbytes()
     return sum(seen.values())
+
+
+def held_figures(step: Any, device: torch.device) -> dict[str, float]:
+    """What a measured step holds between steps, by part, MB: ``GRADIENTS`` where its parameters
+    have gradients (a training step's); nothing for a serving step."""
+    gradients = [p.grad for p in step.model.parameters() if p.grad is not None]
+    return {GRADIENTS: storage_bytes(gradients, device) / 1e6} if gradients else {}

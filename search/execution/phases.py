@@ -31,6 +31,7 @@ PHASE_LABELS: dict[str, str] = {
     "build": "build",
     "compile": "compile",
     "warmup": "warm-up",
+    "memory": "memory reading",
     "windows": "timed windows",
     "count": "work count",
     "probe": "probes",
@@ -45,6 +46,9 @@ PHASE_LABELS: dict[str, str] = {
 - ``build``: the workload, its model, optimizer and batches under the knobs (``compile`` apart);
 - ``compile``: the compiled step's first pass (tracing, compiling, running it once);
 - ``warmup``: untimed steps before the windows;
+- ``memory``: settling the memory probe after the warm-up: the heap handed back, an untimed step,
+  or on a CPU with one lane two profiled steps that read the tensors' peak
+  (``search.measurement.tensor_peak``);
 - ``windows``: the timed windows, the one phase that measures the configuration;
 - ``count``: counting the step's FLOPs and bytes for the regime (``search.analysis.diagnosis``);
 - ``probe``: a control run's probes of the machine;
@@ -78,6 +82,10 @@ class PhaseClock:
         moved = min(max(seconds, 0.0), self._phases_s.get(source, 0.0))
         self._phases_s[source] = self._phases_s.get(source, 0.0) - moved
         self.add(target, moved)
+
+    def spent_s(self, name: str) -> float:
+        """Wall time counted as phase ``name`` so far, s (0 where none)."""
+        return self._phases_s.get(name, 0.0)
 
     def elapsed_s(self) -> float:
         """Wall time since the clock was made, s."""

@@ -90,6 +90,9 @@ class TrialResult:
     compile: Mapping[str, float] = field(default_factory=dict)
     """What compiling the step took (``compile_time_s``, graphs, breaks, recompiles, whether the
     cache was warm: ``search.execution.compiling.CompileStats``); empty when it ran eagerly."""
+    held: Mapping[str, float] = field(default_factory=dict)
+    """What the step holds between steps, by part (``gradient_memory_mb``: see
+    ``search.execution.held.held_figures``); empty where nothing was measured."""
     measured_at: float | None = None
     """When the timed windows ended, s since the epoch (the noise floor's clock): the time the
     trial's figures are of, stamped in the worker, before its fidelity check and before any

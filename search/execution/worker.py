@@ -29,7 +29,7 @@ from search.execution.attention import kernel_cache_dir
 from search.execution.compiling import read_stats, use_compile_cache
 from search.execution.faults import MemoryLimit, OnExceeded, classify, over_memory_limit
 from search.execution.fidelity import changes_numerics, check_fidelity
-from search.execution.held import storage_bytes
+from search.execution.held import held_figures, storage_bytes
 from search.execution.host_figures import host_busy, probe_metrics
 from search.execution.knobs import Knobs
 from search.execution.phases import PhaseClock
@@ -80,7 +80,8 @@ def run_trial(request: TrialRequest, on_memory_exceeded: OnExceeded | None = Non
                 cache = Path(request.compile_cache_dir)
                 use_compile_cache(kernel_cache_dir(cache, knobs.attention))
             _prime(device)
-        probe = MemoryProbe(device)
+        # Lanes on threads of their own are out of the profiler's sight (``tensor_peak``).
+        probe = MemoryProbe(device, tensors=knobs.streams == 1)
         probe.start()
         limit = MemoryLimit(device, request.memory_limit_mb, on_memory_exceeded, started, probe)
         measured = _measure(request, workload, knobs, device, limit, clock)
@@ -135,6 +136,8 @@ class _Measured:
     items_per_request: int | None
     """Of a serving step; None for a training step."""
     compile: dict[str, float]
+    held: dict[str, float]
+    """What the step holds between steps, by part (``held_figures``)."""
     """What compiling took (``CompileStats.metrics``); empty when the step ran eagerly."""
     host: dict[str, float]
     """``host_busy`` (CPU-seconds per second while measuring) and, where the request asked, the
@@ -159,7 +162,7 @@ def _measure(
         with step:
             if step.compile_stats is not None:  # the step compiled as it was built
                 clock.move("build", "compile", step.compile_stats.first_pass_s)
-            phases = _settling_after_warmup(step, probe, device)
+            phases = _settling_after_warmup(step, probe, device, clock)
             screen = _screen(request.race, probe, getattr(step, "items_per_request", None))
             with host_busy() as busy:
                 measurement = measure(
@@ -167,13 +170,16 @@ def _measure(
                 )
             measured_at = time.time()
             clock.add("warmup", measurement.warmup_s)
-            clock.add("windows", measurement.elapsed_s - measurement.warmup_s)
+            # Settling and reading memory ran between the warm-up and the first window.
+            memory_s = clock.spent_s("memory")
+            clock.add("windows", measurement.elapsed_s - measurement.warmup_s - memory_s)
             peak_mb = probe.peak_mb()
             # The limit is the configuration's: the work count runs the step eagerly under a
             # counting mode (a compiled llama step at micro-batch 8 peaked at 34 MB, its count at
             # over 52), and the fidelity check's fp32 reference may need more than it did.
             limit.release()
             compiling = _compile_figures(step, measurement)
+            held = held_figures(step, device)
             # After the windows and the memory reading, as cheap as one more step or two
             with clock.phase("count"):
                 work = _counted(step) if request.count else {}
@@ -192,15 +198,19 @@ def _measure(
         items_per_step=step.items_per_step,
         items_per_request=getattr(step, "items_per_request", None),
         compile=compiling,
+        held=held,
         host=host,
     )
 
 
-def _settling_after_warmup(step: TrainStep | ServeStep, probe: MemoryProbe, device: torch.device):
+def _settling_after_warmup(
+    step: TrainStep | ServeStep, probe: MemoryProbe, device: torch.device, clock: PhaseClock
+):
     """The step's ``take_phases``, which the protocol first calls as the warm-up ends: then the
     memory probe settles (``MemoryProbe.settle``), so the peak is the settled step's, the same
     for an eager step and a compiled one, whose first pass, its compiler and whatever the
-    runtime sets up once (thread pools, kernel caches) ran before."""
+    runtime sets up once (thread pools, kernel caches) ran before. That is the ``memory`` phase
+    on ``clock``."""
     settled = False
 
     def take_phases() -> dict[str, list[float]]:
@@ -208,16 +218,28 @@ def _settling_after_warmup(step: TrainStep | ServeStep, probe: MemoryProbe, devi
         if settled:
             return step.take_phases()
         settled = True
-        warmup = step.take_phases()
-        probe.settle(storage_bytes(step.held_tensors(), device))
-        if probe.settled:
-            # The heap went back to the system: one untimed step faults its pages in again, so
-            # the first timed window does not pay for it (and the peak sees that step whole).
-            step()
-            step.take_phases()
-        return warmup
+        with clock.phase("memory"):
+            return _settle(step, probe, device)
 
     return take_phases
+
+
+def _settle(step: TrainStep | ServeStep, probe: MemoryProbe, device: torch.device):
+    """Settle ``probe`` on the warmed-up ``step`` and, where it reads the tensors, read them;
+    the warm-up's phases."""
+    warmup = step.take_phases()
+    probe.settle(storage_bytes(step.held_tensors(), device))
+    if probe.tensors:
+        # Two untimed steps under the profiler, here, before the windows: a step over the
+        # limit ends now, and a race knows the peak it races on.
+        probe.count_tensors(step, storage_bytes(step.held_tensors(), device))
+        step.take_phases()
+    elif probe.settled:
+        # The heap went back to the system: one untimed step faults its pages in again, so
+        # the first timed window does not pay for it (and the peak sees that step whole).
+        step()
+        step.take_phases()
+    return warmup
 
 
 def _probed(device: torch.device, request: TrialRequest) -> dict[str, float]:
@@ -281,6 +303,7 @@ def _checked(
         work=measured.work,
         items_per_request=measured.items_per_request,
         compile=measured.compile,
+        held=measured.held,
         phases_s=clock.split(),
     )
 

@@ -1,6 +1,7 @@
 """Measuring one configuration: timers (``timers``), the timing protocol (``protocol``) and its
 statistics (``statistics``), GPU telemetry (``nvml``), energy (``energy``, with the stand-in of
-``monitor``), the host and its memory (``environment``), the device's peaks (``peak``).
+``monitor``), the host and its memory (``environment``; a CPU step's tensors at their peak:
+``tensor_peak``), the device's peaks (``peak``).
 
 Exported: what the packages above use. Nothing here imports Optuna or MLflow, and the worker
 process imports every module of it anyway, so the names are imported eagerly."""

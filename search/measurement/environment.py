@@ -14,13 +14,14 @@ import os
 import platform
 import re
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
 
 from search.measurement.host_load import CpuMark, busyness, usable_cores
 from search.measurement.nvml import nvml_handle
+from search.measurement.tensor_peak import tensor_peak_rise_bytes
 
 __all__ = ["MemoryProbe", "contention", "device_label", "device_name", "environment", "rss_bytes"]
 
@@ -55,11 +56,19 @@ class MemoryProbe:
     than the same step compiled from the cache (the llm preset at micro-batch 16, 168 against
     133 MB of peak), which no memory model over the step's knobs can predict. On CUDA the
     compiler's buffers count: the device's limit is the allocator's, whatever allocated.
+
+    With ``tensors`` (a CPU step on one thread), ``count_tensors`` then reads the peak the CUDA
+    way: the step's tensors at their peak, from a profiled step (``search.measurement.
+    tensor_peak``), where the resident set moved by 10% between processes of one configuration.
+    The resident set is still what the watchdog of a memory limit polls, to stop a runaway.
     """
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, tensors: bool = False):
         self.device = device
+        self.tensors = tensors and device.type == "cpu"
+        """Whether the peak will be the tensors' (``count_tensors``), not the resident set's."""
         self._baseline_bytes = 0
+        self._tensor_peak_bytes: int | None = None
         self.settled = False
         """Whether ``settle`` has counted the step's tensors (CPU): until then what the process
         grows by counts whole, the runtime's and the compiler's too."""
@@ -92,6 +101,23 @@ class MemoryProbe:
         self._baseline_bytes = (_status_kb("VmRSS") or 0) * 1024 - held_bytes
         self.settled = True
 
+    def count_tensors(self, step: Callable[[], None], held_bytes: int) -> None:
+        """With ``tensors``: from here on the peak is ``held_bytes`` (what the step holds between
+        steps) and the most its tensors rose above that in one profiled call of ``step``; the
+        resident set's, as without ``tensors``, where the profiler gives no reading."""
+        if not self.tensors:
+            return
+        rise = tensor_peak_rise_bytes(step)
+        if rise is None:
+            self.tensors = False  # the resident set's peak, as without
+        else:
+            self._tensor_peak_bytes = held_bytes + rise
+
+    @property
+    def tensors_read(self) -> bool:
+        """Whether ``count_tensors`` has read the tensors' peak."""
+        return self._tensor_peak_bytes is not None
+
     def in_use_mb(self) -> float | None:
         """CPU: the resident set now above the baseline (the peak's measure, read now), MB; None
         where it cannot be read."""
@@ -99,7 +125,10 @@ class MemoryProbe:
         return None if rss is None else (rss - self._baseline_bytes) / 1e6
 
     def peak_mb(self) -> float | None:
-        """The peak since ``start`` above the baseline, or None where it cannot be read."""
+        """The peak since ``start`` above the baseline (with ``tensors``, once counted, the
+        tensors' peak), or None where it cannot be read."""
+        if self._tensor_peak_bytes is not None:
+            return self._tensor_peak_bytes / 1e6
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             return (torch.cuda.max_memory_allocated(self.device) - self._baseline_bytes) / 1e6

@@ -22,6 +22,7 @@ from optuna.distributions import (
 from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
+from search.analysis.memory_model import GRADIENTS
 from search.core.records import COMPLETE, FAILED, INFEASIBLE, fault_kind
 from search.space.params import CategoricalParam, FloatParam, IntParam, Param
 from search.space.search_space import SearchSpace
@@ -147,7 +148,7 @@ def seen_of(
     invocation, after the trial was told)."""
     # the interval too: the book tells a tie from a win (``Book.best``)
     metrics = {"throughput", "throughput_ci_low", "throughput_ci_high"}
-    metrics |= {o.metric for o in space.objectives}
+    metrics |= {o.metric for o in space.objectives} | {GRADIENTS}  # the memory model's too
     seen = []
     for t in trials:
         attrs = t.user_attrs

@@ -8,7 +8,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from search.analysis.memory_model import MemoryModel
+from search.analysis.memory_model import MemoryModel, gradients_of
 from search.core.records import COMPLETE
 from search.strategy.book import OOM, Book, config_key, recomputes
 from search.strategy.move import Move, bisect_wall, feasible_micro, ladder_step
@@ -47,7 +47,12 @@ def reopened_wall(book: Book) -> Iterator[Move]:
     config = {**best.config, "micro_batch_size": above}
     held = [s.figures[MEMORY] for s in book.complete if MEMORY in s.figures]
     model = MemoryModel(
-        (i, s.config, s.figures[MEMORY]) for i, s in enumerate(book.complete) if MEMORY in s.figures
+        (
+            (i, s.config, s.figures[MEMORY])
+            for i, s in enumerate(book.complete)
+            if MEMORY in s.figures
+        ),
+        gradients_of(s.figures for s in book.complete),
     )
     predicted = model.predict(config)
     if predicted is None or predicted.worst_mb > max(held) * (1 + REOPEN_MARGIN):

@@ -27,7 +27,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from search.analysis.memory_model import MemoryModel
+from search.analysis.memory_model import MemoryModel, gradients_of
 from search.core.records import COMPLETE, FAILED, INFEASIBLE, fault_kind
 from search.space.search_space import SearchSpace
 from search.storage.liveness import duplicate_retry
@@ -177,11 +177,14 @@ class KnownOutcomes:
 
     def memory_model(self) -> MemoryModel:
         """The memory model of the complete trials known (``search.analysis.memory_model``)."""
+        complete = [t for t in self.reusable.values() if t.user_attrs["state"] == COMPLETE]
         return MemoryModel(
-            (t.number, t.user_attrs["config"], t.user_attrs["metrics"]["peak_memory_mb"])
-            for t in self.reusable.values()
-            if t.user_attrs["state"] == COMPLETE
-            and "peak_memory_mb" in t.user_attrs.get("metrics", {})
+            (
+                (t.number, t.user_attrs["config"], t.user_attrs["metrics"]["peak_memory_mb"])
+                for t in complete
+                if "peak_memory_mb" in t.user_attrs.get("metrics", {})
+            ),
+            gradients_of(t.user_attrs.get("metrics", {}) for t in complete),
         )
 
     def certain_oom(self, config: Mapping[str, Any]) -> FrozenTrial | None:

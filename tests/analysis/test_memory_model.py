@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from search.analysis.memory_model import PREDICTED, PREDICTED_HIGH, MemoryModel, PeakPrediction
+from search.analysis.memory_model import (
+    GRADIENTS,
+    PREDICTED,
+    PREDICTED_HIGH,
+    MemoryModel,
+    PeakPrediction,
+)
 from search.core.records import COMPLETE, FAILED, TrialRecord
 from search.execution.trial import TrialResult
 from search.reporting.walls import predicted_text, prediction_lines
@@ -145,3 +151,31 @@ def test_lanes_are_predicted_as_a_range_from_one_lane_s_line_and_do_not_bend_it(
     records[1].metrics[PREDICTED] = 110.0
     (line,) = prediction_lines(records)
     assert "off by 5% (median), at most +10% (#6)" in line
+
+
+def test_a_step_of_one_micro_batch_is_predicted_without_the_gradients_it_does_not_hold():
+    """Gradients are set to None between optimizer steps: a step of one micro-batch runs its
+    forward without them, where an accumulating one's second micro-batch runs beside the first's
+    (the ``llm`` CPU preset: batch 8 at micro-batch 8 held its 3.75 MB of gradients less than
+    batch 32 at micro-batch 8). So such a trial is on the line with its gradients, and such a
+    configuration is predicted on it less them."""
+    records = [
+        record(1, 4, 112.0),  # 100 MB + 3 MB a sample, accumulating 8 and 4 micro-batches
+        record(2, 8, 124.0),
+        record(3, 16, 148.0 - 10.0, batch_size=16),  # one micro-batch: 10 MB of gradients less
+    ]
+    for r in records:
+        r.metrics[GRADIENTS] = 10.0
+    model = MemoryModel.of(records)
+    assert model.predict({**BF16, "micro_batch_size": 16}).peak_mb == pytest.approx(148.0)
+    alone = model.predict({**BF16, "batch_size": 8, "micro_batch_size": 8})
+    assert alone.peak_mb == pytest.approx(124.0 - 10.0) and alone.without_gradients_mb == 10.0
+    assert alone.text() == (
+        "114 MB predicted (100 MB + 3.0 MB a sample, from #1, #2, #3; one micro-batch: 10.0 MB "
+        "of gradients less)"
+    )
+    # Without the figure (a serving workload, a study from before it) nothing is taken off
+    for r in records:
+        del r.metrics[GRADIENTS]
+    unknown = MemoryModel.of(records[:2]).predict({**BF16, "batch_size": 8, "micro_batch_size": 8})
+    assert unknown.peak_mb == pytest.approx(124.0)

@@ -67,3 +67,24 @@ def test_the_cpu_limit_holds_the_settled_step_to_it_and_before_only_stops_a_runa
     times, plus_mb = UNSETTLED_CAP
     (runaway,) = _watch(100, settle=False, hog_mb=int(times * 100 + plus_mb) + 100)
     assert "before the step settled" in runaway.failure
+
+
+def test_a_step_read_by_its_tensors_is_held_to_the_limit_by_their_peak_not_its_resident_set():
+    probe = MemoryProbe(torch.device("cpu"), tensors=True)
+    probe.start()
+    probe.settle(held_bytes=0)
+    seen: list = []
+    limit = MemoryLimit(torch.device("cpu"), 100, seen.append, time.perf_counter(), probe)
+    try:
+        hog = torch.ones(150 * 250_000)  # 150 MB resident, before the tensors are read
+        time.sleep(0.2)
+        del hog
+        assert seen == []  # an eager step's resident set ran 40% above its tensors
+        probe.count_tensors(lambda: torch.ones(150 * 250_000).sum(), held_bytes=0)
+        time.sleep(0.2)
+    finally:
+        limit.release()
+    (oom,) = seen
+    assert oom.failure == (
+        "oom: the step's tensors peaked at 150 MB, above runner.memory_limit_mb = 100 MB"
+    )

@@ -44,10 +44,12 @@ def test_the_worker_s_phases_add_up_to_its_wall_time_and_the_windows_are_the_mea
     assert result.state == COMPLETE, result.failure
     phases, m = result.phases_s, result.measurement
     assert sum(phases.values()) == pytest.approx(result.duration_s, rel=1e-3)
-    assert phases["windows"] == pytest.approx(m.elapsed_s - m.warmup_s, rel=1e-6)
+    # between the warm-up and the first window the memory probe settled and read the tensors
+    assert phases["windows"] + phases["memory"] == pytest.approx(m.elapsed_s - m.warmup_s, rel=1e-6)
     assert phases["warmup"] == pytest.approx(m.warmup_s, rel=1e-6)
     # an eager bf16 configuration: built, checked against fp32, counted; nothing compiled
     assert phases["build"] > 0 and phases["fidelity"] > 0 and phases["count"] > 0
+    assert phases["memory"] > 0
     assert "compile" not in phases
 
 
