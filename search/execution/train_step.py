@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.autograd.profiler import record_function
 
 from search.analysis.run_figures import MICRO_BATCH_PHASE
 from search.core.errors import WorkloadContractError
@@ -43,6 +44,7 @@ from search.execution.knobs import (
 from search.execution.marks import Mark, elapsed_ms, mark
 from search.execution.optimizers import with_implementation
 from search.execution.recompute import apply_recompute, memory_budget
+from search.measurement.tensor_peak import MICRO_BATCH_RANGE
 from search.workloads.base import Batch, Workload, is_counting
 
 __all__ = ["TrainStep"]
@@ -86,6 +88,10 @@ class TrainStep:
         self._loss = compiled(self._eager_loss, knobs.compile)
         self._marks: list[tuple[Mark, Mark]] = []
         """Each micro-batch's start and end since the last ``take_phases``."""
+        self.lanes_in_turn = False
+        """Run the lanes one after another in the calling thread, each micro-batch in a profiler
+        range (``MICRO_BATCH_RANGE``): how a CPU step's memory is read with several lanes
+        (``search.measurement.tensor_peak``), never how it is timed."""
         self.compile_stats: CompileStats | None = None
         """What compiling took (``compile`` on); None when the step runs eagerly."""
         if knobs.compile != "off":
@@ -168,10 +174,11 @@ class TrainStep:
         # (forward and backward, whose recomputed forwards must pick what their first pass did).
         # Set in each lane, the first lane to finish would restore it under the others.
         with attention_kernel(self.knobs.attention):
-            lanes = concurrently(
-                self._lanes,
-                [functools.partial(self._run_lane, lane) for lane in range(self.knobs.streams)],
-            )
+            calls = [functools.partial(self._run_lane, lane) for lane in range(self.knobs.streams)]
+            if self.lanes_in_turn:
+                lanes = [call() for call in calls]
+            else:
+                lanes = concurrently(self._lanes, calls)
         losses = [loss for lane in lanes for loss in lane]
         if streams:
             for stream in streams:
@@ -185,27 +192,36 @@ class TrainStep:
         losses = []
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             for batch in self._lane_batches[lane]:
-                start = mark(self.device)
-                batch = map_tensors(lambda t: t.to(self.device, non_blocking=True), batch)
-                # Autocast is thread-local, so each lane enters it itself; backward runs outside it.
-                # Its cache of weights cast to low precision is not: one map for the whole process.
-                # A lane would take a cast another lane's stream has queued but not yet run, and
-                # read garbage (on an H100, bf16 with 2 lanes gave a NaN loss in 1 of 9 fidelity
-                # passes); with several lanes each casts its own weights.
-                with torch.autocast(
-                    self.device.type,
-                    dtype=self._autocast_dtype,
-                    enabled=self._autocast_dtype is not None,
-                    cache_enabled=self.knobs.streams == 1,
+                with (
+                    record_function(MICRO_BATCH_RANGE)
+                    if self.lanes_in_turn
+                    else contextlib.nullcontext()
                 ):
-                    # Work is counted on the eager function: the counters see every operator.
-                    loss_fn = self._eager_loss if is_counting() else self._loss
-                    loss = _a_tensor(loss_fn(self.model, batch)) / self.knobs.n_micro_batches
-                scaled = loss if self._grad_scaler is None else self._grad_scaler.scale(loss)
-                scaled.backward()
-                losses.append(loss.detach())
-                self._marks.append((start, mark(self.device)))  # list.append: thread-safe
+                    losses.append(self._micro_batch(batch))
         return losses
+
+    def _micro_batch(self, batch: Batch) -> torch.Tensor:
+        """Forward and backward of one micro-batch; its loss share."""
+        start = mark(self.device)
+        batch = map_tensors(lambda t: t.to(self.device, non_blocking=True), batch)
+        # Autocast is thread-local, so each lane enters it itself; backward runs outside it.
+        # Its cache of weights cast to low precision is not: one map for the whole process.
+        # A lane would take a cast another lane's stream has queued but not yet run, and
+        # read garbage (on an H100, bf16 with 2 lanes gave a NaN loss in 1 of 9 fidelity
+        # passes); with several lanes each casts its own weights.
+        with torch.autocast(
+            self.device.type,
+            dtype=self._autocast_dtype,
+            enabled=self._autocast_dtype is not None,
+            cache_enabled=self.knobs.streams == 1,
+        ):
+            # Work is counted on the eager function: the counters see every operator.
+            loss_fn = self._eager_loss if is_counting() else self._loss
+            loss = _a_tensor(loss_fn(self.model, batch)) / self.knobs.n_micro_batches
+        scaled = loss if self._grad_scaler is None else self._grad_scaler.scale(loss)
+        scaled.backward()
+        self._marks.append((start, mark(self.device)))  # list.append: thread-safe
+        return loss.detach()
 
 
 def _a_tensor(loss: Any) -> torch.Tensor:

@@ -80,8 +80,9 @@ def run_trial(request: TrialRequest, on_memory_exceeded: OnExceeded | None = Non
                 cache = Path(request.compile_cache_dir)
                 use_compile_cache(kernel_cache_dir(cache, knobs.attention))
             _prime(device)
-        # Lanes on threads of their own are out of the profiler's sight (``tensor_peak``).
-        probe = MemoryProbe(device, tensors=knobs.streams == 1)
+        # A serving step's lanes cannot take turns for the profiler (``tensor_peak``).
+        serving = isinstance(workload, ServingWorkload)
+        probe = MemoryProbe(device, tensors=knobs.streams == 1 or not serving)
         probe.start()
         limit = MemoryLimit(device, request.memory_limit_mb, on_memory_exceeded, started, probe)
         measured = _measure(request, workload, knobs, device, limit, clock)
@@ -232,7 +233,15 @@ def _settle(step: TrainStep | ServeStep, probe: MemoryProbe, device: torch.devic
     if probe.tensors:
         # Two untimed steps under the profiler, here, before the windows: a step over the
         # limit ends now, and a race knows the peak it races on.
-        probe.count_tensors(step, storage_bytes(step.held_tensors(), device))
+        held, lanes = storage_bytes(step.held_tensors(), device), step.knobs.streams
+        if lanes == 1:
+            probe.count_tensors(step, held)
+        else:  # a training step's lanes, taking turns (``MemoryProbe`` reads no serving step's)
+            step.lanes_in_turn = True
+            try:
+                probe.count_tensors(step, held, lanes)
+            finally:
+                step.lanes_in_turn = False
         step.take_phases()
     elif probe.settled:
         # The heap went back to the system: one untimed step faults its pages in again, so

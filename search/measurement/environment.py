@@ -57,9 +57,9 @@ class MemoryProbe:
     133 MB of peak), which no memory model over the step's knobs can predict. On CUDA the
     compiler's buffers count: the device's limit is the allocator's, whatever allocated.
 
-    With ``tensors`` (a CPU step on one thread), ``count_tensors`` then reads the peak the CUDA
-    way: the step's tensors at their peak, from a profiled step (``search.measurement.
-    tensor_peak``), where the resident set moved by 10% between processes of one configuration.
+    With ``tensors`` (a CPU step), ``count_tensors`` then reads the peak the CUDA way: the step's
+    tensors at their peak, from a profiled step (``search.measurement.tensor_peak``), where the
+    resident set moved by 10% between processes of one configuration.
     The resident set is still what the watchdog of a memory limit polls, to stop a runaway.
     """
 
@@ -101,13 +101,14 @@ class MemoryProbe:
         self._baseline_bytes = (_status_kb("VmRSS") or 0) * 1024 - held_bytes
         self.settled = True
 
-    def count_tensors(self, step: Callable[[], None], held_bytes: int) -> None:
+    def count_tensors(self, step: Callable[[], None], held_bytes: int, lanes: int = 1) -> None:
         """With ``tensors``: from here on the peak is ``held_bytes`` (what the step holds between
-        steps) and the most its tensors rose above that in one profiled call of ``step``; the
-        resident set's, as without ``tensors``, where the profiler gives no reading."""
+        steps) and the most its tensors rose above that in one profiled call of ``step`` (with
+        its ``lanes`` taking turns: as were they all at their peak at once); the resident set's,
+        as without ``tensors``, where the profiler gives no reading."""
         if not self.tensors:
             return
-        rise = tensor_peak_rise_bytes(step)
+        rise = tensor_peak_rise_bytes(step, lanes)
         if rise is None:
             self.tensors = False  # the resident set's peak, as without
         else:

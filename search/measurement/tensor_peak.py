@@ -10,8 +10,13 @@ its size: summed in order they give the bytes the step's tensors hold at each mo
 every process to the byte (the same preset, micro-batches 2 to 32, two processes each).
 
 The profiler only sees the thread that started it (its memory reporting is per thread, and its
-all-threads mode reports no memory at all in torch 2.13), so a step whose lanes run on threads of
-their own is not read this way.
+all-threads mode reports no memory at all in torch 2.13). So a training step of several lanes,
+which run on threads of their own, is read with its lanes taking turns in the calling thread, each
+micro-batch in a range of its own (``MICRO_BATCH_RANGE``), and its peak is the one it would reach
+were every lane's micro-batch at its own peak at once: the rise with the lanes in turn, plus
+(lanes - 1) times the largest rise of one micro-batch above its start. Where the lanes overlap
+less, the step holds less: the figure is a bound, the high end of the memory model's range for
+lanes (``search.analysis.memory_model``), which is what the guard plans for.
 """
 
 from __future__ import annotations
@@ -19,17 +24,22 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-__all__ = ["MARK", "tensor_peak_rise_bytes"]
+__all__ = ["MARK", "MICRO_BATCH_RANGE", "tensor_peak_rise_bytes"]
 
 MARK = "search.memory_step"
 """The profiler range around the step that is read (the one before it is not: see below)."""
 
+MICRO_BATCH_RANGE = "search.micro_batch"
+"""The profiler range around each micro-batch of a step whose lanes take turns."""
+
 _log = logging.getLogger(__name__)
 
 
-def tensor_peak_rise_bytes(step: Callable[[], None]) -> int | None:
+def tensor_peak_rise_bytes(step: Callable[[], None], lanes: int = 1) -> int | None:
     """How far above their level at its start the tensors of the calling thread rose at most
-    during one call of ``step``, in bytes; None where the profiler gives no reading.
+    during one call of ``step``, in bytes; with ``lanes`` above 1 (a step whose lanes take turns),
+    that and ``lanes - 1`` times the largest rise of one of its micro-batches. None where the
+    profiler gives no reading.
 
     ``step`` is called twice under the profiler and the second call is read: the profiler reports
     no size for a free of memory allocated before it started, so in the first call the step's
@@ -47,24 +57,41 @@ def tensor_peak_rise_bytes(step: Callable[[], None]) -> int | None:
     except AttributeError as e:  # a build whose profiler keeps no raw events
         _log.warning("no tensor memory reading from the profiler: %s", e)
         return None
-    return _rise_from_mark(events)
-
-
-def _rise_from_mark(events: list) -> int | None:
-    """The largest sum of allocations less frees from the start of the ``MARK`` range to its end,
-    in bytes."""
     marks = [e for e in events if e.name() == MARK]
     if not marks:
         return None
     start_ns, end_ns = marks[0].start_ns(), marks[0].end_ns()
+    levels = _levels(events, start_ns, end_ns)
+    rise = _rise(levels, start_ns, end_ns)
+    if lanes == 1:
+        return rise
+    micro_batches = [
+        _rise(levels, e.start_ns(), e.end_ns())
+        for e in events
+        if e.name() == MICRO_BATCH_RANGE and start_ns <= e.start_ns() <= end_ns
+    ]
+    return rise + (lanes - 1) * max(micro_batches, default=0)
+
+
+def _levels(events: list, start_ns: int, end_ns: int) -> list[tuple[int, int]]:
+    """(time, bytes the tensors hold above the level at ``start_ns``) after each allocation and
+    free from ``start_ns`` to ``end_ns``, in order."""
     memory = sorted(
         ((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]"),
         key=lambda event: event[0],  # stable: events of one moment stay in the order reported
     )
-    level = rise = 0
+    level, levels = 0, []
     for at_ns, nbytes in memory:
-        if not start_ns <= at_ns <= end_ns:
-            continue
-        level += nbytes
-        rise = max(rise, level)
-    return rise
+        if start_ns <= at_ns <= end_ns:
+            level += nbytes
+            levels.append((at_ns, level))
+    return levels
+
+
+def _rise(levels: list[tuple[int, int]], start_ns: int, end_ns: int) -> int:
+    """The most ``levels`` rose from ``start_ns`` to ``end_ns`` above their level at
+    ``start_ns``, bytes."""
+    before = [level for at_ns, level in levels if at_ns < start_ns]
+    base = before[-1] if before else 0
+    inside = [level for at_ns, level in levels if start_ns <= at_ns <= end_ns]
+    return max([base, *inside]) - base

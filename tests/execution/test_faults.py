@@ -79,7 +79,7 @@ def test_a_step_read_by_its_tensors_is_held_to_the_limit_by_their_peak_not_its_r
         hog = torch.ones(150 * 250_000)  # 150 MB resident, before the tensors are read
         time.sleep(0.2)
         del hog
-        assert seen == []  # an eager step's resident set ran 40% above its tensors
+        assert seen == []  # an eager step's resident set ran 50-60% above its tensors
         probe.count_tensors(lambda: torch.ones(150 * 250_000).sum(), held_bytes=0)
         time.sleep(0.2)
     finally:

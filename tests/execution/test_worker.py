@@ -164,3 +164,14 @@ def test_the_fidelity_check_does_not_count_against_the_memory_limit(monkeypatch)
     result = run_trial(faulty("none", memory_limit_mb=100), on_memory_exceeded=fired.append)
     time.sleep(0.1)
     assert result.state == COMPLETE and not fired, [r.failure for r in fired]
+
+
+def test_a_cpu_step_of_two_lanes_is_read_as_were_both_lanes_at_their_peak_at_once():
+    """The profiler does not see the lanes' threads, so their memory is read with the lanes
+    taking turns (``tensor_peak``), plus one more micro-batch's rise: the same in every run, above
+    the same micro-batch on one lane, and the lane threads run the timed steps as before."""
+    one, two, again = (
+        run_trial(request(TINY_GPT, micro_batch_size=1, streams=lanes)) for lanes in (1, 2, 2)
+    )
+    assert all(r.state == COMPLETE for r in (one, two, again)), (one.failure, two.failure)
+    assert two.peak_memory_mb == again.peak_memory_mb > one.peak_memory_mb

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import torch
+from torch.autograd.profiler import record_function
 
 from search.measurement.environment import MemoryProbe
-from search.measurement.tensor_peak import tensor_peak_rise_bytes
+from search.measurement.tensor_peak import MICRO_BATCH_RANGE, tensor_peak_rise_bytes
 
 CPU = torch.device("cpu")
 MB = 1_000_000
@@ -40,3 +41,27 @@ def test_a_probe_that_reads_tensors_peaks_at_what_is_held_plus_the_rise():
     assert probe.tensors_read and probe.peak_mb() == 12.0
     # A GPU's probe, or a CPU's with lanes on threads of their own, reads no tensors
     assert not MemoryProbe(CPU).tensors
+
+
+class _Lanes:
+    """Two lanes of two micro-batches, taking turns: each micro-batch holds 8 MB while it runs
+    and leaves 1 MB behind (its loss, a gradient's share)."""
+
+    def __init__(self) -> None:
+        self.left: list[torch.Tensor] = []
+
+    def __call__(self) -> None:
+        self.left = []
+        for _ in range(2 * 2):
+            with record_function(MICRO_BATCH_RANGE):
+                activations = torch.ones(2 * MB)  # 8 MB
+                self.left.append(torch.ones(MB // 4))  # 1 MB
+                del activations
+
+
+def test_lanes_taking_turns_are_read_as_were_every_lane_s_micro_batch_at_its_peak_at_once():
+    # In turn: the last step's 4 MB dropped, then 3 MB left by three micro-batches and the
+    # fourth's 9 MB at once: 8 MB above the start. Had the second lane's micro-batch held its 9 MB
+    # beside it: 17 MB, the high end of the memory model's range for lanes.
+    assert tensor_peak_rise_bytes(_Lanes()) == 8 * MB
+    assert tensor_peak_rise_bytes(_Lanes(), lanes=2) == 17 * MB
