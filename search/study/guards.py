@@ -251,9 +251,12 @@ class CertainOom:
         )
 
 
-PREDICTION_MARGIN = 0.15
-"""How far over the memory limit a predicted peak must be for ``PredictedOom`` to skip it: the
-memory model's error goal on the CPU presets (docs/guide/memory-wall.md)."""
+PREDICTION_MARGIN = 0.10
+"""How far over the memory limit a predicted peak must be for ``PredictedOom`` to skip it: above
+the memory model's worst error on the CPU presets since a CPU's figure is its tensors' peak (8%,
+over two default ``llm`` runs: docs/guide/memory-wall.md). At 15%, the goal before, the ``llama``
+CPU preset under a 25 MB limit probed bf16's micro-batch 8, predicted 11% over the limit from
+micro-batches 2 and 4 (27.8 MB), and ran out at 28 MB."""
 
 
 @dataclass(frozen=True)

@@ -1116,10 +1116,12 @@ def stored_peak(study, micro, peak_mb):
     )
 
 
-@pytest.mark.parametrize("limit_mb, skipped", [(115, True), (130, False)])
+@pytest.mark.parametrize("limit_mb, over", [(115, "22%"), (125, "12%"), (130, None)])
 def test_a_configuration_predicted_past_the_limit_by_the_model_s_margin_is_not_run(
-    limit_mb, skipped, monkeypatch
+    limit_mb, over, monkeypatch
 ):
+    """12% over the limit is skipped since the margin is 10% (the CPU presets' worst error, 8%,
+    once their figure was the tensors' peak); at 15% it was probed."""
     from search.study import driver as driver_module
 
     # the random sampler proposes micro-batch 4 again and again: fewer repeats end the space
@@ -1133,7 +1135,7 @@ def test_a_configuration_predicted_past_the_limit_by_the_model_s_margin_is_not_r
     d = driver(study, space, cfg(n_trials=1, memory_limit_mb=limit_mb), measured)
     outcome = d.run()
     four = {"batch_size": 4, "micro_batch_size": 4}
-    if not skipped:  # 140 MB is within 15% of 130: the model is not that sure
+    if over is None:  # 140 MB is within 10% of 130: the model is not that sure
         assert measured == [four] and d.known.predicted_out == []
         return
     # asked again, it is skipped again until nothing else is open
@@ -1141,8 +1143,8 @@ def test_a_configuration_predicted_past_the_limit_by_the_model_s_margin_is_not_r
     told = {t.user_attrs["failure"] for t in study.trials if t.state == TrialState.PRUNED}
     assert told == {
         "not run: predicted to run out of memory: 140 MB predicted (100 MB + 10.0 MB a sample, "
-        "from #0, #1), 22% over runner.memory_limit_mb = 115 MB (more than the model's margin "
-        "of 15%)"
+        f"from #0, #1), {over} over runner.memory_limit_mb = {limit_mb} MB (more than the model's "
+        "margin of 10%)"
     }
     # the order reads it as out of memory, as it does a trial that ran out
     assert any(s.config == four and s.outcome == "oom" for s in d.known.seen())
