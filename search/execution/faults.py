@@ -149,26 +149,30 @@ class _MemoryWatchdog:
         return self.probe.in_use_mb() or 0.0, self.probe.settled and not self.probe.tensors
 
     def _oom(self, used_mb: float, at_limit: bool, cap_mb: float) -> TrialResult:
-        limit = f"runner.memory_limit_mb = {self.limit_mb:g} MB"
-        if at_limit and self.probe.tensors:
-            failure = f"oom: the step's tensors peaked at {used_mb:.0f} MB, above {limit}"
-        elif at_limit:
-            failure = f"oom: host memory {used_mb:.0f} MB is above {limit}"
-        else:
-            when = (
-                "before its tensors' peak was read"
-                if self.probe.settled
-                else ("before the step settled")
-            )
-            failure = (
-                f"oom: host memory {used_mb:.0f} MB is {when}, above {cap_mb:g} MB (the cap "
-                f"then: {limit}, doubled, plus what the runtime and the compiler take)"
-            )
         return TrialResult(
             state=FAILED,
             peak_memory_mb=used_mb,
             duration_s=time.perf_counter() - self.started,
-            failure=failure,
+            failure=f"oom: {self._what(used_mb, at_limit, cap_mb)}",
+        )
+
+    def _what(self, used_mb: float, at_limit: bool, cap_mb: float) -> str:
+        """What crossed the limit (or the cap on a runaway), for the ``oom`` line."""
+        limit = f"runner.memory_limit_mb = {self.limit_mb:g} MB"
+        probe = self.probe
+        if at_limit and probe.tensors and probe.lanes > 1:
+            return (
+                f"the step's tensors peak at {used_mb:.0f} MB with its {probe.lanes} lanes at "
+                f"their peak at once, above {limit}"
+            )
+        if at_limit and probe.tensors:
+            return f"the step's tensors peaked at {used_mb:.0f} MB, above {limit}"
+        if at_limit:
+            return f"host memory {used_mb:.0f} MB is above {limit}"
+        when = "before its tensors' peak was read" if probe.settled else "before the step settled"
+        return (
+            f"host memory {used_mb:.0f} MB is {when}, above {cap_mb:g} MB (the cap then: {limit}, "
+            "doubled, plus what the runtime and the compiler take)"
         )
 
     def stop(self) -> None:

@@ -69,6 +69,8 @@ class MemoryProbe:
         """Whether the peak will be the tensors' (``count_tensors``), not the resident set's."""
         self._baseline_bytes = 0
         self._tensor_peak_bytes: int | None = None
+        self.lanes = 1
+        """The lanes ``count_tensors`` read the peak of, as were they all at their peak at once."""
         self.settled = False
         """Whether ``settle`` has counted the step's tensors (CPU): until then what the process
         grows by counts whole, the runtime's and the compiler's too."""
@@ -108,6 +110,7 @@ class MemoryProbe:
         as without ``tensors``, where the profiler gives no reading."""
         if not self.tensors:
             return
+        self.lanes = lanes
         rise = tensor_peak_rise_bytes(step, lanes)
         if rise is None:
             self.tensors = False  # the resident set's peak, as without

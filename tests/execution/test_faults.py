@@ -69,7 +69,13 @@ def test_the_cpu_limit_holds_the_settled_step_to_it_and_before_only_stops_a_runa
     assert "before the step settled" in runaway.failure
 
 
-def test_a_step_read_by_its_tensors_is_held_to_the_limit_by_their_peak_not_its_resident_set():
+@pytest.mark.parametrize(
+    "lanes, peak",
+    [(1, "peaked at 150 MB"), (2, "peak at 150 MB with its 2 lanes at their peak at once")],
+)
+def test_a_step_read_by_its_tensors_is_held_to_the_limit_by_their_peak_not_its_resident_set(
+    lanes, peak
+):
     probe = MemoryProbe(torch.device("cpu"), tensors=True)
     probe.start()
     probe.settle(held_bytes=0)
@@ -80,11 +86,9 @@ def test_a_step_read_by_its_tensors_is_held_to_the_limit_by_their_peak_not_its_r
         time.sleep(0.2)
         del hog
         assert seen == []  # an eager step's resident set ran 50-60% above its tensors
-        probe.count_tensors(lambda: torch.ones(150 * 250_000).sum(), held_bytes=0)
+        probe.count_tensors(lambda: torch.ones(150 * 250_000).sum(), held_bytes=0, lanes=lanes)
         time.sleep(0.2)
     finally:
         limit.release()
     (oom,) = seen
-    assert oom.failure == (
-        "oom: the step's tensors peaked at 150 MB, above runner.memory_limit_mb = 100 MB"
-    )
+    assert oom.failure == f"oom: the step's tensors {peak}, above runner.memory_limit_mb = 100 MB"
