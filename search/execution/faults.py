@@ -162,11 +162,12 @@ class _MemoryWatchdog:
         probe = self.probe
         if at_limit and probe.tensors and probe.lanes > 1:
             return (
-                f"the step's tensors peak at {used_mb:.0f} MB with its {probe.lanes} lanes at "
+                f"the step's tensors peak at {used_mb:.1f} MB with its {probe.lanes} lanes at "
                 f"their peak at once, above {limit}"
             )
         if at_limit and probe.tensors:
-            return f"the step's tensors peaked at {used_mb:.0f} MB, above {limit}"
+            # One decimal: the tensors' peak is exact, and may lie just above the limit
+            return f"the step's tensors peaked at {used_mb:.1f} MB, above {limit}"
         if at_limit:
             return f"host memory {used_mb:.0f} MB is above {limit}"
         when = "before its tensors' peak was read" if probe.settled else "before the step settled"
@@ -192,6 +193,6 @@ def over_memory_limit(
         peak_memory_mb=peak_mb,
         unit=unit,
         duration_s=time.perf_counter() - started,
-        failure=f"oom: peak memory {peak_mb:.0f} MB is above runner.memory_limit_mb = "
+        failure=f"oom: peak memory {peak_mb:.1f} MB is above runner.memory_limit_mb = "
         f"{limit_mb:g} MB",
     )

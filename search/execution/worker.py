@@ -234,14 +234,14 @@ def _settle(step: TrainStep | ServeStep, probe: MemoryProbe, device: torch.devic
         # Two untimed steps under the profiler, here, before the windows: a step over the
         # limit ends now, and a race knows the peak it races on.
         held, lanes = storage_bytes(step.held_tensors(), device), step.knobs.streams
-        if lanes == 1:
-            probe.count_tensors(step, held)
-        else:  # a training step's lanes, taking turns (``MemoryProbe`` reads no serving step's)
+        if isinstance(step, TrainStep) and lanes > 1:  # its lanes take turns for the profiler
             step.lanes_in_turn = True
             try:
                 probe.count_tensors(step, held, lanes)
             finally:
                 step.lanes_in_turn = False
+        else:  # one lane (a serving step of several reads no tensors: ``run_trial``)
+            probe.count_tensors(step, held)
         step.take_phases()
     elif probe.settled:
         # The heap went back to the system: one untimed step faults its pages in again, so

@@ -71,7 +71,7 @@ def test_the_cpu_limit_holds_the_settled_step_to_it_and_before_only_stops_a_runa
 
 @pytest.mark.parametrize(
     "lanes, peak",
-    [(1, "peaked at 150 MB"), (2, "peak at 150 MB with its 2 lanes at their peak at once")],
+    [(1, "peaked at 150.0 MB"), (2, "peak at 150.0 MB with its 2 lanes at their peak at once")],
 )
 def test_a_step_read_by_its_tensors_is_held_to_the_limit_by_their_peak_not_its_resident_set(
     lanes, peak
