@@ -47,7 +47,7 @@ PHASE_LABELS: dict[str, str] = {
 - ``compile``: the compiled step's first pass (tracing, compiling, running it once);
 - ``warmup``: untimed steps before the windows;
 - ``memory``: settling the memory probe after the warm-up: the heap handed back, an untimed step,
-  or on a CPU with one lane two profiled steps that read the tensors' peak
+  or on a CPU the profiled step that reads the tensors' peak
   (``search.measurement.tensor_peak``);
 - ``windows``: the timed windows, the one phase that measures the configuration;
 - ``count``: counting the step's FLOPs and bytes for the regime (``search.analysis.diagnosis``);

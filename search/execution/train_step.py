@@ -128,6 +128,12 @@ class TrainStep:
         }
         return float(torch.stack(losses).sum()), grads
 
+    def drop_gradients(self) -> None:
+        """Set every gradient to None, as the next step does first: then the step holds nothing
+        from the last one, and its memory can be read from one profiled call
+        (``search.measurement.tensor_peak``)."""
+        self._optimizer.zero_grad(set_to_none=True)
+
     def held_tensors(self) -> Iterator[torch.Tensor]:
         """Every tensor the step keeps between steps: the model's, its gradients, the optimizer's
         state and the micro-batches (``search.execution.held``)."""

@@ -231,17 +231,12 @@ def _settle(step: TrainStep | ServeStep, probe: MemoryProbe, device: torch.devic
     warmup = step.take_phases()
     probe.settle(storage_bytes(step.held_tensors(), device))
     if probe.tensors:
-        # Two untimed steps under the profiler, here, before the windows: a step over the
+        # Untimed steps under the profiler, here, before the windows: a step over the
         # limit ends now, and a race knows the peak it races on.
-        held, lanes = storage_bytes(step.held_tensors(), device), step.knobs.streams
-        if isinstance(step, TrainStep) and lanes > 1:  # its lanes take turns for the profiler
-            step.lanes_in_turn = True
-            try:
-                probe.count_tensors(step, held, lanes)
-            finally:
-                step.lanes_in_turn = False
-        else:  # one lane (a serving step of several reads no tensors: ``run_trial``)
-            probe.count_tensors(step, held)
+        if not isinstance(step, TrainStep):  # one lane (of several it reads no tensors)
+            probe.count_tensors(step, storage_bytes(step.held_tensors(), device))
+        else:
+            _count_training_tensors(step, probe, device)
         step.take_phases()
     elif probe.settled:
         # The heap went back to the system: one untimed step faults its pages in again, so
@@ -249,6 +244,18 @@ def _settle(step: TrainStep | ServeStep, probe: MemoryProbe, device: torch.devic
         step()
         step.take_phases()
     return warmup
+
+
+def _count_training_tensors(step: TrainStep, probe: MemoryProbe, device: torch.device) -> None:
+    """Read a training step's tensors at their peak from one profiled step: its gradients dropped
+    first (the step does so first itself), and its lanes taking turns where it has several."""
+    step.drop_gradients()
+    held, lanes = storage_bytes(step.held_tensors(), device), step.knobs.streams
+    step.lanes_in_turn = lanes > 1
+    try:
+        probe.count_tensors(step, held, lanes, fresh=True)
+    finally:
+        step.lanes_in_turn = False
 
 
 def _probed(device: torch.device, request: TrialRequest) -> dict[str, float]:

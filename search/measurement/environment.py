@@ -103,15 +103,18 @@ class MemoryProbe:
         self._baseline_bytes = (_status_kb("VmRSS") or 0) * 1024 - held_bytes
         self.settled = True
 
-    def count_tensors(self, step: Callable[[], None], held_bytes: int, lanes: int = 1) -> None:
+    def count_tensors(
+        self, step: Callable[[], None], held_bytes: int, lanes: int = 1, fresh: bool = False
+    ) -> None:
         """With ``tensors``: from here on the peak is ``held_bytes`` (what the step holds between
         steps) and the most its tensors rose above that in one profiled call of ``step`` (with
-        its ``lanes`` taking turns: as were they all at their peak at once); the resident set's,
-        as without ``tensors``, where the profiler gives no reading."""
+        its ``lanes`` taking turns: as were they all at their peak at once; ``fresh``: see
+        ``tensor_peak_rise_bytes``); the resident set's, as without ``tensors``, where the
+        profiler gives no reading."""
         if not self.tensors:
             return
         self.lanes = lanes
-        rise = tensor_peak_rise_bytes(step, lanes)
+        rise = tensor_peak_rise_bytes(step, lanes, fresh)
         if rise is None:
             self.tensors = False  # the resident set's peak, as without
         else:

@@ -65,3 +65,10 @@ def test_lanes_taking_turns_are_read_as_were_every_lane_s_micro_batch_at_its_pea
     # beside it: 17 MB, the high end of the memory model's range for lanes.
     assert tensor_peak_rise_bytes(_Lanes()) == 8 * MB
     assert tensor_peak_rise_bytes(_Lanes(), lanes=2) == 17 * MB
+
+
+def test_a_step_that_dropped_what_the_last_one_left_is_read_from_one_call_alike():
+    step = _Step()  # holds 4 MB from before
+    two_calls = 4 * MB + tensor_peak_rise_bytes(step)
+    step.kept = None  # dropped first, as a training step drops its gradients
+    assert tensor_peak_rise_bytes(step, fresh=True) == two_calls == 12 * MB
