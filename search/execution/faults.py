@@ -144,7 +144,7 @@ class _MemoryWatchdog:
         cap on a runaway): the settled step's memory, or a step's tensors at their peak once read
         (``MemoryProbe.tensors``). Until that is read the resident set only shows a runaway: it
         ran 50-60% above the tensors on an eager llm step."""
-        if self.probe.tensors and self.probe.tensors_read:
+        if self.probe.tensors_read:
             return self.probe.peak_mb() or 0.0, True
         return self.probe.in_use_mb() or 0.0, self.probe.settled and not self.probe.tensors
 
