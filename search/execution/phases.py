@@ -91,9 +91,11 @@ class PhaseClock:
         """Wall time since the clock was made, s."""
         return time.perf_counter() - self._started_s
 
-    def split(self) -> dict[str, float]:
-        """Each phase's wall time so far, s, with what no phase timed as ``other``."""
-        total = self.elapsed_s()
+    def split(self, total_s: float | None = None) -> dict[str, float]:
+        """Each phase's wall time so far, s, with what no phase timed as ``other``: of ``total_s``
+        where given (an ``elapsed_s`` read once for a trial's duration too, so that its phases
+        add up to it), else of the time elapsed now."""
+        total = self.elapsed_s() if total_s is None else total_s
         timed = dict(self._phases_s)
         timed["other"] = max(total - sum(timed.values()), 0.0)
         return timed

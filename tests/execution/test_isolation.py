@@ -330,6 +330,38 @@ def test_the_worker_server_started_early_is_ready_with_torch_once_waited_for():
     assert "libtorch" in maps, "the server has imported torch"
 
 
+def _what_a_compile_finds_done(send) -> None:
+    import sys
+
+    from torch._inductor.codecache import torch_key
+
+    from search.execution._fork_server import _COMPILE_TIME_MODULES
+
+    try:
+        torch_key.set(b"")  # refused where the key was computed already
+        keyed = False
+    except RuntimeError:
+        keyed = True
+    send.send((keyed, [m for m in _COMPILE_TIME_MODULES if m not in sys.modules]))
+
+
+def test_a_worker_finds_the_compiler_s_once_a_process_work_done_by_the_server():
+    """The key of the compiler's cache (a hash of torch's sources) and the modules a compile
+    imports are the fork server's, inherited: not redone in each compiled trial's process."""
+    from search.execution.isolation import worker_context
+
+    context = worker_context()
+    if context.get_start_method() != "forkserver":
+        pytest.skip("workers are spawned here: there is no server to inherit from")
+    receive, send = context.Pipe(duplex=False)
+    worker = context.Process(target=_what_a_compile_finds_done, args=(send,))
+    worker.start()
+    keyed, missing = receive.recv()
+    worker.join()
+    assert keyed, "the worker computes the key of the compiler's cache again"
+    assert missing == []
+
+
 _DRAW_A_BAR = """
 import multiprocessing, os, sys
 from multiprocessing import resource_tracker
