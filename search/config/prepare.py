@@ -37,6 +37,7 @@ from search.execution.knobs import (
     value_rule,
 )
 from search.execution.recompute import named_by, recompute_setting
+from search.execution.worker_server import serve_workers_with
 from search.measurement.energy import energy_unavailable_reason
 from search.space.params import CategoricalParam, FloatParam, IntParam, Param
 from search.space.parse import parse_space
@@ -63,6 +64,8 @@ def prepare(settings: Settings) -> Prepared:
     which ``--cfg`` makes too (so that it refuses what a run would refuse)."""
     device = resolve_device(settings.device)
     space, notes = load_space(settings.space, device, settings.slo)
+    # Before the first worker (the contract's check): each starts with the workload's modules.
+    serve_workers_with(getattr(workload_class(space), "preload", ()))
     # Here, not in load_space: it runs the workload's code in a worker, which only a run needs.
     check_workload_contract(space, _configs_to_check(space))
     chosen, budget = settings.noise.control, settings.noise.budget

@@ -103,6 +103,25 @@ def _prime_the_compiler_s_process_caches() -> None:
             pass
 
 
+def _import_the_workload_s_modules() -> None:
+    """Import the modules the study's workload names (``Workload.preload``, through
+    ``worker_server.WORKER_IMPORTS``), each where it can: one that fails is left for the worker
+    to meet and report, where its trial can say what failed; a server that fails to start would
+    fail every trial instead."""
+    import importlib
+
+    from search.execution.worker_server import WORKER_IMPORTS
+
+    for name in os.environ.get(WORKER_IMPORTS, "").split(","):
+        if not name:
+            continue
+        try:
+            importlib.import_module(name)
+        except BaseException:  # noqa: BLE001 - SystemExit too: the worker meets it, not the server
+            pass
+
+
 _import_the_compiler()
 _probe_the_cpu_s_vector_instructions()
 _prime_the_compiler_s_process_caches()
+_import_the_workload_s_modules()

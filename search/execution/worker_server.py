@@ -10,8 +10,16 @@ from __future__ import annotations
 import functools
 import multiprocessing
 import multiprocessing.forkserver
+import os
+import signal
+from collections.abc import Sequence
+from typing import Any
 
-__all__ = ["start_worker_server", "worker_context"]
+__all__ = ["WORKER_IMPORTS", "serve_workers_with", "start_worker_server", "worker_context"]
+
+WORKER_IMPORTS = "SEARCH_WORKER_IMPORTS"
+"""The environment variable that names, comma-separated, the modules the fork server imports
+beyond its own (``serve_workers_with``), each where it can (``search.execution._fork_server``)."""
 
 
 @functools.cache
@@ -39,3 +47,41 @@ def start_worker_server() -> None:
     trial (``docs/operations/failures.md``). Nothing where workers are spawned."""
     if worker_context().get_start_method() == "forkserver":
         multiprocessing.forkserver.ensure_running()
+
+
+_served: list[str] = []
+"""The modules the running server was started with beyond its own (``serve_workers_with``)."""
+
+
+def serve_workers_with(modules: Sequence[str]) -> None:
+    """Have the workers forked from now on start with ``modules`` imported too (a workload's
+    library, ``Workload.preload``): the fork server imports them once, instead of every trial's
+    process (its first and second, re-validation's, confirmation's) importing them anew. A
+    server that has not imported them yet is stopped and started again with them; call it before
+    the first worker is needed. Nothing where workers are spawned, or where the server has them.
+    The modules reach the server through ``WORKER_IMPORTS`` as it starts, and no other process:
+    a command this process runs later starts its own server with its own workload's."""
+    if not modules or worker_context().get_start_method() != "forkserver":
+        return
+    wanted = list(dict.fromkeys([*_served, *modules]))
+    # The module's own server, as ensure_running starts it: its pid and its stop are private.
+    server: Any = multiprocessing.forkserver._forkserver
+    if wanted == _served and server._forkserver_pid is not None:
+        return
+    if server._forkserver_pid is not None:
+        # Killed, not asked: a server asked to stop finishes its imports first (3.5 s).
+        try:
+            os.kill(server._forkserver_pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        server._stop()
+    before = os.environ.get(WORKER_IMPORTS)
+    os.environ[WORKER_IMPORTS] = ",".join(wanted)
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        if before is None:
+            del os.environ[WORKER_IMPORTS]
+        else:
+            os.environ[WORKER_IMPORTS] = before
+    _served[:] = wanted

@@ -91,6 +91,12 @@ class Workload(abc.ABC):
     """Optional packages it imports beyond the tool's own dependencies: import name -> how to
     install it. A space naming a workload whose package is missing is refused with that line."""
 
+    preload: ClassVar[tuple[str, ...]] = ()
+    """Modules every trial's process imports before building it (its library's, beyond torch):
+    the fork server that trial workers are forked from imports them once, so each worker starts
+    with them (``search.execution.worker_server.serve_workers_with``). One that fails to import
+    is left for the worker to meet."""
+
     @abc.abstractmethod
     def build_model(self) -> nn.Module:
         """Build the model with its initial weights (deterministic under the torch seed). It is
@@ -162,6 +168,9 @@ class ServingWorkload(abc.ABC):
     knobs: tuple[str, ...] = SERVE_KNOBS
     requires: ClassVar[dict[str, str]] = {}
     """As ``Workload.requires``."""
+    preload: ClassVar[tuple[str, ...]] = ()
+    """As ``Workload.preload``."""
+
     unit: str = "tokens"
     """Generated tokens: throughput is in tokens/s of output."""
 

@@ -345,6 +345,38 @@ def _what_a_compile_finds_done(send) -> None:
     send.send((keyed, [m for m in _COMPILE_TIME_MODULES if m not in sys.modules]))
 
 
+def _imported(names, send) -> None:
+    import sys
+
+    send.send([n for n in names if n in sys.modules])
+
+
+def test_a_worker_starts_with_the_modules_its_workload_preloads_and_none_is_left_behind():
+    """``serve_workers_with`` restarts the server once with a workload's modules: each worker
+    forked after starts with them; a module that cannot be imported is the worker's to meet,
+    and the name reaches no later process of this one."""
+    import multiprocessing.forkserver
+
+    from search.execution.isolation import worker_context
+    from search.execution.worker_server import WORKER_IMPORTS, serve_workers_with
+
+    context = worker_context()
+    if context.get_start_method() != "forkserver":
+        pytest.skip("workers are spawned here: there is no server to import them")
+    wanted = ["xml.dom.minidom", "no_such_module_here"]
+    serve_workers_with(wanted)
+    pid = multiprocessing.forkserver._forkserver._forkserver_pid
+    serve_workers_with(wanted[:1])  # the server has it: not started again
+    assert multiprocessing.forkserver._forkserver._forkserver_pid == pid
+    receive, send = context.Pipe(duplex=False)
+    worker = context.Process(target=_imported, args=(wanted, send))
+    worker.start()
+    assert receive.recv() == ["xml.dom.minidom"]
+    worker.join()
+    assert worker.exitcode == 0
+    assert WORKER_IMPORTS not in os.environ
+
+
 def test_a_worker_finds_the_compiler_s_once_a_process_work_done_by_the_server():
     """The key of the compiler's cache (a hash of torch's sources) and the modules a compile
     imports are the fork server's, inherited: not redone in each compiled trial's process."""
