@@ -172,7 +172,7 @@ def _invoked(
     bad input's line raised as the command line prints it (passwords redacted), Ctrl-C raised as
     ``KeyboardInterrupt`` once the invocation has ended its runs. ``reports``: filled with the
     re-tune reports that were there before it ran."""
-    from search.commands.context import invoked_as
+    from search.commands.invocation import invoked_as
     from search.config.compose import redact
     from search.execution.worker_server import start_worker_server
 

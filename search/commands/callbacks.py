@@ -12,7 +12,8 @@ import optuna
 
 from search.analysis.diagnosis import Diagnosis
 from search.analysis.noise_floor import NoiseFloor
-from search.commands.context import Context, sync_command
+from search.commands.context import Context
+from search.commands.invocation import sync_command
 from search.config.compose import redact
 from search.core.records import COMPLETE, TrialRecord
 from search.execution.trial import TrialResult

@@ -75,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # First: the server's imports (torch and its compiler, 3.5 s of a core on a 2-core CPU)
         # then overlap this process's own, which the workload's checks would otherwise wait for.
         start_worker_server()
-    from search.commands.context import COMMAND_WORDS, invoked_as  # late: --help stays fast
+    from search.commands.invocation import COMMAND_WORDS, invoked_as  # late: --help stays fast
 
     command = argv[0] if argv[:1] and argv[0] in COMMAND_WORDS else "tune"
     with invoked_as(argv):

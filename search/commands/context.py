@@ -8,11 +8,8 @@ adds up the wall time those steps take, for the time budget (docs/method/time.md
 from __future__ import annotations
 
 import re
-import shlex
-import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +18,6 @@ import torch
 from rich.console import Console
 
 from search.analysis.diagnosis import Diagnosis, diagnose, doubling
-from search.config.compose import redact
 from search.config.settings import Settings
 from search.core.records import COMPLETE, TrialRecord
 from search.execution.phases import PHASE_LABELS, timed_so_far_s
@@ -31,14 +27,7 @@ from search.space.search_space import SearchSpace
 from search.study.driver import StudyDriver, repeat_run
 from search.study.phase_time import SECOND_TIMED
 
-__all__ = [
-    "COMMAND_WORDS",
-    "Context",
-    "Spent",
-    "command_line",
-    "invoked_as",
-    "sync_command",
-]
+__all__ = ["Context", "Spent"]
 
 
 @dataclass(kw_only=True)
@@ -213,47 +202,3 @@ class Context:
         another device (another GPU model, a CPU) keeps its own."""
         device = f"{self.env.get('device_name', '')}-{self.device}"
         return Path(self.settings.runs_dir) / "compile-cache" / re.sub(r"[^\w.-]+", "_", device)
-
-
-COMMAND_WORDS = ("sync", "retune", "history")
-"""The words before the overrides that name a command other than the tuning (``cli.main``)."""
-
-_invocation_words: list[str] | None = None
-
-
-@contextmanager
-def invoked_as(words: Sequence[str]) -> Iterator[None]:
-    """Within it, this invocation is ``words`` (``cli.main``'s, command word included): the
-    command lines it records and suggests are built from them, since ``main(argv)`` need not be
-    ``sys.argv``. Restored after, so that one call of ``main`` leaves nothing to the next."""
-    global _invocation_words
-    before, _invocation_words = _invocation_words, list(words)
-    try:
-        yield
-    finally:
-        _invocation_words = before
-
-
-def _words() -> list[str]:
-    return list(sys.argv[1:] if _invocation_words is None else _invocation_words)
-
-
-def _as_command(words: Sequence[str]) -> str:
-    # Quoted as a shell reads it back: an override with a space (retune.baseline='tune 2026-...')
-    # pasted from the printed sync command must stay one word.
-    return redact(" ".join(["python -m search", *(shlex.quote(w) for w in words)]))
-
-
-def command_line() -> str:
-    """This invocation as a command, passwords redacted (the parent run's ``command`` tag)."""
-    return _as_command(_words())
-
-
-def sync_command() -> str:
-    """``python -m search sync`` with this invocation's overrides: it copies to MLflow later what
-    could not be logged now. A re-tune's own command word is left out: ``sync`` takes the
-    overrides alone, and ``sync retune ...`` would be refused."""
-    overrides = _words()
-    if overrides[:1] and overrides[0] in COMMAND_WORDS:
-        overrides = overrides[1:]
-    return _as_command(["sync", *overrides])

@@ -11,7 +11,8 @@ from typing import Any
 from search.analysis.diagnosis import Diagnosis, doubling
 from search.analysis.noise_floor import NoiseFloor
 from search.analysis.pareto import closest_to_slo
-from search.commands.context import Context, sync_command
+from search.commands.context import Context
+from search.commands.invocation import sync_command
 from search.commands.revalidation_rounds import revalidate_front
 from search.config.compose import redact
 from search.config.prepare import workload_class

@@ -22,7 +22,8 @@ import yaml
 from omegaconf import DictConfig
 from optuna.trial import FrozenTrial
 
-from search.commands.context import Context, command_line
+from search.commands.context import Context
+from search.commands.invocation import command_line
 from search.config.compose import load_settings, redact, resolve_device
 from search.config.prepare import fingerprint, load_space
 from search.config.settings import Settings

@@ -28,8 +28,9 @@ from rich.console import Console
 
 from search.commands.callbacks import study_driver
 from search.commands.conclusion import conclude_tuning
-from search.commands.context import Context, Spent, command_line
+from search.commands.context import Context, Spent
 from search.commands.finish import finish
+from search.commands.invocation import command_line
 from search.commands.retune import adopt_remeasured, remeasure_baseline, warm_start
 from search.config.compose import (
     ConfigError,

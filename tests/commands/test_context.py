@@ -11,7 +11,8 @@ import time
 import pytest
 
 from search.commands import cli
-from search.commands.context import Spent, command_line, sync_command
+from search.commands.context import Spent
+from search.commands.invocation import command_line, sync_command
 
 
 def _rest_s(line: str) -> float:
