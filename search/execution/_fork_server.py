@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable
 
 from search.execution.isolation import die_with_parent
 
@@ -88,37 +89,34 @@ def _prime_the_compiler_s_process_caches() -> None:
     compile took 2.4-2.7 s a process there, so this is about a sixth of it, in every compiled
     trial's processes. Neither touches a device nor starts a thread. A module that a torch version
     moved or lacks is left out: the worker imports what its compile needs."""
-    import importlib
-
     try:
         from torch._inductor.codecache import torch_key
 
         torch_key()
     except Exception:  # noqa: BLE001 - the worker's compile computes it, and reports what failed
         pass
-    for name in _COMPILE_TIME_MODULES:
+    _import_where_possible(_COMPILE_TIME_MODULES)
+
+
+def _import_where_possible(names: Iterable[str]) -> None:
+    """Import each of ``names`` where it can: one that fails (not in this version of its library,
+    or raising as it is imported, ``SystemExit`` too) is left for the worker to meet and report,
+    where its trial can say what failed; a server that fails to start would fail every trial."""
+    import importlib
+
+    for name in names:
         try:
             importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - not in this torch version: nothing to do ahead
+        except BaseException:  # noqa: BLE001 - the worker meets it, not the server
             pass
 
 
 def _import_the_workload_s_modules() -> None:
     """Import the modules the study's workload names (``Workload.preload``, through
-    ``worker_server.WORKER_IMPORTS``), each where it can: one that fails is left for the worker
-    to meet and report, where its trial can say what failed; a server that fails to start would
-    fail every trial instead."""
-    import importlib
-
+    ``worker_server.WORKER_IMPORTS``)."""
     from search.execution.worker_server import WORKER_IMPORTS
 
-    for name in os.environ.get(WORKER_IMPORTS, "").split(","):
-        if not name:
-            continue
-        try:
-            importlib.import_module(name)
-        except BaseException:  # noqa: BLE001 - SystemExit too: the worker meets it, not the server
-            pass
+    _import_where_possible(n for n in os.environ.get(WORKER_IMPORTS, "").split(",") if n)
 
 
 _import_the_compiler()

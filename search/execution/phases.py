@@ -91,14 +91,13 @@ class PhaseClock:
         """Wall time since the clock was made, s."""
         return time.perf_counter() - self._started_s
 
-    def split(self, total_s: float | None = None) -> dict[str, float]:
-        """Each phase's wall time so far, s, with what no phase timed as ``other``: of ``total_s``
-        where given (an ``elapsed_s`` read once for a trial's duration too, so that its phases
-        add up to it), else of the time elapsed now."""
-        total = self.elapsed_s() if total_s is None else total_s
+    def ended(self) -> tuple[float, dict[str, float]]:
+        """The wall time elapsed now, s, and each phase's of it, with what no phase timed as
+        ``other``: read at one instant, so that a trial's phases add up to its duration."""
+        total = self.elapsed_s()
         timed = dict(self._phases_s)
         timed["other"] = max(total - sum(timed.values()), 0.0)
-        return timed
+        return total, timed
 
 
 def phase_metrics(phases_s: Mapping[str, float]) -> dict[str, float]:

@@ -88,27 +88,28 @@ def run_trial(request: TrialRequest, on_memory_exceeded: OnExceeded | None = Non
         measured = _measure(request, workload, knobs, device, limit, clock)
         oom = over_memory_limit(measured.peak_mb, request.memory_limit_mb, unit, started)
         if oom is not None:
-            elapsed_s = clock.elapsed_s()
-            return replace(oom, duration_s=elapsed_s, phases_s=clock.split(elapsed_s))
+            elapsed_s, phases_s = clock.ended()
+            return replace(oom, duration_s=elapsed_s, phases_s=phases_s)
         return _checked(request, workload, knobs, device, measured, clock)
     except KnobError as e:
-        elapsed_s = clock.elapsed_s()
+        elapsed_s, phases_s = clock.ended()
         return TrialResult(
             state=INFEASIBLE,
             failure=str(e),
             unit=unit,
             duration_s=elapsed_s,
-            phases_s=clock.split(elapsed_s),
+            phases_s=phases_s,
         )
     except Exception as e:  # a fault of this configuration, not of the study
         traceback.print_exc()  # into the worker's stderr: its tail is kept with the failure
-        failure, elapsed_s = classify(e), clock.elapsed_s()
+        failure = classify(e)
+        elapsed_s, phases_s = clock.ended()
         return TrialResult(
             state=FAILED,
             failure=failure,
             unit=unit,
             duration_s=elapsed_s,
-            phases_s=clock.split(elapsed_s),
+            phases_s=phases_s,
         )
     finally:
         if limit is not None:
@@ -308,7 +309,7 @@ def _checked(
             errors = report.errors
         if not report.ok:
             state, failure = INFEASIBLE, f"fidelity: {report.reason}"
-    elapsed_s = clock.elapsed_s()
+    elapsed_s, phases_s = clock.ended()
     return TrialResult(
         state=state,
         measurement=measurement,
@@ -324,7 +325,7 @@ def _checked(
         items_per_request=measured.items_per_request,
         compile=measured.compile,
         held=measured.held,
-        phases_s=clock.split(elapsed_s),
+        phases_s=phases_s,
     )
 
 
