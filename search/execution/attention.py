@@ -19,11 +19,15 @@ backward, where it must pick the kernel its first pass picked. The setting is th
 it is set once around the lanes: set in each lane, the first to finish would restore it under the
 others. A compiled step traces under it, so its graph holds the kernel chosen; the compiler's
 on-disk caches do not key on that setting, though (set only around the call, the cache handed
-back the flash graph to a math step), so each kernel compiles into a cache of its own
-(``kernel_cache_dir``). It was set inside the compiled function before, which put the choice in
-the graph's key, but AOTAutograd refuses to cache a graph that calls the setting
-(``_backend_from_string``): every warm compile of a math step then traced forward and backward
-again, about 2 s of its 5-6 s on the 2-core CPU.
+back the flash graph to a math step). So a compiled step's kernel goes into the caches' keys: a
+graph pass that changes nothing and names the kernel (``attention_kernel(kernel, compiled=True)``)
+is one the compiler keys both caches on, FX graphs' and AOTAutograd's. It was set inside the
+compiled function before, which put the choice in the graph's key, but AOTAutograd refuses to cache
+a graph that calls the setting (``_backend_from_string``): every warm compile of a math step then
+traced forward and backward again, about 2 s of its 5-6 s on the 2-core CPU. Then each kernel kept a
+cache folder of its own, and a step's first compile under ``math`` compiled in C++ again every
+kernel the ``default`` step had compiled: the kernels whose code is the same (the layers around
+attention, the loss) are one file in one cache now.
 
 The kernels compute the same attention and round differently: the fidelity check compares a
 configuration that sets one with the plain fp32 step.
@@ -32,7 +36,8 @@ configuration that sets one with the plain fp32 step.
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
+from collections.abc import Iterator
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -42,7 +47,6 @@ __all__ = [
     "HALF_INPUTS_ON_CUDA",
     "attention_kernel",
     "attention_unsupported",
-    "kernel_cache_dir",
 ]
 
 ATTENTION_KERNELS = ("default", "math", "flash", "efficient", "cudnn")
@@ -80,19 +84,39 @@ def _backend(kernel: str) -> Any:
     }[kernel]
 
 
-def attention_kernel(kernel: str) -> contextlib.AbstractContextManager[Any]:
-    """``scaled_dot_product_attention`` runs ``kernel`` inside (nothing changes for ``default``).
-    The setting is the process's, not the thread's: enter it in the thread that starts the
-    lanes, around all of them."""
+@contextlib.contextmanager
+def attention_kernel(kernel: str, compiled: bool = False) -> Iterator[None]:
+    """``scaled_dot_product_attention`` runs ``kernel`` inside (nothing changes for ``default``),
+    and, where the step is ``compiled``, what the compiler compiles inside is cached under the
+    kernel's name (module docstring). The setting is the process's, not the thread's: enter it in
+    the thread that starts the lanes, around all of them."""
     if kernel == "default":
-        return contextlib.nullcontext()
+        yield
+        return
     from torch.nn.attention import sdpa_kernel
 
-    return sdpa_kernel([_backend(kernel)])
+    with sdpa_kernel([_backend(kernel)]), _in_cache_key(kernel) if compiled else nullcontext():
+        yield
 
 
-def kernel_cache_dir(directory: Path, kernel: str) -> Path:
-    """Where a step under ``kernel`` keeps what it compiles, given the device's compiler cache
-    ``directory``: ``directory`` for torch's own pick, a folder of its own for each kernel set
-    (module docstring)."""
-    return directory if kernel == "default" else directory / f"attention-{kernel}"
+def _in_cache_key(kernel: str) -> contextlib.AbstractContextManager[Any]:
+    """The compiler's caches key what it compiles inside on ``kernel``."""
+    from torch._inductor import config
+
+    return config.patch(post_grad_custom_post_pass=_kernel_in_cache_key(kernel))
+
+
+def _kernel_in_cache_key(kernel: str) -> Any:
+    """A graph pass that leaves the graph as it is and names ``kernel`` in its ``uuid``, which the
+    compiler's caches put in their keys (``torch._inductor.codecache.FxGraphHashDetails``, which
+    AOTAutograd's key extends)."""
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    class KernelInCacheKey(CustomGraphPass):
+        def __call__(self, graph: Any) -> None:
+            pass  # the graph stays as traced: only the key changes
+
+        def uuid(self) -> str:
+            return f"search.attention={kernel}"
+
+    return KernelInCacheKey()

@@ -182,7 +182,8 @@ class ServeStep:
             main = torch.cuda.current_stream(self.device)
             for stream in cuda_streams:
                 stream.wait_stream(main)  # the last batch's work must end first
-        with attention_kernel(self.knobs.attention):  # the process's setting: see TrainStep
+        compiled = self.knobs.compile != "off"
+        with attention_kernel(self.knobs.attention, compiled):  # the process's: see TrainStep
             lanes = concurrently(
                 self._lanes,
                 [

@@ -179,7 +179,8 @@ class TrainStep:
         # The kernel setting is the process's: set here, in the calling thread, around every lane
         # (forward and backward, whose recomputed forwards must pick what their first pass did).
         # Set in each lane, the first lane to finish would restore it under the others.
-        with attention_kernel(self.knobs.attention):
+        compiled = self.knobs.compile != "off"
+        with attention_kernel(self.knobs.attention, compiled):
             calls = [functools.partial(self._run_lane, lane) for lane in range(self.knobs.streams)]
             if self.lanes_in_turn:
                 lanes = [call() for call in calls]

@@ -25,7 +25,6 @@ from search.analysis.racing import Race, Samples, out_of_reach
 from search.core.errors import KnobError
 from search.core.knob_registry import GENERIC_KNOBS
 from search.core.records import COMPLETE, FAILED, INFEASIBLE
-from search.execution.attention import kernel_cache_dir
 from search.execution.compiling import read_stats, use_compile_cache
 from search.execution.faults import MemoryLimit, OnExceeded, classify, over_memory_limit
 from search.execution.fidelity import changes_numerics, check_fidelity
@@ -77,8 +76,7 @@ def run_trial(request: TrialRequest, on_memory_exceeded: OnExceeded | None = Non
             )
             unit = workload.unit
             if request.compile_cache_dir and knobs.compile != "off":
-                cache = Path(request.compile_cache_dir)
-                use_compile_cache(kernel_cache_dir(cache, knobs.attention))
+                use_compile_cache(Path(request.compile_cache_dir))
             _prime(device)
         # A serving step's lanes cannot take turns for the profiler (``tensor_peak``).
         serving = isinstance(workload, ServingWorkload)

@@ -13,17 +13,18 @@ import pytest
 import torch
 import torch._dynamo
 from torch._dynamo.utils import counters
+from torch._inductor.utils import clear_caches
 from torch.profiler import profile
 
 from search.config.prepare import load_space
 from search.core.errors import ConfigError
 from search.core.records import config_name
+from search.execution import attention as attention_module
 from search.execution import train_step as train_step_module
 from search.execution.attention import (
     ATTENTION_KERNELS,
     attention_kernel,
     attention_unsupported,
-    kernel_cache_dir,
 )
 from search.execution.compiling import use_compile_cache
 from search.execution.fidelity import check_fidelity
@@ -148,7 +149,7 @@ def test_a_recomputed_forward_runs_the_kernel_its_first_pass_ran(monkeypatch):
     knobs = Knobs(batch_size=4, recompute="all", attention="math")
     with TrainStep(GPT(**TINY), knobs, CPU) as step:
         step()
-    monkeypatch.setattr(train_step_module, "attention_kernel", lambda kernel: nullcontext())
+    monkeypatch.setattr(train_step_module, "attention_kernel", lambda *kernel: nullcontext())
     workload = GPT(**TINY)
     loss = workload.loss
 
@@ -178,36 +179,41 @@ def test_math_computes_the_step_torch_own_pick_computes():
     assert report.loss_rel_error < 1e-5
 
 
-def compiled_runs_flash(kernels: tuple[str, ...], cache: Path, own: bool) -> dict[str, bool]:
-    """Whether each of ``kernels``' compiled steps runs the CPU's flash kernel, compiled one after
-    the other with the compiler's caches under ``cache`` (in a folder of each kernel's own where
-    ``own``, as a trial's worker keeps them)."""
-    runs_flash = {}
+def compiled_kernels(kernels: tuple[str, ...], cache: Path) -> dict[str, tuple[bool, int]]:
+    """Whether each of ``kernels``' compiled steps runs the CPU's flash kernel, and how many
+    kernel files its compile added to the compiler's cache ``cache``, compiled one after the other
+    there, as each trial's worker compiles into the device's one cache."""
+    compiled = {}
     for kernel in kernels:
         torch._dynamo.reset()  # as a fresh process: only the on-disk cache is shared
-        use_compile_cache(kernel_cache_dir(cache, kernel) if own else cache)
+        clear_caches()  # the compiled kernels this process loaded
+        use_compile_cache(cache)
+        files_before = set(cache.rglob("*.so"))
         knobs = Knobs(batch_size=4, attention=kernel, compile="default")
         # one layer: each compile here is a cold one, and their graphs' size is their cost
         with TrainStep(GPT(**{**TINY, "n_layers": 1}), knobs, CPU) as step:
-            runs_flash[kernel] = any("flash" in op for op in attention_ops(step))
+            runs_flash = any("flash" in op for op in attention_ops(step))
             # the graph is one AOTAutograd can keep: a warm compile need not trace it again
             assert not counters["aot_autograd"]["autograd_cache_bypass"], kernel
+        compiled[kernel] = (runs_flash, len(set(cache.rglob("*.so")) - files_before))
     torch._dynamo.reset()
-    return runs_flash
+    return compiled
 
 
 def test_a_compiled_step_is_not_handed_another_kernels_graph_from_the_cache(tmp_path, monkeypatch):
     # empty caches of this test's own (restored after it): the first compile fills them
     for variable in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
         monkeypatch.setenv(variable, os.environ.get(variable, ""))
-    kept = tmp_path / "kept"
-    assert compiled_runs_flash(("default", "math"), kept, own=True) == {
-        "default": True,
-        "math": False,
-    }
-    # the control: in one cache for both, the cache hands math the graph compiled above for
-    # torch's own pick, which runs flash
-    assert compiled_runs_flash(("math",), kept, own=False) == {"math": True}
+    compiled = compiled_kernels(("default", "math"), tmp_path / "one")
+    assert compiled["default"][0] and not compiled["math"][0], compiled
+    # math compiled only the kernels it does not share with default: 8 files against default's 13
+    # (in a folder of its own it compiled all its 17)
+    default_files, math_files = compiled["default"][1], compiled["math"][1]
+    assert 0 < math_files < default_files, compiled
+    # the control: without the kernel in the key, the cache hands math the graph compiled above
+    # for torch's own pick, which runs flash
+    monkeypatch.setattr(attention_module, "_kernel_in_cache_key", lambda kernel: None)
+    assert compiled_kernels(("math",), tmp_path / "one")["math"] == (True, 0)
 
 
 def test_serving_under_math_generates_what_torch_own_pick_generates():
