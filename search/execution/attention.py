@@ -36,8 +36,8 @@ configuration that sets one with the plain fp32 step.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
-from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -95,17 +95,27 @@ def attention_kernel(kernel: str, compiled: bool = False) -> Iterator[None]:
         return
     from torch.nn.attention import sdpa_kernel
 
-    with sdpa_kernel([_backend(kernel)]), _in_cache_key(kernel) if compiled else nullcontext():
+    keyed = _in_cache_key(kernel) if compiled else contextlib.nullcontext()
+    with sdpa_kernel([_backend(kernel)]), keyed:
         yield
 
 
-def _in_cache_key(kernel: str) -> contextlib.AbstractContextManager[Any]:
-    """The compiler's caches key what it compiles inside on ``kernel``."""
+@contextlib.contextmanager
+def _in_cache_key(kernel: str) -> Iterator[None]:
+    """The compiler's caches key what it compiles inside on ``kernel``. Set and restored by hand:
+    the step enters it around every call, timed ones too, and ``config.patch`` took 50 us a call
+    against 12."""
     from torch._inductor import config
 
-    return config.patch(post_grad_custom_post_pass=_kernel_in_cache_key(kernel))
+    before = config.post_grad_custom_post_pass
+    config.post_grad_custom_post_pass = _kernel_in_cache_key(kernel)
+    try:
+        yield
+    finally:
+        config.post_grad_custom_post_pass = before
 
 
+@functools.cache  # made once a process: the step enters it around every call, timed ones too
 def _kernel_in_cache_key(kernel: str) -> Any:
     """A graph pass that leaves the graph as it is and names ``kernel`` in its ``uuid``, which the
     compiler's caches put in their keys (``torch._inductor.codecache.FxGraphHashDetails``, which
