@@ -40,6 +40,13 @@ class TrialRequest:
     count: bool = True
     """Whether to count the step's FLOPs and bytes after the measurement
     (``search.analysis.diagnosis``); off where, as for ``fidelity``, it was counted already."""
+    read_memory: bool = True
+    """Whether to read the step's peak memory. Off for a fresh run whose figures are its
+    throughput and latency alone (a trial's second process, the control, confirmation runs): on a
+    CPU the reading is a profiled step between the warm-up and the windows, and a configuration's
+    tensors peak the same to the byte in every process, so the search-time trial's reading stands.
+    Such a run reports no peak (``peak_memory_mb`` None) and holds a memory limit only as a cap on
+    a runaway. On CUDA the allocator keeps the peak at no cost, and it is read anyway."""
     compile_cache_dir: str | None = None
     """Where the compiler keeps what it compiled (``compile`` on), so that a fresh process of the
     same device reuses it; None: the compiler's own default."""

@@ -155,8 +155,9 @@ def _measure(
     limit: MemoryLimit,
     clock: PhaseClock,
 ) -> _Measured:
-    """Build the step, measure it as ``request.measure`` says, read its peak memory and lift
-    ``limit``, count it; each part's wall time on ``clock``."""
+    """Build the step, measure it as ``request.measure`` says, read its peak memory (where
+    ``request.read_memory`` asks) and lift ``limit``, count it; each part's wall time on
+    ``clock``."""
     probe = limit.probe
     timer = MonitoredTimer(make_timer(device), make_monitor(device))
     try:
@@ -165,7 +166,8 @@ def _measure(
         with step:
             if step.compile_stats is not None:  # the step compiled as it was built
                 clock.move("build", "compile", step.compile_stats.first_pass_s)
-            phases = _settling_after_warmup(step, probe, device, clock)
+            reads = request.read_memory or device.type == "cuda"  # CUDA's peak: free, always read
+            phases = _settling_after_warmup(step, probe, device, clock, reads)
             screen = _screen(request.race, probe, getattr(step, "items_per_request", None))
             with host_busy() as busy:
                 measurement = measure(
@@ -176,7 +178,7 @@ def _measure(
             # Settling and reading memory ran between the warm-up and the first window.
             memory_s = clock.spent_s("memory")
             clock.add("windows", measurement.elapsed_s - measurement.warmup_s - memory_s)
-            peak_mb = probe.peak_mb()
+            peak_mb = probe.peak_mb() if reads else None
             # The limit is the configuration's: the work count runs the step eagerly under a
             # counting mode (a compiled llama step at micro-batch 8 peaked at 34 MB, its count at
             # over 52), and the fidelity check's fp32 reference may need more than it did.
@@ -207,13 +209,20 @@ def _measure(
 
 
 def _settling_after_warmup(
-    step: TrainStep | ServeStep, probe: MemoryProbe, device: torch.device, clock: PhaseClock
+    step: TrainStep | ServeStep,
+    probe: MemoryProbe,
+    device: torch.device,
+    clock: PhaseClock,
+    reads: bool,
 ):
     """The step's ``take_phases``, which the protocol first calls as the warm-up ends: then the
     memory probe settles (``MemoryProbe.settle``), so the peak is the settled step's, the same
     for an eager step and a compiled one, whose first pass, its compiler and whatever the
     runtime sets up once (thread pools, kernel caches) ran before. That is the ``memory`` phase
-    on ``clock``."""
+    on ``clock``. Where the trial ``reads`` no memory, the step's own: it goes from its warm-up
+    straight to its windows."""
+    if not reads:
+        return step.take_phases
     settled = False
 
     def take_phases() -> dict[str, list[float]]:

@@ -29,9 +29,11 @@ def repeat_run(request: TrialRequest, settings: Settings) -> TrialRequest:
 
 def control_run(request: TrialRequest, settings: Settings) -> TrialRequest:
     """A control run: a repeat run of the control that also times the probes, the compute probe
-    for ``noise.probe_windows`` windows."""
+    for ``noise.probe_windows`` windows, and reads no memory (its figures are the machine's
+    speed)."""
     windows = settings.noise.probe_windows
-    return replace(repeat_run(request, settings), probe_compute=True, probe_windows=windows)
+    again = repeat_run(request, settings)
+    return replace(again, probe_compute=True, probe_windows=windows, read_memory=False)
 
 
 @dataclass(frozen=True)

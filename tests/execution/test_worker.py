@@ -4,6 +4,7 @@ failed (oom, error)."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -51,6 +52,17 @@ def test_the_worker_s_phases_add_up_to_its_wall_time_and_the_windows_are_the_mea
     assert phases["build"] > 0 and phases["fidelity"] > 0 and phases["count"] > 0
     assert phases["memory"] > 0
     assert "compile" not in phases
+
+
+def test_a_run_that_reads_no_memory_goes_from_its_warm_up_to_its_windows_and_reports_no_peak():
+    asked = request(TINY_GPT, micro_batch_size=2)
+    read, unread = (run_trial(replace(asked, read_memory=r)) for r in (True, False))
+    assert read.state == COMPLETE and unread.state == COMPLETE, (read.failure, unread.failure)
+    assert read.peak_memory_mb is not None and read.phases_s["memory"] > 0
+    # no profiled step between the warm-up and the windows: all of that time is the windows'
+    assert unread.peak_memory_mb is None and "memory" not in unread.phases_s
+    m = unread.measurement
+    assert unread.phases_s["windows"] == pytest.approx(m.elapsed_s - m.warmup_s, rel=1e-6)
 
 
 def test_a_failed_trial_keeps_the_phases_it_ran():

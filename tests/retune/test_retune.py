@@ -533,6 +533,7 @@ def test_a_round_whose_reference_run_failed_is_left_out_for_every_configuration(
     assert len(best.runs) == len(best.references) == 4 == len(other.runs)
     assert done.failures == ["round 2: reference step: crash: worker exited with code 1"]
     assert all(not r.fidelity for r in calls), "confirmation runs skip the fidelity check"
+    assert all(not r.read_memory and not r.count for r in calls), "a throughput is their figure"
     rounds = FreshRuns(3, 0, 0.95)
     too_few = search.retuning.confirm.confirm([A], lambda c: _request(c), "cpu", rounds, _quiet)
     assert too_few.figures == [None]

@@ -69,6 +69,7 @@ def test_only_a_compiled_trial_that_completed_unscreened_runs_again_warm_without
     (second,) = asked
     assert second.config == request().config and second.seed == 8
     assert not second.fidelity and not second.count and second.race is None
+    assert not second.read_memory  # the trial keeps its first process's peak
 
 
 def test_a_compiled_run_out_of_reach_of_the_front_at_its_end_gets_no_second_process():

@@ -464,7 +464,7 @@ def test_a_proposal_gives_way_even_to_a_later_numbered_trial_of_the_same_configu
 
 
 def test_a_control_run_times_the_probe_for_as_many_windows_as_the_noise_settings_say():
-    from search.study.driver_inputs import control_run
+    from search.study.driver_inputs import control_run, repeat_run
 
     space = make_space()
     request = TrialRequest(workload=space.workload, config={}, device="cpu", seed=0, measure=QUICK)
@@ -473,6 +473,8 @@ def test_a_control_run_times_the_probe_for_as_many_windows_as_the_noise_settings
     run = control_run(request, settings)
     assert run.probe_compute and run.probe_windows == 7
     assert run.measure.max_time_s == 0.25 and not run.fidelity and not run.count, "a repeat run"
+    assert not run.read_memory, "its figures are the machine's speed"
+    assert repeat_run(request, settings).read_memory, "re-validation pools its runs' peaks"
 
 
 def test_the_control_is_measured_at_the_start_and_kept_in_the_study(monkeypatch):
