@@ -7,7 +7,7 @@ Both are plain and picklable: they cross the pipe between the study and the isol
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from search.analysis.racing import Race
@@ -62,6 +62,12 @@ class TrialRequest:
     """The front this configuration races against (``search.analysis.racing``): its measurement
     stops early, ``screened``, once it cannot reach it. None: measured to the full budget (repeat
     runs, ``measure.race=false``)."""
+
+    def throughput_only(self) -> TrialRequest:
+        """This request for a fresh run whose figure is a throughput, of a configuration its
+        search-time trial checked, counted and read the memory of: no fidelity check, work count
+        or memory reading (a trial's second process, the control, confirmation runs)."""
+        return replace(self, fidelity=False, count=False, read_memory=False)
 
 
 @dataclass(frozen=True, kw_only=True)

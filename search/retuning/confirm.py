@@ -22,12 +22,6 @@ from search.revalidation.pooling import FreshRuns
 __all__ = ["Confirmed", "confirm"]
 
 
-def _throughput_only(request: TrialRequest, seed: int) -> TrialRequest:
-    """``request`` as a confirmation run makes it, with ``seed``: its figure is a throughput, so
-    no fidelity check, work count or memory reading (the search-time trial made all three)."""
-    return replace(request, seed=seed, fidelity=False, count=False, read_memory=False)
-
-
 @dataclass(frozen=True)
 class Confirmed:
     """What ``confirm`` measured: a figure per configuration (None where fewer than
@@ -66,10 +60,12 @@ def confirm(
         device=device,
         seed=seed,
         measure=REFERENCE_MEASURE,
-    )
+    ).throughput_only()
     for i in range(rounds.count):
-        ref = run_isolated(_throughput_only(reference, seed + i)) if with_reference else None
-        results = [run_isolated(_throughput_only(request(c), seed + i)) for c in configs]
+        ref = run_isolated(replace(reference, seed=seed + i)) if with_reference else None
+        results = [
+            run_isolated(replace(request(c).throughput_only(), seed=seed + i)) for c in configs
+        ]
         progress(i + 1, rounds.count, ref, results)
         if ref is not None and (ref.state != COMPLETE or ref.measurement is None):
             failures.append(f"round {i + 1}: reference step: {ref.failure}")

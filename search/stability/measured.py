@@ -156,8 +156,7 @@ def _again(request: TrialRequest) -> TrialRequest:
     """``request`` for a second fresh process: other batches, not raced, no fidelity check, not
     counted, and no memory read (the trial keeps its first process's peak; the second is judged
     on its throughput and latency)."""
-    seed = request.seed + 1
-    return replace(request, race=None, seed=seed, fidelity=False, count=False, read_memory=False)
+    return replace(request.throughput_only(), race=None, seed=request.seed + 1)
 
 
 def second_process(again: TrialResult, confidence: float, why: str = "") -> dict[str, Any]:

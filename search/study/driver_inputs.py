@@ -32,8 +32,8 @@ def control_run(request: TrialRequest, settings: Settings) -> TrialRequest:
     for ``noise.probe_windows`` windows, and reads no memory (its figures are the machine's
     speed)."""
     windows = settings.noise.probe_windows
-    again = repeat_run(request, settings)
-    return replace(again, probe_compute=True, probe_windows=windows, read_memory=False)
+    again = repeat_run(request, settings).throughput_only()
+    return replace(again, probe_compute=True, probe_windows=windows)
 
 
 @dataclass(frozen=True)
