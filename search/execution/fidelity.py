@@ -119,12 +119,13 @@ def check_fidelity(
     """Compare one pass of ``knobs`` with the fp32 reference on the same micro-batches and seed.
 
     Costs two accumulation passes on freshly built models, the configuration's and the
-    reference's, and one for a configuration that is the reference itself. Where ``knobs`` runs
-    another ``optimizer`` implementation than the reference's, its pass then takes one optimizer
-    step, compared with the workload's optimizer as built on the same gradients on the host
-    (``search.execution.optimizers.first_update``); otherwise no step is taken. Run it while no
-    other ``TrainStep`` of the workload holds device memory. Raises ``KnobError`` for knobs the
-    device cannot run, like ``TrainStep``; the global torch state is left as found.
+    reference's, and one for a configuration that is the reference itself; a compiled
+    configuration's pass is the one that compiles it (``TrainStep.loss_and_grads``). Where
+    ``knobs`` runs another ``optimizer`` implementation than the reference's, its pass then takes
+    one optimizer step, compared with the workload's optimizer as built on the same gradients on
+    the host (``search.execution.optimizers.first_update``); otherwise no step is taken. Run it
+    while no other ``TrainStep`` of the workload holds device memory. Raises ``KnobError`` for
+    knobs the device cannot run, like ``TrainStep``; the global torch state is left as found.
     """
     if isinstance(workload, ServingWorkload):
         return check_serving_fidelity(workload, knobs, device, seed)

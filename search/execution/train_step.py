@@ -94,14 +94,22 @@ class TrainStep:
         (``search.measurement.tensor_peak``), never how it is timed."""
         self.compile_stats: CompileStats | None = None
         """What compiling took (``compile`` on); None when the step runs eagerly."""
+        self._unstepped_losses: list[torch.Tensor] | None = None
+        """The losses of the pass that compiled the step, while its gradients are still the
+        parameters' and the weights as built: ``loss_and_grads`` reads them instead of running
+        the same pass again (one pass of every compiled trial's fidelity check)."""
         if knobs.compile != "off":
-            # One accumulation pass compiles forward and backward; its gradients are dropped by
-            # the next pass's zero_grad, and no optimizer step is taken, so weights stay as built.
+            # One accumulation pass compiles forward and backward; no optimizer step is taken, so
+            # weights stay as built, and the next pass's zero_grad drops its gradients.
+            passes: list[list[torch.Tensor]] = []
             try:
-                self.compile_stats = warm_up(self._accumulate, knobs.compile, device)
+                self.compile_stats = warm_up(
+                    lambda: passes.append(self._accumulate()), knobs.compile, device
+                )
             except BaseException:
                 self.close()  # no `with` block will: the constructor did not return
                 raise
+            self._unstepped_losses = passes[0]
             self._marks.clear()
 
     def __call__(self) -> None:
@@ -109,6 +117,7 @@ class TrainStep:
 
         Exception: with fp16, ``GradScaler.step`` reads its inf/NaN check back to the host.
         """
+        self._unstepped_losses = None  # the weights move
         self._accumulate()
         if self._grad_scaler is None:
             self._optimizer.step()
@@ -118,8 +127,9 @@ class TrainStep:
 
     def loss_and_grads(self) -> tuple[float, dict[str, torch.Tensor]]:
         """The batch's mean loss and every parameter's gradient (fp32, CPU), without an optimizer
-        step."""
-        losses = self._accumulate()
+        step. Right after a compiled step's construction, those of the pass that compiled it: the
+        same micro-batches from the same weights, so running it again would compute the same."""
+        losses, self._unstepped_losses = self._unstepped_losses or self._accumulate(), None
         scale = 1.0 if self._grad_scaler is None else self._grad_scaler.get_scale()
         grads = {
             name: p.grad.to("cpu", torch.float32, copy=True).div_(scale)
@@ -132,6 +142,7 @@ class TrainStep:
         """Set every gradient to None, as the next step does first: then the step holds nothing
         from the last one, and its memory can be read from one profiled call
         (``search.measurement.tensor_peak``)."""
+        self._unstepped_losses = None
         self._optimizer.zero_grad(set_to_none=True)
 
     def held_tensors(self) -> Iterator[torch.Tensor]:
