@@ -106,15 +106,21 @@ class _Traffic(TorchDispatchMode):
 
 
 def count_work(step: Any) -> Work:
-    """The FLOPs and bytes of one call of ``step`` (a ``TrainStep`` or ``ServeStep``): lanes run in
-    this thread and recompute is off while it is counted (``search.workloads.base.counting``)."""
-    flops = flop_counter.FlopCounterMode(display=False, custom_mapping=_EXTRA_FORMULAS)
-    traffic = _Traffic()
-    with counting(), flops, traffic:
-        step()
+    """The FLOPs and bytes of one call of ``step`` (a ``TrainStep`` or ``ServeStep``), from the
+    parts the step names (``counted_parts``: each counted once, times how many a call runs): lanes
+    run in this thread and recompute is off while it is counted
+    (``search.workloads.base.counting``)."""
+    flops_total, bytes_total = 0.0, 0.0
+    for times, part in step.counted_parts():
+        flops = flop_counter.FlopCounterMode(display=False, custom_mapping=_EXTRA_FORMULAS)
+        traffic = _Traffic()
+        with counting(), flops, traffic:
+            part()
+        flops_total += times * flops.get_total_flops()
+        bytes_total += times * traffic.bytes
     if step.device.type == "cuda":
         torch.cuda.synchronize(step.device)
-    return Work(float(flops.get_total_flops()), float(traffic.bytes))
+    return Work(float(flops_total), float(bytes_total))
 
 
 def work_metrics(work: Work, items_per_step: int) -> dict[str, float]:

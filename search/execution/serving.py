@@ -14,7 +14,7 @@ that; ``take_phases`` reads them once the device is synchronised (after each tim
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -133,6 +133,11 @@ class ServeStep:
         start = self._mark()
         lanes = self._run(None, record=False)
         self._marks.append((start, [m for lane in lanes for m in lane.marks]))
+
+    def counted_parts(self) -> list[tuple[int, Callable[[], object]]]:
+        """The step as the parts its work is counted from (``search.analysis.diagnosis
+        .count_work``), each with how many times a call runs it: the whole call once."""
+        return [(1, self)]
 
     def take_phases(self) -> dict[str, list[float]]:
         """Each micro-batch's time to first token and time per output token, ms, for the calls

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import reprlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -117,13 +117,29 @@ class TrainStep:
 
         Exception: with fp16, ``GradScaler.step`` reads its inf/NaN check back to the host.
         """
-        self._unstepped_losses = None  # the weights move
         self._accumulate()
-        if self._grad_scaler is None:
-            self._optimizer.step()
-        else:
-            self._grad_scaler.step(self._optimizer)
-            self._grad_scaler.update()
+        self._update()
+
+    def counted_parts(self) -> list[tuple[int, Callable[[], object]]]:
+        """One step as the parts its work is counted from, in the order to run them, each with
+        how many times a step runs it (``search.analysis.diagnosis.count_work``): the first
+        micro-batch, whose gradients are new; a later one, which adds its gradients to them, for
+        each of the others; the optimizer step. The batch splits evenly into micro-batches of one
+        shape, so every later one does the same work: two are counted instead of all (32 at
+        micro-batch 1 of the ``llm`` CPU preset)."""
+        batches = [batch for lane in self._lane_batches for batch in lane]
+
+        def micro_batch(index: int) -> Callable[[], object]:
+            def run() -> object:
+                if index == 0:
+                    self._begin_pass()
+                with attention_kernel(self.knobs.attention, self.knobs.compile != "off"):
+                    return self._micro_batch(batches[index])
+
+            return run
+
+        later = [(len(batches) - 1, micro_batch(1))] if len(batches) > 1 else []
+        return [(1, micro_batch(0)), *later, (1, self._update)]
 
     def loss_and_grads(self) -> tuple[float, dict[str, torch.Tensor]]:
         """The batch's mean loss and every parameter's gradient (fp32, CPU), without an optimizer
@@ -177,11 +193,26 @@ class TrainStep:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    def _begin_pass(self) -> None:
+        """Set the precision of float32 matrix products and drop the gradients: each pass
+        starts so."""
+        torch.set_float32_matmul_precision(MATMUL_PRECISIONS[self.knobs.precision])
+        self._unstepped_losses = None
+        self._optimizer.zero_grad(set_to_none=True)
+
+    def _update(self) -> None:
+        """The optimizer step on the gradients the pass left (fp16: through the GradScaler)."""
+        self._unstepped_losses = None  # the weights move
+        if self._grad_scaler is None:
+            self._optimizer.step()
+        else:
+            self._grad_scaler.step(self._optimizer)
+            self._grad_scaler.update()
+
     def _accumulate(self) -> list[torch.Tensor]:
         """Zero the grads, run every micro-batch over the lanes; return each micro-batch's loss
         share."""
-        torch.set_float32_matmul_precision(MATMUL_PRECISIONS[self.knobs.precision])
-        self._optimizer.zero_grad(set_to_none=True)
+        self._begin_pass()
         streams = self._cuda_streams
         if streams:
             main = torch.cuda.current_stream(self.device)

@@ -8,11 +8,14 @@ import math
 
 import pytest
 import torch
+from torch.utils import flop_counter
 
+from search.analysis import diagnosis
 from search.analysis.diagnosis import (
     COMPUTE,
     MEMORY,
     OVERHEAD,
+    Work,
     count_work,
     diagnose,
     doubling,
@@ -23,6 +26,7 @@ from search.execution.serving import ServeStep
 from search.execution.train_step import TrainStep
 from search.measurement.peak import Peak
 from search.workloads import GPT, GPTServe, TwoBranchCNN
+from search.workloads.base import counting
 
 CPU = torch.device("cpu")
 GPT_TINY = dict(vocab_size=64, seq_len=16, d_model=32, n_layers=2, n_heads=4)
@@ -53,6 +57,39 @@ def test_how_a_step_runs_does_not_change_its_counted_model_flops(knobs):
     plain, _ = work_of(GPT(**GPT_TINY), batch_size=4)
     other, _ = work_of(GPT(**GPT_TINY), batch_size=4, **knobs)
     assert other.flops == plain.flops  # lanes counted in this thread, recompute not counted
+
+
+def counted_whole(step) -> Work:
+    """A step's work counted as one call: what ``count_work`` counts from its parts."""
+    flops = flop_counter.FlopCounterMode(display=False, custom_mapping=diagnosis._EXTRA_FORMULAS)
+    traffic = diagnosis._Traffic()
+    with counting(), flops, traffic:
+        step()
+    return Work(float(flops.get_total_flops()), float(traffic.bytes))
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {"micro_batch_size": 1},
+        {"micro_batch_size": 2, "streams": 2},
+        {"micro_batch_size": 1, "precision": "bf16", "recompute": True},
+        {"micro_batch_size": 2, "attention": "math"},
+        {},
+    ],
+    ids=str,
+)
+def test_a_step_counted_from_its_parts_counts_what_the_whole_step_does(knobs):
+    with TrainStep(GPT(**GPT_TINY), Knobs(batch_size=4, **knobs), CPU) as step:
+        step()  # as after a trial's windows: the optimizer's state is there
+        whole = counted_whole(step)
+        parts = step.counted_parts()
+        work = count_work(step)
+    micro_batches = 4 // knobs.get("micro_batch_size", 4)
+    # the first micro-batch, one later one standing for the rest, the optimizer step
+    expected = [1, micro_batches - 1, 1] if micro_batches > 1 else [1, 1]
+    assert [times for times, _ in parts] == expected
+    assert work == whole and work.flops > 0 and work.bytes > 0
 
 
 def test_parallel_branches_are_counted_like_serial_ones():
