@@ -185,7 +185,7 @@ def _measure(
             limit.release()
             compiling = _compile_figures(step, measurement)
             held = held_figures(step, device)
-            # After the windows and the memory reading, as cheap as one more step or two
+            # After the windows and the memory reading: two micro-batches and an optimizer step
             with clock.phase("count"):
                 work = _counted(step) if request.count else {}
     finally:
