@@ -129,17 +129,16 @@ class TrainStep:
         micro-batch 1 of the ``llm`` CPU preset)."""
         batches = [batch for lane in self._lane_batches for batch in lane]
 
-        def micro_batch(index: int) -> Callable[[], object]:
-            def run() -> object:
-                if index == 0:
-                    self._begin_pass()
-                with attention_kernel(self.knobs.attention, self.knobs.compile != "off"):
-                    return self._micro_batch(batches[index])
+        def micro_batch(index: int) -> object:
+            with attention_kernel(self.knobs.attention, self.knobs.compile != "off"):
+                return self._micro_batch(batches[index])
 
-            return run
+        def first() -> object:
+            self._begin_pass()
+            return micro_batch(0)
 
-        later = [(len(batches) - 1, micro_batch(1))] if len(batches) > 1 else []
-        return [(1, micro_batch(0)), *later, (1, self._update)]
+        later = [(len(batches) - 1, functools.partial(micro_batch, 1))] if len(batches) > 1 else []
+        return [(1, first), *later, (1, self._update)]
 
     def loss_and_grads(self) -> tuple[float, dict[str, torch.Tensor]]:
         """The batch's mean loss and every parameter's gradient (fp32, CPU), without an optimizer
@@ -197,8 +196,7 @@ class TrainStep:
         """Set the precision of float32 matrix products and drop the gradients: each pass
         starts so."""
         torch.set_float32_matmul_precision(MATMUL_PRECISIONS[self.knobs.precision])
-        self._unstepped_losses = None
-        self._optimizer.zero_grad(set_to_none=True)
+        self.drop_gradients()
 
     def _update(self) -> None:
         """The optimizer step on the gradients the pass left (fp16: through the GradScaler)."""
