@@ -57,6 +57,7 @@ __all__ = [
     "make_streams",
     "map_tensors",
     "refuse_unsupported",
+    "tensor_shapes",
     "together_unsupported",
     "unsupported_reason",
     "value_rule",
@@ -321,6 +322,18 @@ def make_streams(n_lanes: int, device: torch.device) -> list[torch.cuda.Stream |
     if device.type == "cuda":
         return [torch.cuda.Stream(device) for _ in range(n_lanes)]
     return [None] * n_lanes
+
+
+def tensor_shapes(batch: Batch) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """The shape and dtype of every tensor in ``batch``, in ``map_tensors``' order."""
+    shapes: list[tuple[tuple[int, ...], torch.dtype]] = []
+
+    def note(tensor: torch.Tensor) -> torch.Tensor:
+        shapes.append((tuple(tensor.shape), tensor.dtype))
+        return tensor
+
+    map_tensors(note, batch)
+    return shapes
 
 
 def map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], batch: Batch) -> Batch:

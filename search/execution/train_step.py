@@ -40,6 +40,7 @@ from search.execution.knobs import (
     make_streams,
     map_tensors,
     refuse_unsupported,
+    tensor_shapes,
 )
 from search.execution.marks import Mark, elapsed_ms, mark
 from search.execution.optimizers import with_implementation
@@ -124,9 +125,10 @@ class TrainStep:
         """One step as the parts its work is counted from, in the order to run them, each with
         how many times a step runs it (``search.analysis.diagnosis.count_work``): the first
         micro-batch, whose gradients are new; a later one, which adds its gradients to them, for
-        each of the others; the optimizer step. The batch splits evenly into micro-batches of one
-        shape, so every later one does the same work: two are counted instead of all (32 at
-        micro-batch 1 of the ``llm`` CPU preset)."""
+        each of the others; the optimizer step. The batch splits evenly into micro-batches, so
+        where they are of one shape every later one does the same work: two are counted instead
+        of all (32 at micro-batch 1 of the ``llm`` CPU preset). A workload whose micro-batches
+        differ in shape (a sequence length drawn per batch, say) has each counted."""
         batches = [batch for lane in self._lane_batches for batch in lane]
 
         def micro_batch(index: int) -> object:
@@ -137,7 +139,11 @@ class TrainStep:
             self._begin_pass()
             return micro_batch(0)
 
-        later = [(len(batches) - 1, functools.partial(micro_batch, 1))] if len(batches) > 1 else []
+        shapes = {repr(tensor_shapes(batch)) for batch in batches[1:]}
+        if len(shapes) == 1:
+            later = [(len(batches) - 1, functools.partial(micro_batch, 1))]
+        else:  # none (one micro-batch), or of several shapes
+            later = [(1, functools.partial(micro_batch, i)) for i in range(1, len(batches))]
         return [(1, first), *later, (1, self._update)]
 
     def loss_and_grads(self) -> tuple[float, dict[str, torch.Tensor]]:

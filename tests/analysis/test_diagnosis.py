@@ -92,6 +92,27 @@ def test_a_step_counted_from_its_parts_counts_what_the_whole_step_does(knobs):
     assert work == whole and work.flops > 0 and work.bytes > 0
 
 
+class RaggedGPT(GPT):
+    """A GPT whose every micro-batch draws its own sequence length, as a workload of real-length
+    sequences might: its micro-batches are not of one shape."""
+
+    def make_batch(self, size: int, generator: torch.Generator) -> torch.Tensor:
+        length = int(torch.randint(2, self.seq_len + 1, (1,), generator=generator))
+        return torch.randint(self.vocab_size, (size, length + 1), generator=generator)
+
+
+def test_micro_batches_of_several_shapes_are_each_counted():
+    with TrainStep(RaggedGPT(**GPT_TINY), Knobs(batch_size=4, micro_batch_size=1), CPU) as step:
+        step()
+        lengths = {batch.shape[1] for lane in step._lane_batches for batch in lane}
+        assert len(lengths) > 2, lengths  # the later micro-batches differ: one cannot stand for all
+        whole = counted_whole(step)
+        parts = step.counted_parts()
+        work = count_work(step)
+    assert [times for times, _ in parts] == [1, 1, 1, 1, 1]
+    assert work == whole
+
+
 def test_parallel_branches_are_counted_like_serial_ones():
     shape = dict(image_size=8, channels=3, width=8, depth=1)
     serial, _ = work_of(TwoBranchCNN(**shape, branches="serial"), batch_size=4)
