@@ -85,6 +85,9 @@ class HF(Workload):
     num_labels: int = 2
     settings: dict[str, Any] = field(default_factory=dict)
     """Any other attribute of the config, by its own name (``{"rope_theta": 1e6}``)."""
+    part: str | None = None
+    """Of a composite config (a vision-language model's, say), the sub-config to build and train
+    (``text_config``): the sizes and settings apply to it. None: the config itself."""
 
     def __post_init__(self) -> None:
         if self.head not in HEADS:
@@ -94,7 +97,8 @@ class HF(Workload):
                 "no model named: pass model= a model type (gpt2, llama, bert, ...), a local "
                 "config.json, or a hub name (python -m search +space=hf model=gpt2)"
             )
-        self.config = _sized(_config(self.model), self)
+        self.config = _sized(_part(_config(self.model), self), self)
+        _refuse_a_missing_head(self.config, self.head)
         self._mask_id = self.config.to_dict().get("mask_token_id")
         self._flops: float | None = None
         self._meta: nn.Module | None = None
@@ -242,11 +246,63 @@ def _config(model: str) -> Any:
         ) from None
 
 
+def _refuse_a_missing_head(config: Any, head: str) -> None:
+    """One line before the study where transformers builds no ``head`` model for the config's
+    model type (T5 has no causal-lm one), naming the heads it does build."""
+    from transformers.models.auto import modeling_auto
+
+    mappings = {
+        "causal-lm": modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        "masked-lm": modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+        "sequence-classification": modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+    }
+    if config.model_type in mappings[head]:
+        return
+    others = [name for name, mapping in mappings.items() if config.model_type in mapping]
+    hint = f"space.workload.head={' or '.join(others)}" if others else "name another model"
+    raise ValueError(
+        f"transformers builds no {head} model of {config.model_type} ({HEADS[head]}): {hint}"
+    )
+
+
+_SIZED_BY = ("num_hidden_layers", "hidden_size")
+"""What the workload reads of every config it builds: the size overrides and the FLOP count."""
+
+
+def _part(config: Any, workload: HF) -> Any:
+    """The config to build: ``config``, or its sub-config ``workload.part``. A composite config
+    (a vision-language model's) has no layers or width of its own: set on it, the sizes would be
+    ignored and the whole model built at its full size, so it is refused until a part is named."""
+    parts = [n for n in getattr(config, "sub_configs", {}) if getattr(config, n, None) is not None]
+    model = f"model {workload.model!r}"
+    if workload.part is not None:
+        if workload.part not in parts:
+            has = f"its parts: {', '.join(parts)}" if parts else "it is not composite: drop part"
+            raise ValueError(f"{model} has no part {workload.part!r} ({has})")
+        return getattr(config, workload.part)
+    missing = [name for name in _SIZED_BY if not hasattr(config, name)]
+    if missing and parts:
+        text = next((p for p in parts if "text" in p), parts[0])
+        raise ValueError(
+            f"{model} is a composite config ({', '.join(parts)}) with no {missing[0]} of its "
+            f"own, and this workload trains one model on token ids: name the part to build, "
+            f"space.workload.part={text} (the sizes and settings then apply to it)"
+        )
+    if missing:
+        raise ValueError(f"{model}'s config has no {' or '.join(missing)} to size and count by")
+    return config
+
+
 def _sized(config: Any, workload: HF) -> Any:
     """``config`` with the workload's sizes and settings, built again so that what the config
     derives from them follows (Qwen2's ``layer_types``, one per layer); trained without a cache;
     positions for at least ``seq_len`` tokens and special tokens inside the vocabulary (its
     weights are random anyway)."""
+    absent = [short for short, name in SIZES.items() if getattr(workload, short) is not None]
+    absent = [short for short in absent if not hasattr(config, SIZES[short])]
+    if absent:  # set anyway, the attribute would be ignored by the model: a size not applied
+        names = ", ".join(SIZES[short] for short in absent)
+        raise ValueError(f"{config.model_type}'s config has no {names}: drop {', '.join(absent)}")
     before = {name: getattr(config, name, None) for name in SIZES.values()}
     for short, name in SIZES.items():
         if getattr(workload, short) is not None:
@@ -261,12 +317,12 @@ def _sized(config: Any, workload: HF) -> Any:
         config.max_position_embeddings = workload.seq_len
     config.use_cache = False
     derived = {k: v for k, v in config.to_dict().items() if k != "layer_types"}
-    config = type(config).from_dict(derived)
+    vocab = derived.get("vocab_size")
     for name in _TOKEN_IDS:  # a shrunk vocabulary: an id beyond it would index nothing
-        if isinstance(getattr(config, name, None), int) and getattr(config, name) >= int(
-            config.vocab_size
-        ):
-            setattr(config, name, None)
+        # cleared before the config is built again, whose checks would warn of it on stderr
+        if isinstance(derived.get(name), int) and isinstance(vocab, int) and derived[name] >= vocab:
+            derived[name] = None
+    config = type(config).from_dict(derived)
     if workload.head == "sequence-classification":
         config.num_labels = workload.num_labels
         if getattr(config, "pad_token_id", None) is None:  # each row's last token is found by it

@@ -4,6 +4,7 @@ its knobs mapped onto its own layers, and what it cannot take dropped or refused
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import pytest
@@ -62,6 +63,50 @@ def test_sizes_keep_the_architecture_consistent():
     assert len(qwen.config.layer_types) == 3 and len(qwen.build_model().model.layers) == 3
     with pytest.raises(ValueError, match="has no no_such_setting"):
         HF(model="gpt2", settings={"no_such_setting": 1}, **TINY_SIZES)
+
+
+def test_a_composite_config_is_refused_until_a_part_is_named_and_that_part_is_sized():
+    # set on a vision-language config, the sizes would be ignored: Gemma 3's 26 text layers
+    # 2,560 wide and its vision tower would be built on a CPU asked for one layer 32 wide
+    with pytest.raises(
+        ValueError,
+        match=r"composite config \(text_config, vision_config\).*"
+        r"space.workload.part=text_config",
+    ):
+        HF(model="gemma3", **TINY_SIZES)
+    gemma = HF(model="gemma3", part="text_config", **TINY_SIZES)
+    assert gemma.model_type == "gemma3_text"
+    assert (gemma.config.num_hidden_layers, gemma.config.hidden_size) == (1, 32)
+    model = gemma.build_model()
+    assert type(model).__name__ == "Gemma3ForCausalLM" and len(gemma.recompute_modules(model)) == 1
+    with pytest.raises(ValueError, match=r"no part 'audio_config' \(its parts: text_config"):
+        HF(model="gemma3", part="audio_config", **TINY_SIZES)
+    with pytest.raises(ValueError, match="it is not composite: drop part"):
+        HF(model="gpt2", part="text_config", **TINY_SIZES)
+
+
+def test_a_size_or_head_the_architecture_lacks_is_refused():
+    # GPT-2 has no key-value heads of their own: the attribute would be set and never read
+    with pytest.raises(ValueError, match="gpt2's config has no num_key_value_heads: drop kv_heads"):
+        HF(model="gpt2", kv_heads=1, **TINY_SIZES)
+    with pytest.raises(
+        ValueError, match=r"no causal-lm model of t5 .*head=sequence-classification"
+    ):
+        HF(model="t5", **TINY_SIZES)
+    # transformers logs to a stream of its own (bound when it was first imported), not through
+    # the root logger: its records are read here, where the command line would print them
+    warned = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = warned.append  # type: ignore[method-assign]
+    logging.getLogger("transformers").addHandler(handler)
+    try:
+        with pytest.raises(ValueError, match="no causal-lm model of qwen2_vl_text .*another model"):
+            HF(model="qwen2_vl", part="text_config", **TINY_SIZES)
+    finally:
+        logging.getLogger("transformers").removeHandler(handler)
+    # its token ids (151,643 and up) beyond the shrunk vocabulary were cleared before the config
+    # was built again, whose checks would have warned of each: a refusal is one line
+    assert [r.getMessage() for r in warned] == []
 
 
 def test_a_local_config_json_builds_its_architecture(tmp_path):
