@@ -236,6 +236,10 @@ def _config(model: str) -> Any:
             f"model {model!r} is neither a transformers model type{hint}, a local config.json, "
             "nor a hub name (owner/name)"
         )
+    try:  # the hub's cache first: once fetched, no trial's process asks the network again
+        return AutoConfig.from_pretrained(model, local_files_only=True)
+    except (OSError, ValueError):
+        pass
     try:
         return AutoConfig.from_pretrained(model)
     except (OSError, ValueError) as e:

@@ -3,9 +3,13 @@ its knobs mapped onto its own layers, and what it cannot take dropped or refused
 
 from __future__ import annotations
 
+import http.server
 import json
 import logging
 import os
+import subprocess
+import sys
+import threading
 
 import pytest
 import torch
@@ -161,6 +165,75 @@ def test_a_hub_name_with_no_network_is_one_line_and_exit_2(tmp_path, monkeypatch
     assert result.stderr.count("\n") == 1, result.stderr
     assert "could not be fetched from the hub" in result.stderr
     assert "pass a local config.json" in result.stderr
+
+
+BUILD_BY_HUB_NAME = """
+import sys
+from search.workloads.hf import HF
+for name in sys.argv[1:]:
+    try:
+        print(name, HF(model=name, layers=1, vocab_size=64).config.hidden_size)
+    except ValueError as e:
+        print(name, "refused", e)
+"""
+
+
+class _Hub(http.server.BaseHTTPRequestHandler):
+    """A hub that has nothing, and notes every request made of it."""
+
+    asked: list[str] = []
+
+    def do_HEAD(self):  # noqa: N802 (the standard library's name)
+        self.asked.append(self.path)
+        self.send_response(404)
+        self.end_headers()
+
+    do_GET = do_HEAD  # noqa: N815
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_hub_name_s_config_once_fetched_is_read_from_the_cache_without_asking_the_hub(tmp_path):
+    # as the hub's cache holds a config once fetched: a ref to a snapshot holding its config.json
+    cached = tmp_path / "hf" / "hub" / "models--someone--tiny"
+    (cached / "refs").mkdir(parents=True)
+    (cached / "refs" / "main").write_text("abc123")
+    (cached / "snapshots" / "abc123").mkdir(parents=True)
+    config = {"model_type": "qwen2", "hidden_size": 48, "num_attention_heads": 4}
+    (cached / "snapshots" / "abc123" / "config.json").write_text(json.dumps(config))
+    hub = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hub)
+    threading.Thread(target=hub.serve_forever, daemon=True).start()
+    env = {
+        **os.environ,
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_ENDPOINT": f"http://127.0.0.1:{hub.server_port}",
+        "HF_HUB_OFFLINE": "0",
+    }
+    try:
+        # every trial's process builds the workload: none asks the hub for a cached config
+        cached_run = subprocess.run(
+            [sys.executable, "-c", BUILD_BY_HUB_NAME, "someone/tiny"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+        )
+        assert cached_run.stdout.strip() == "someone/tiny 48", cached_run.stdout
+        assert _Hub.asked == []
+        # the control: a config not in the cache is asked of the hub (which has none)
+        subprocess.run(
+            [sys.executable, "-c", BUILD_BY_HUB_NAME, "someone/other"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+        )
+        assert any("someone/other" in path for path in _Hub.asked), _Hub.asked
+    finally:
+        hub.shutdown()
 
 
 def test_each_model_has_a_study_of_its_own_named_as_a_folder_can_be(tmp_path):
