@@ -178,6 +178,20 @@ for name in sys.argv[1:]:
 """
 
 
+def built_by_hub_name(name: str, env: dict[str, str]) -> str:
+    """What building the workload by the hub name ``name`` printed, in a fresh process (as a
+    trial's) with ``env``."""
+    run = subprocess.run(
+        [sys.executable, "-c", BUILD_BY_HUB_NAME, name],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    return run.stdout.strip()
+
+
 class _Hub(http.server.BaseHTTPRequestHandler):
     """A hub that has nothing, and notes every request made of it."""
 
@@ -202,6 +216,7 @@ def test_a_hub_name_s_config_once_fetched_is_read_from_the_cache_without_asking_
     (cached / "snapshots" / "abc123").mkdir(parents=True)
     config = {"model_type": "qwen2", "hidden_size": 48, "num_attention_heads": 4}
     (cached / "snapshots" / "abc123" / "config.json").write_text(json.dumps(config))
+    _Hub.asked = []
     hub = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hub)
     threading.Thread(target=hub.serve_forever, daemon=True).start()
     env = {
@@ -212,25 +227,10 @@ def test_a_hub_name_s_config_once_fetched_is_read_from_the_cache_without_asking_
     }
     try:
         # every trial's process builds the workload: none asks the hub for a cached config
-        cached_run = subprocess.run(
-            [sys.executable, "-c", BUILD_BY_HUB_NAME, "someone/tiny"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=True,
-        )
-        assert cached_run.stdout.strip() == "someone/tiny 48", cached_run.stdout
+        assert built_by_hub_name("someone/tiny", env) == "someone/tiny 48"
         assert _Hub.asked == []
         # the control: a config not in the cache is asked of the hub (which has none)
-        subprocess.run(
-            [sys.executable, "-c", BUILD_BY_HUB_NAME, "someone/other"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=True,
-        )
+        assert "refused" in built_by_hub_name("someone/other", env)
         assert any("someone/other" in path for path in _Hub.asked), _Hub.asked
     finally:
         hub.shutdown()
