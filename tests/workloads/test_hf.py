@@ -71,7 +71,7 @@ def test_sizes_keep_the_architecture_consistent():
 
 def test_a_composite_config_is_refused_until_a_part_is_named_and_that_part_is_sized():
     # set on a vision-language config, the sizes would be ignored: Gemma 3's 26 text layers
-    # 2,560 wide and its vision tower would be built on a CPU asked for one layer 32 wide
+    # 2,304 wide and its vision tower would be built on a CPU asked for one layer 32 wide
     with pytest.raises(
         ValueError,
         match=r"composite config \(text_config, vision_config\).*"
