@@ -324,7 +324,7 @@ def make_streams(n_lanes: int, device: torch.device) -> list[torch.cuda.Stream |
     return [None] * n_lanes
 
 
-def tensor_shapes(batch: Batch) -> list[tuple[tuple[int, ...], torch.dtype]]:
+def tensor_shapes(batch: Batch) -> tuple[tuple[tuple[int, ...], torch.dtype], ...]:
     """The shape and dtype of every tensor in ``batch``, in ``map_tensors``' order."""
     shapes: list[tuple[tuple[int, ...], torch.dtype]] = []
 
@@ -333,7 +333,7 @@ def tensor_shapes(batch: Batch) -> list[tuple[tuple[int, ...], torch.dtype]]:
         return tensor
 
     map_tensors(note, batch)
-    return shapes
+    return tuple(shapes)
 
 
 def map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], batch: Batch) -> Batch:

@@ -139,7 +139,7 @@ class TrainStep:
             self._begin_pass()
             return micro_batch(0)
 
-        shapes = {repr(tensor_shapes(batch)) for batch in batches[1:]}
+        shapes = {tensor_shapes(batch) for batch in batches[1:]}
         if len(shapes) == 1:
             later = [(len(batches) - 1, functools.partial(micro_batch, 1))]
         else:  # none (one micro-batch), or of several shapes

@@ -278,22 +278,22 @@ def _part(config: Any, workload: HF) -> Any:
     (a vision-language model's) has no layers or width of its own: set on it, the sizes would be
     ignored and the whole model built at its full size, so it is refused until a part is named."""
     parts = [n for n in getattr(config, "sub_configs", {}) if getattr(config, n, None) is not None]
-    model = f"model {workload.model!r}"
+    named = f"model {workload.model!r}"
     if workload.part is not None:
         if workload.part not in parts:
             has = f"its parts: {', '.join(parts)}" if parts else "it is not composite: drop part"
-            raise ValueError(f"{model} has no part {workload.part!r} ({has})")
+            raise ValueError(f"{named} has no part {workload.part!r} ({has})")
         return getattr(config, workload.part)
     missing = [name for name in _SIZED_BY if not hasattr(config, name)]
     if missing and parts:
         text = next((p for p in parts if "text" in p), parts[0])
         raise ValueError(
-            f"{model} is a composite config ({', '.join(parts)}) with no {missing[0]} of its "
+            f"{named} is a composite config ({', '.join(parts)}) with no {missing[0]} of its "
             f"own, and this workload trains one model on token ids: name the part to build, "
             f"space.workload.part={text} (the sizes and settings then apply to it)"
         )
     if missing:
-        raise ValueError(f"{model}'s config has no {' or '.join(missing)} to size and count by")
+        raise ValueError(f"{named}'s config has no {' or '.join(missing)} to size and count by")
     return config
 
 
@@ -302,18 +302,20 @@ def _sized(config: Any, workload: HF) -> Any:
     derives from them follows (Qwen2's ``layer_types``, one per layer); trained without a cache;
     positions for at least ``seq_len`` tokens and special tokens inside the vocabulary (its
     weights are random anyway)."""
-    absent = [short for short, name in SIZES.items() if getattr(workload, short) is not None]
-    absent = [short for short in absent if not hasattr(config, SIZES[short])]
-    if absent:  # set anyway, the attribute would be ignored by the model: a size not applied
-        names = ", ".join(SIZES[short] for short in absent)
-        raise ValueError(f"{config.model_type}'s config has no {names}: drop {', '.join(absent)}")
+    # What the workload would set, by the config's name and the override's: one the config lacks
+    # would be set anyway and never read by the model, so it is refused.
+    asked = {SIZES[s]: s for s in SIZES if getattr(workload, s) is not None}
+    asked.update({name: name for name in workload.settings})
+    unknown = {name: given for name, given in asked.items() if not hasattr(config, name)}
+    if unknown:
+        raise ValueError(
+            f"{config.model_type}'s config has no {', '.join(unknown)}: "
+            f"drop {', '.join(unknown.values())}"
+        )
     before = {name: getattr(config, name, None) for name in SIZES.values()}
     for short, name in SIZES.items():
         if getattr(workload, short) is not None:
             setattr(config, name, int(getattr(workload, short)))
-    unknown = sorted(name for name in workload.settings if not hasattr(config, name))
-    if unknown:
-        raise ValueError(f"{config.model_type}'s config has no {', '.join(unknown)}")
     for name, value in workload.settings.items():
         setattr(config, name, value)
     _follow_the_width(config, workload, before)
